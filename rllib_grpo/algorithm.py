@@ -1,0 +1,185 @@
+"""`GRPO`: the RLlib Algorithm.  Its `training_step` is the paper's loop:
+
+    sample groups -> update the policy on whole groups -> sync weights to the samplers
+
+Tensor math lives in the learner (`rllib_grpo.learner`) and `rllib_grpo.algos`;
+sampling and scoring in the env runners (`rllib_grpo.env_runner`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+
+from ray.rllib.algorithms.algorithm import Algorithm
+from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+from ray.rllib.utils.metrics import (
+    ENV_RUNNER_RESULTS,
+    LEARNER_RESULTS,
+    NUM_ENV_STEPS_SAMPLED_LIFETIME,
+)
+from ray.tune.registry import register_trainable
+
+from rllib_grpo.config import GRPOConfig
+from rllib_grpo.rollout import RolloutBatch, concat_rollouts, data_metrics
+
+logger = logging.getLogger(__name__)
+REMOTE_RUNNERS = "remote_env_runners"
+
+# Learner metrics surfaced at the top level of the result under verl's names.
+ACTOR_KEYS = (
+    "actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl",
+    "actor/kl_loss", "actor/kl_coef", "actor/entropy", "actor/entropy_loss", "actor/grad_norm",
+    "actor/loss", "actor/skipped_steps", "actor/reward_kl_penalty",
+    "actor/reward_kl_penalty_coeff", "critic/rewards/mean", "critic/rewards/max",
+    "critic/rewards/min", "critic/advantages/mean", "critic/advantages/max",
+    "critic/advantages/min", "critic/returns/mean", "critic/returns/max", "critic/returns/min",
+    "training/rollout_probs_diff_mean", "training/rollout_probs_diff_max",
+    "training/rollout_actor_probs_pearson_corr",
+)
+
+
+class GRPO(Algorithm):
+    """Group Relative Policy Optimization for language models on RLlib's new API stack."""
+
+    @classmethod
+    def get_default_config(cls) -> GRPOConfig:
+        return GRPOConfig()
+
+    def setup(self, config: Any) -> None:
+        super().setup(config)
+        self._no_signal_streak = 0
+        self.last_rollout: RolloutBatch | None = None
+
+    def training_step(self) -> None:
+        c = self.config
+        t_step = time.perf_counter()
+
+        with self.metrics.log_time("timing_s/sample"):
+            rollout = self._sample_groups(c.prompts_per_step)
+        self._log_dict(data_metrics(rollout, c.max_response_length))
+        self._warn_if_no_signal()
+
+        t0 = time.perf_counter()
+        learner_results = self.learner_group.update(
+            batch=self._to_learner_batch(rollout),
+            timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
+                (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0)},
+        )
+        self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
+        self._log_value("timing_s/update_actor", time.perf_counter() - t0)
+        self._surface_learner_metrics()
+
+        t0 = time.perf_counter()
+        self.env_runner_group.sync_weights(
+            from_worker_or_learner_group=self.learner_group,
+            policies=[DEFAULT_MODULE_ID], inference_only=True,
+        )
+        self._log_value("timing_s/update_weights", time.perf_counter() - t0)
+
+        step_time = time.perf_counter() - t_step
+        tokens = float(rollout.prompt_lengths.sum() + rollout.response_lengths.sum())
+        self._log_value("timing_s/step", step_time)
+        self._log_value("perf/total_num_tokens", tokens)
+        self._log_value("perf/time_per_step", step_time)
+        self._log_value("perf/throughput", tokens / max(step_time, 1e-9))
+
+    # ------------------------------------------------------------------ checkpoints
+    def get_state(self, components=None, *, not_components=None, **kwargs) -> dict:
+        """RLlib's state plus the remote runners' data positions and RNG streams.
+
+        (A local env runner is its own checkpoint component already.)
+        """
+        state = super().get_state(components, not_components=not_components, **kwargs)
+        group = self.env_runner_group
+        if group is not None and group.num_remote_env_runners() > 0 and self._check_component(
+                REMOTE_RUNNERS, components, not_components):
+            state[REMOTE_RUNNERS] = group.foreach_env_runner(
+                lambda er: (er.worker_index, er.get_state()), local_env_runner=False)
+        return state
+
+    def set_state(self, state: dict) -> None:
+        super().set_state(state)
+        if REMOTE_RUNNERS in state and self.env_runner_group is not None:
+            by_index = dict(state[REMOTE_RUNNERS])
+            self.env_runner_group.foreach_env_runner(
+                lambda er: er.set_state(by_index[er.worker_index]), local_env_runner=False)
+
+    # ------------------------------------------------------------------ sampling
+    def _sample_groups(self, num_prompts: int) -> RolloutBatch:
+        """Ask every env runner for its share of ``num_prompts`` groups and concatenate."""
+        group = self.env_runner_group
+        num_remote = group.num_remote_env_runners()
+        shares = _split_evenly(num_prompts, max(1, num_remote))
+        if num_remote == 0:
+            runner = group.local_env_runner
+            batches = [runner.sample(num_prompts=num_prompts)]
+            metrics = [runner.get_metrics()]
+        else:
+            results = group.foreach_env_runner(
+                lambda er, shares=shares: (er.sample(
+                    num_prompts=shares[er.worker_index - 1]), er.get_metrics()),
+                local_env_runner=False,
+            )
+            batches = [b for b, _ in results if len(b)]
+            metrics = [m for _, m in results]
+            if not batches:
+                raise RuntimeError(
+                    f"None of the {num_remote} env runners returned samples (see their errors "
+                    "above); healthy runners: "
+                    f"{group.num_healthy_remote_workers()}.")
+        self.metrics.aggregate(metrics, key=ENV_RUNNER_RESULTS)
+        rollout = concat_rollouts(batches, pad_token_id=0)
+        self.last_rollout = rollout
+        return rollout
+
+    def _to_learner_batch(self, rollout: RolloutBatch) -> MultiAgentBatch:
+        columns = rollout.train_columns()
+        return MultiAgentBatch(
+            {DEFAULT_MODULE_ID: SampleBatch(columns)}, env_steps=len(rollout)
+        )
+
+    # ------------------------------------------------------------------ metrics
+    def _log_value(self, key: str, value: float) -> None:
+        self.metrics.log_value(key, float(value), reduce="mean", window=1)
+
+    def _log_dict(self, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            self._log_value(key, value)
+
+    def _surface_learner_metrics(self) -> None:
+        for key in ACTOR_KEYS:
+            value = self.metrics.peek((LEARNER_RESULTS, DEFAULT_MODULE_ID, key), default=math.nan)
+            if not math.isnan(value):
+                self._log_value(key, value)
+
+    def _warn_if_no_signal(self) -> None:
+        flat = self.metrics.peek("groups/zero_variance_frac", default=0.0)
+        self._no_signal_streak = self._no_signal_streak + 1 if flat > 0.5 else 0
+        if self._no_signal_streak == self.config.warn_no_signal_after:
+            right = self.metrics.peek("groups/all_right_frac", default=0.0)
+            wrong = self.metrics.peek("groups/all_wrong_frac", default=0.0)
+            logger.warning(
+                "For %d steps most groups (%.0f%%: %.0f%% all right, %.0f%% all wrong) had equal "
+                "rewards, so they carry no learning signal. Likely causes: the reward parser "
+                "never matches (check critic/score and a sampled completion), no sampling "
+                "diversity (temperature too low, group_size too small), or the task is too "
+                "easy / too hard for the model.", self._no_signal_streak, 100 * flat,
+                100 * right, 100 * wrong,
+            )
+
+
+def _split_evenly(total: int, parts: int) -> list[int]:
+    base, extra = divmod(total, parts)
+    return [base + (i < extra) for i in range(parts)]
+
+
+def register_grpo() -> None:
+    """Register ``"GRPO"`` as a Ray Tune trainable (idempotent)."""
+    register_trainable("GRPO", GRPO)
+
+
+register_grpo()

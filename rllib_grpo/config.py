@@ -1,0 +1,176 @@
+"""`GRPOConfig`: RLlib's fluent `AlgorithmConfig` with every GRPO knob of verl.
+
+The GRPO-specific fields, their units and verl names live in
+`rllib_grpo.settings.GRPOSettings`; this class carries them as attributes, sets
+them from `.training(...)`, resolves the batch plan, and validates it.
+
+    config = (
+        GRPOConfig()
+        .environment("rllib_grpo/Arithmetic-v0", env_config={"max_operand": 4})
+        .training(prompts_per_step=16, group_size=8, lr=1e-3)
+    )
+    algo = config.build_algo()
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import gymnasium as gym
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
+from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+from rllib_grpo import demo_model  # noqa: F401  (registers the "builtin:demo" model)
+from rllib_grpo.settings import SETTINGS_FIELDS, VERL_ALIASES, defaults
+
+# Estimators whose baseline is the group: a group of one has no relative signal.
+GROUP_ESTIMATORS = frozenset(
+    {"grpo", "rloo", "grpo_passk", "opo", "reinforce_plus_plus_baseline", "gpg"}
+)
+TEXT_SPACE = gym.spaces.Text(max_length=1 << 16, charset="".join(map(chr, range(32, 127))) + "\n")
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchPlan:
+    """The resolved sizes of one training step (units in the names)."""
+
+    prompts_per_step: int
+    trajectories_per_step: int
+    prompts_per_minibatch: int
+    trajectories_per_minibatch: int
+    num_learners: int
+    trajectories_per_learner: int
+    trajectories_per_minibatch_per_learner: int
+    micro_batch_size_per_learner: int
+    micro_batches_per_minibatch: int
+    minibatches_per_epoch: int
+    optimizer_steps_per_step: int
+
+
+class GRPOConfig(AlgorithmConfig):
+    """Configuration of the GRPO algorithm (see `rllib_grpo.settings` for every field)."""
+
+    def __init__(self, algo_class: type | None = None) -> None:
+        from rllib_grpo.algorithm import GRPO  # local: algorithm imports this module
+
+        super().__init__(algo_class=algo_class or GRPO)
+        for name, value in defaults().items():
+            setattr(self, name, value)
+        # RLlib fields with GRPO/verl defaults.
+        self.lr = 1e-6
+        self.gamma = 1.0
+        self.grad_clip = 1.0
+        self.grad_clip_by = "global_norm"
+        self.num_epochs = 1
+        self.shuffle_batch_per_epoch = False
+        self.num_env_runners = 0
+        self.observation_space = TEXT_SPACE
+        self.action_space = TEXT_SPACE
+        from rllib_grpo.env_runner import TextEnvRunner
+
+        self.env_runner_cls = TextEnvRunner
+        self.env = "rllib_grpo/Arithmetic-v0"
+        # The runners carry no connector state; the data position is checkpointed instead.
+        self._dont_auto_sync_env_runner_states = True
+
+    # ---------------------------------------------------------------- fluent setters
+    def training(self, **kwargs: Any) -> GRPOConfig:
+        """Set training fields: any GRPO setting (see `GRPOSettings`) or RLlib's own
+        (`lr`, `grad_clip`, `num_epochs`, ...).  verl's dotted names are accepted too."""
+        grpo_kwargs = {}
+        for key in list(kwargs):
+            name = VERL_ALIASES.get(key, key)
+            if name in SETTINGS_FIELDS:
+                grpo_kwargs[name] = kwargs.pop(key)
+            elif name != key:
+                kwargs[name] = kwargs.pop(key)
+        super().training(**{k: v for k, v in kwargs.items() if v is not NotProvided})
+        for name, value in grpo_kwargs.items():
+            if value is not NotProvided:
+                setattr(self, name, value)
+        return self
+
+    def update_from_dict(self, config_dict: dict) -> GRPOConfig:
+        """RLlib's `update_from_dict`, also accepting verl's dotted names."""
+        translated = {VERL_ALIASES.get(k, k): v for k, v in config_dict.items()}
+        return super().update_from_dict(translated)
+
+    # ---------------------------------------------------------------- RLlib plumbing
+    def get_default_learner_class(self) -> type:
+        from rllib_grpo.learner import GRPOLearner
+
+        return GRPOLearner
+
+    def get_default_rl_module_spec(self) -> RLModuleSpec:
+        from rllib_grpo.module import CausalLMRLModule
+
+        return RLModuleSpec(module_class=CausalLMRLModule, model_config=self.module_config())
+
+    def module_config(self) -> dict[str, Any]:
+        """What the causal-LM RLModule needs to build itself."""
+        return {
+            "model": self.model_path,
+            "dtype": self.model_dtype,
+            "gradient_checkpointing": self.gradient_checkpointing,
+            "temperature": self.temperature,
+            "use_reference": self.needs_reference,
+            "seed": self.seed,
+        }
+
+    @property
+    def needs_reference(self) -> bool:
+        """A frozen reference model is needed when any KL term is on."""
+        return bool(self.use_kl_loss or self.use_kl_in_reward)
+
+    @property
+    def loss_horizon(self) -> float:
+        """Horizon of seq-mean-token-sum-norm (verl `loss_scale_factor`)."""
+        return float(self.loss_scale_factor or self.max_response_length)
+
+    def batch_plan(self) -> BatchPlan:
+        """Resolve the sizes of a training step (does not validate them)."""
+        num_learners = max(1, self.num_learners)
+        prompts_mb = self.prompts_per_minibatch or self.prompts_per_step
+        traj_step = self.prompts_per_step * self.group_size
+        traj_mb = prompts_mb * self.group_size
+        traj_mb_learner = traj_mb // num_learners
+        micro = self.micro_batch_size_per_learner or traj_mb_learner
+        minibatches = self.prompts_per_step // prompts_mb if prompts_mb else 0
+        return BatchPlan(
+            prompts_per_step=self.prompts_per_step,
+            trajectories_per_step=traj_step,
+            prompts_per_minibatch=prompts_mb,
+            trajectories_per_minibatch=traj_mb,
+            num_learners=num_learners,
+            trajectories_per_learner=traj_step // num_learners,
+            trajectories_per_minibatch_per_learner=traj_mb_learner,
+            micro_batch_size_per_learner=micro,
+            micro_batches_per_minibatch=max(1, traj_mb_learner // micro) if micro else 0,
+            minibatches_per_epoch=minibatches,
+            optimizer_steps_per_step=minibatches * self.num_epochs,
+        )
+
+    @property
+    def train_batch_size_per_learner(self) -> int:
+        return self.batch_plan().trajectories_per_learner
+
+    @train_batch_size_per_learner.setter
+    def train_batch_size_per_learner(self, value: int) -> None:  # RLlib sets it; derived here
+        pass
+
+    def explain(self) -> str:
+        """The resolved plan and every pitfall found, as text."""
+        from rllib_grpo.explain import explain_config
+
+        return explain_config(self)
+
+    # ---------------------------------------------------------------- validation
+    def validate(self) -> None:
+        """Raise `ValueError` naming the field and the fix for any inconsistent setting."""
+        super().validate()
+        from rllib_grpo.explain import find_errors
+
+        errors = find_errors(self)
+        if errors:
+            self._value_error("Invalid GRPO config:\n  - " + "\n  - ".join(errors))

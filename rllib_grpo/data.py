@@ -1,0 +1,343 @@
+"""Prompt datasets: loading verl-format and plain rows, rendering and length limits.
+
+Row formats (detected per row):
+
+* verl: ``{"data_source", "prompt": [{"role", "content"}, ...],
+  "reward_model": {"ground_truth", "style"}, "extra_info": {...}}``
+* plain: ``{"prompt": "question text", "answer": ..., "data_source"?: ...}``
+  (field names set by ``prompt_key``/``answer_key``; other fields go to ``extra_info``).
+
+Malformed rows are skipped and counted per kind (``dataset.skipped``,
+``dataset.report()``), or raise with ``strict=True``. No Ray, no torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+TRUNCATION_MODES = ("error", "left", "right", "middle")
+
+Prompt = str | list[dict]
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptRecord:
+    """One prompt with what scoring it needs.
+
+    ``index`` is the record's position in its :class:`PromptDataset`; a verl
+    row's own ``extra_info["index"]`` is kept in ``extra_info``.
+    """
+
+    prompt: Prompt
+    ground_truth: Any
+    data_source: str
+    extra_info: dict = dataclasses.field(default_factory=dict)
+    index: int = 0
+
+
+class PromptDataset(Sequence[PromptRecord]):
+    """A sequence of :class:`PromptRecord` plus counts of the rows that were dropped.
+
+    ``skipped`` maps a kind (``"missing 'answer'"``) to a count; ``skip_reasons``
+    maps the kind to one line: where it first happened and how to fix it.
+    """
+
+    def __init__(
+        self,
+        records: Iterable[PromptRecord],
+        *,
+        skipped: Mapping[str, int] | None = None,
+        skip_reasons: Mapping[str, str] | None = None,
+        name: str = "prompts",
+    ) -> None:
+        self.records = [dataclasses.replace(r, index=i) for i, r in enumerate(records)]
+        self.skipped: dict[str, int] = dict(skipped or {})
+        self.skip_reasons: dict[str, str] = dict(skip_reasons or {})
+        self.name = name
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, index):  # int or slice, as for any Sequence
+        return self.records[index]
+
+    def __repr__(self) -> str:
+        return f"PromptDataset({self.name!r}, {len(self)} records, skipped={self.skipped})"
+
+    def report(self) -> str:
+        """One line per skipped kind (count, first occurrence, fix), or that none were."""
+        if not self.skipped:
+            return f"{self.name}: {len(self)} prompts, no rows skipped"
+        lines = [f"{self.name}: {len(self)} prompts, {sum(self.skipped.values())} rows skipped"]
+        for kind, count in self.skipped.items():
+            lines.append(f"  {count} x {kind}: {self.skip_reasons.get(kind, '')}")
+        return "\n".join(lines)
+
+    def filter(self, keep: Callable[[PromptRecord], bool], kind: str, reason: str) -> PromptDataset:
+        """A new dataset without the records ``keep`` rejects, counted under ``kind``."""
+        kept = [record for record in self.records if keep(record)]
+        skipped = Counter(self.skipped)
+        reasons = dict(self.skip_reasons)
+        if len(kept) < len(self):
+            skipped[kind] += len(self) - len(kept)
+            reasons.setdefault(kind, reason)
+        return PromptDataset(kept, skipped=skipped, skip_reasons=reasons, name=self.name)
+
+    def filter_overlong(self, tokenizer: Any, max_prompt_length: int) -> PromptDataset:
+        """Drop prompts whose rendered token count exceeds ``max_prompt_length`` (verl's
+        ``filter_overlong_prompts``)."""
+        return self.filter(
+            lambda record: len(encode_prompt(record.prompt, tokenizer)) <= max_prompt_length,
+            f"prompt longer than max_prompt_length={max_prompt_length} tokens",
+            "dropped by filter_overlong_prompts; raise max_prompt_length to keep them",
+        )
+
+
+class _RowError(ValueError):
+    """A malformed row: ``kind`` is the count key, ``fix`` says what to do."""
+
+    def __init__(self, kind: str, fix: str) -> None:
+        super().__init__(kind)
+        self.kind = kind
+        self.fix = fix
+
+
+def load_prompts(
+    source: str | os.PathLike | Iterable[Mapping[str, Any]] | PromptDataset,
+    *,
+    fmt: str = "auto",
+    prompt_key: str = "prompt",
+    answer_key: str = "answer",
+    data_source: str | None = None,
+    strict: bool = False,
+) -> PromptDataset:
+    """Load prompts from a file, a list of dict rows or a Hugging Face-like dataset.
+
+    Args:
+        source: a ``.jsonl``/``.json``/``.parquet`` path, an iterable of dict rows
+            (a ``datasets.Dataset`` iterates as such) or of PromptRecords, or a
+            PromptDataset (returned as is).
+        fmt: file format, ``"auto"`` (by suffix), ``"jsonl"``, ``"json"`` or ``"parquet"``.
+        prompt_key: field holding the prompt (a string or chat messages).
+        answer_key: field holding the ground truth in plain rows (verl rows use
+            ``reward_model.ground_truth``).
+        data_source: for rows without a ``data_source`` field.
+        strict: raise ValueError on the first malformed row (naming the row, the
+            field and the fix) instead of skipping and counting it.
+    """
+    if isinstance(source, PromptDataset):
+        return source
+    name, rows = _read_rows(source, fmt)
+    records: list[PromptRecord] = []
+    skipped: Counter[str] = Counter()
+    reasons: dict[str, str] = {}
+    for row_number, row in rows:
+        try:
+            records.append(_record_from_row(row, prompt_key, answer_key, data_source))
+        except _RowError as err:
+            where = f"{name} row {row_number}"
+            if strict:
+                raise ValueError(f"{where}: {err.kind}; {err.fix}") from None
+            skipped[err.kind] += 1
+            reasons.setdefault(err.kind, f"first at {where}; {err.fix}")
+    return PromptDataset(records, skipped=skipped, skip_reasons=reasons, name=name)
+
+
+def _read_rows(source: Any, fmt: str) -> tuple[str, Iterable[tuple[int, Any]]]:
+    """``(name, (1-based row number, row) pairs)``; bad JSON lines come as _RowError rows."""
+    if isinstance(source, str | os.PathLike):
+        path = Path(source)
+        if not path.is_file():
+            raise FileNotFoundError(f"prompt file not found: {path}")
+        return str(path), _read_file(path, fmt)
+    if isinstance(source, Mapping) or not isinstance(source, Iterable):
+        raise TypeError(
+            f"source must be a file path, an iterable of dict rows or a PromptDataset, "
+            f"got {type(source).__name__}"
+        )
+    return type(source).__name__, enumerate(source, start=1)
+
+
+def _read_file(path: Path, fmt: str) -> Iterable[tuple[int, Any]]:
+    file_format = _file_format(path) if fmt == "auto" else fmt
+    if file_format == "jsonl":
+        return _read_jsonl(path)
+    if file_format == "json":
+        rows = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(rows, list):
+            raise ValueError(f"{path}: a .json prompt file must hold a list of rows")
+        return enumerate(rows, start=1)
+    if file_format == "parquet":
+        import pyarrow.parquet as pq
+
+        return enumerate(pq.read_table(path).to_pylist(), start=1)
+    raise ValueError(f"fmt must be 'auto', 'jsonl', 'json' or 'parquet', got {fmt!r}")
+
+
+def _file_format(path: Path) -> str:
+    suffixes = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet"}
+    if path.suffix not in suffixes:
+        raise ValueError(
+            f"{path}: unknown prompt file type; use .jsonl, .json or .parquet or pass fmt="
+        )
+    return suffixes[path.suffix]
+
+
+def _read_jsonl(path: Path) -> Iterable[tuple[int, Any]]:
+    with path.open(encoding="utf-8") as lines:
+        for line_number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield line_number, json.loads(line)
+            except json.JSONDecodeError:
+                yield line_number, _RowError("invalid JSON", "each line must be one JSON object")
+
+
+def _record_from_row(
+    row: Any, prompt_key: str, answer_key: str, default_data_source: str | None
+) -> PromptRecord:
+    if isinstance(row, _RowError):
+        raise row
+    if isinstance(row, PromptRecord):
+        return row
+    if not isinstance(row, Mapping):
+        raise _RowError("row is not an object", "each row must be a JSON object / dict")
+    prompt = _prompt_from_row(row, prompt_key)
+    ground_truth = _ground_truth_from_row(row, answer_key)
+    data_source = row.get("data_source") or default_data_source
+    if not isinstance(data_source, str):
+        raise _RowError(
+            "missing 'data_source'", "add it to the row or pass data_source=... to load_prompts"
+        )
+    extra_info = row.get("extra_info") or {}
+    if not isinstance(extra_info, Mapping):
+        raise _RowError("'extra_info' is not an object", "make 'extra_info' a dict or drop it")
+    consumed = {prompt_key, answer_key, "data_source", "reward_model", "extra_info"}
+    leftovers = {key: value for key, value in row.items() if key not in consumed}
+    return PromptRecord(prompt, ground_truth, data_source, {**leftovers, **extra_info})
+
+
+def _prompt_from_row(row: Mapping, prompt_key: str) -> Prompt:
+    if prompt_key not in row or row[prompt_key] is None:
+        raise _RowError(
+            f"missing '{prompt_key}'", f"add a '{prompt_key}' field or pass prompt_key=..."
+        )
+    prompt = row[prompt_key]
+    if hasattr(prompt, "tolist"):  # numpy arrays from pandas-read parquet
+        prompt = prompt.tolist()
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise _RowError(f"empty '{prompt_key}'", "drop the row or give it a prompt")
+        return prompt
+    if isinstance(prompt, list) and prompt and all(_is_chat_message(m) for m in prompt):
+        return [{"role": m["role"], "content": m["content"]} for m in prompt]
+    raise _RowError(
+        f"'{prompt_key}' is not a string or chat messages",
+        'use a string or a non-empty list of {"role": str, "content": str}',
+    )
+
+
+def _is_chat_message(message: Any) -> bool:
+    return (
+        isinstance(message, Mapping)
+        and isinstance(message.get("role"), str)
+        and isinstance(message.get("content"), str)
+    )
+
+
+def _ground_truth_from_row(row: Mapping, answer_key: str) -> Any:
+    reward_model = row.get("reward_model")
+    if reward_model is not None:  # verl row
+        if not isinstance(reward_model, Mapping) or reward_model.get("ground_truth") is None:
+            raise _RowError(
+                "missing 'reward_model.ground_truth'",
+                'verl rows need "reward_model": {"ground_truth": ..., "style": "rule"}',
+            )
+        return reward_model["ground_truth"]
+    if row.get(answer_key) is None:
+        raise _RowError(
+            f"missing '{answer_key}'",
+            f"add '{answer_key}' (plain rows) or reward_model.ground_truth (verl rows), "
+            "or pass answer_key=...",
+        )
+    return row[answer_key]
+
+
+def uses_chat_template(prompt: Prompt, tokenizer: Any) -> bool:
+    """True when ``prompt`` is chat messages and ``tokenizer`` has a chat template."""
+    return (
+        not isinstance(prompt, str)
+        and tokenizer is not None
+        and bool(getattr(tokenizer, "chat_template", None))
+    )
+
+
+def render_prompt(prompt: Prompt, tokenizer: Any = None) -> str:
+    """Prompt text for the policy.
+
+    Strings pass through. Chat messages go through the tokenizer's chat template
+    (``add_generation_prompt=True``) when it has one, else their contents are
+    joined with newlines.
+    """
+    if isinstance(prompt, str):
+        return prompt
+    if uses_chat_template(prompt, tokenizer):
+        return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    return "\n".join(message["content"] for message in prompt)
+
+
+def render_and_encode(prompt: Prompt, tokenizer: Any) -> tuple[str, list[int]]:
+    """Rendered text and its token ids.
+
+    Special tokens (e.g. BOS) are added as ``tokenizer.encode`` adds them by
+    default, except after a chat template, which writes its own.
+    """
+    text = render_prompt(prompt, tokenizer)
+    add_special_tokens = not uses_chat_template(prompt, tokenizer)
+    try:
+        token_ids = tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    except TypeError:  # tokenizers without that keyword (e.g. simple character tokenizers)
+        token_ids = tokenizer.encode(text)
+    return text, list(token_ids)
+
+
+def encode_prompt(prompt: Prompt, tokenizer: Any) -> list[int]:
+    """Token ids of the rendered prompt (see :func:`render_and_encode`)."""
+    return render_and_encode(prompt, tokenizer)[1]
+
+
+def apply_length_limit(
+    token_ids: Sequence[int], max_prompt_length: int | None, truncation: str = "error"
+) -> list[int]:
+    """Enforce ``max_prompt_length`` the way verl's ``data.truncation`` does.
+
+    ``error`` raises; ``left`` keeps the last tokens; ``right`` keeps the first;
+    ``middle`` keeps the first ``max // 2`` and the last ``max - max // 2``.
+    """
+    if truncation not in TRUNCATION_MODES:
+        raise ValueError(f"truncation must be one of {TRUNCATION_MODES}, got {truncation!r}")
+    if max_prompt_length is not None and max_prompt_length < 1:
+        raise ValueError(f"max_prompt_length must be at least 1, got {max_prompt_length}")
+    token_ids = list(token_ids)
+    if max_prompt_length is None or len(token_ids) <= max_prompt_length:
+        return token_ids
+    if truncation == "error":
+        raise ValueError(
+            f"prompt is {len(token_ids)} tokens, longer than max_prompt_length="
+            f"{max_prompt_length}; raise max_prompt_length, set truncation to "
+            "'left', 'right' or 'middle', or set filter_overlong_prompts=True"
+        )
+    if truncation == "left":
+        return token_ids[-max_prompt_length:]
+    if truncation == "right":
+        return token_ids[:max_prompt_length]
+    head = max_prompt_length // 2
+    tail = max_prompt_length - head
+    return token_ids[:head] + token_ids[-tail:]

@@ -1,0 +1,246 @@
+"""``TextEnv``: one episode is one prompt and one response, scored by a reward function.
+
+``reset()`` serves the next prompt of a seeded, per-epoch shuffled order (or a
+chosen one with ``options={"index": i}``, which does not advance the order, so
+a GRPO group of ``n`` episodes can share a prompt). ``step(response_text)``
+scores the response and ends the episode. The observation is the rendered
+prompt text; the ground truth is only in ``info``.
+
+Multi-turn: ``step`` asks :meth:`TextEnv._next_turn` for a follow-up
+observation; the default returns None (single turn, ``terminated=True``). A
+multi-turn env overrides it to return the next user turn (e.g. tool output) and
+ends the episode by returning None.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium
+import numpy as np
+
+from rllib_grpo.data import (
+    TRUNCATION_MODES,
+    PromptDataset,
+    PromptRecord,
+    apply_length_limit,
+    load_prompts,
+    render_and_encode,
+    render_prompt,
+)
+from rllib_grpo.rewards import DEFAULT_REWARD_TIMEOUT_S, RewardFn, RewardScorer
+
+DEFAULT_MAX_RESPONSE_CHARS = 65_536
+MAX_OBSERVATION_CHARS = 1 << 20
+# What Text.sample() draws from; contains() accepts any unicode text.
+SAMPLE_CHARSET = string.digits + string.ascii_letters + string.punctuation + " \n−×÷°√π"
+
+
+class UnicodeText(gymnasium.spaces.Text):
+    """A ``Text`` space holding any ``str`` of at most ``max_length`` characters.
+
+    gymnasium's ``Text.contains`` checks each character against a finite charset;
+    prompts and responses are arbitrary unicode, so only the type and length are
+    checked here. ``sample()`` draws from :data:`SAMPLE_CHARSET`.
+    """
+
+    def __init__(self, max_length: int, *, seed: int | None = None) -> None:
+        super().__init__(max_length, min_length=0, charset=SAMPLE_CHARSET, seed=seed)
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and len(x) <= self.max_length
+
+
+class TextEnv(gymnasium.Env):
+    """Single-turn text environment over a prompt dataset.
+
+    Args:
+        dataset: a PromptDataset, a list of dict rows or a file path (see
+            :func:`rllib_grpo.data.load_prompts`).
+        reward_fn: see :func:`rllib_grpo.rewards.resolve_reward_fn`; None
+            dispatches on each record's ``data_source``.
+        tokenizer: renders chat prompts with its chat template and produces
+            ``info["prompt_token_ids"]``; needed for ``max_prompt_length``.
+        max_prompt_length: token limit, enforced with ``truncation`` (verl's
+            ``error``/``left``/``right``/``middle``). A truncated prompt's
+            observation is the decoded kept tokens.
+        filter_overlong_prompts: drop (and count in ``dataset.skipped``) prompts
+            over ``max_prompt_length`` at construction instead.
+        shuffle, seed: a new permutation per epoch, from ``(seed, epoch)``.
+        max_response_chars: the action space length; longer responses keep
+            their last ``max_response_chars`` characters (``info["response_clipped"]``).
+        reward_timeout_s, format_score, max_answer_chars, reward_kwargs: passed
+            to :class:`~rllib_grpo.rewards.RewardScorer`.
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(
+        self,
+        dataset: PromptDataset | list[dict] | str,
+        *,
+        reward_fn: RewardFn | str | None = None,
+        tokenizer: Any = None,
+        max_prompt_length: int | None = None,
+        truncation: str = "error",
+        filter_overlong_prompts: bool = False,
+        shuffle: bool = True,
+        seed: int | None = None,
+        max_response_chars: int = DEFAULT_MAX_RESPONSE_CHARS,
+        reward_timeout_s: float | None = DEFAULT_REWARD_TIMEOUT_S,
+        format_score: float = 0.0,
+        max_answer_chars: int | None = None,
+        reward_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        _check_length_options(tokenizer, max_prompt_length, truncation, filter_overlong_prompts)
+        dataset = load_prompts(dataset)
+        if filter_overlong_prompts:
+            dataset = dataset.filter_overlong(tokenizer, max_prompt_length)
+        if len(dataset) == 0:
+            raise ValueError(f"TextEnv needs at least one prompt.\n{dataset.report()}")
+        self.dataset = dataset
+        self.tokenizer = tokenizer
+        self.max_prompt_length = max_prompt_length
+        self.truncation = truncation
+        self.shuffle = shuffle
+        self.max_response_chars = max_response_chars
+        self.scorer = RewardScorer(
+            reward_fn,
+            timeout_s=reward_timeout_s,
+            format_score=format_score,
+            max_answer_chars=max_answer_chars,
+            reward_kwargs=reward_kwargs,
+        )
+        self.observation_space = UnicodeText(MAX_OBSERVATION_CHARS)
+        self.action_space = UnicodeText(max_response_chars)
+        self._seed = seed if seed is not None else int(np.random.SeedSequence().entropy % 2**63)
+        self._epoch = 0
+        self._position = 0
+        self._order = self._permutation(0)
+        self._current: PromptRecord | None = None
+        self._current_epoch = 0
+
+    @property
+    def num_prompts(self) -> int:
+        """Number of prompts (after filtering)."""
+        return len(self.dataset)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
+        """Serve the next prompt, or ``options["index"]`` without advancing the order.
+
+        A ``seed`` restarts the order from epoch 0 under that seed.
+        """
+        super().reset(seed=seed)
+        if seed is not None:
+            self._seed, self._epoch, self._position = int(seed), 0, 0
+            self._order = self._permutation(0)
+        if options and options.get("index") is not None:
+            index, epoch = self._checked_index(options["index"]), self._epoch
+        else:
+            index, epoch = self._advance()
+        self._current, self._current_epoch = self.dataset[index], epoch
+        observation, token_ids = self._render(self._current)
+        info = {
+            "index": index,
+            "epoch": epoch,
+            "data_source": self._current.data_source,
+            "ground_truth": self._current.ground_truth,
+            "raw_prompt": self._current.prompt,
+            "extra_info": self._current.extra_info,
+        }
+        if token_ids is not None:
+            info["prompt_token_ids"] = token_ids
+        return observation, info
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        """Score the response ``action``; returns ``("", reward, True, False, info)``."""
+        record = self._current
+        if record is None:
+            raise RuntimeError(
+                "TextEnv.step() called without a prompt: call reset() first "
+                "(each episode is one reset (prompt) and one step (response))"
+            )
+        if not isinstance(action, str):
+            raise TypeError(f"TextEnv actions are response strings, got {type(action).__name__}")
+        clipped = len(action) > self.max_response_chars
+        response = action[-self.max_response_chars :] if clipped else action
+        result = self.scorer(record.data_source, response, record.ground_truth, record.extra_info)
+        next_observation = self._next_turn(record, response, result)
+        terminated = next_observation is None
+        if terminated:
+            self._current = None
+        info = {
+            **result,
+            "index": record.index,
+            "epoch": self._current_epoch,
+            "data_source": record.data_source,
+            "ground_truth": record.ground_truth,
+            "response_clipped": clipped,
+        }
+        return next_observation or "", float(result["score"]), terminated, False, info
+
+    def get_state(self) -> dict:
+        """Order position, epoch, seed and reward error counters (for checkpoints)."""
+        return {
+            "seed": self._seed,
+            "epoch": self._epoch,
+            "position": self._position,
+            "num_prompts": self.num_prompts,
+            "scorer": self.scorer.get_state(),
+        }
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Continue the prompt sequence saved by :meth:`get_state`."""
+        if state["num_prompts"] != self.num_prompts:
+            raise ValueError(
+                f"env state is for {state['num_prompts']} prompts but this env has "
+                f"{self.num_prompts}: the dataset changed since the checkpoint"
+            )
+        self._seed, self._epoch, self._position = state["seed"], state["epoch"], state["position"]
+        self._order = self._permutation(self._epoch)
+        self._current = None
+        self.scorer.set_state(state["scorer"])
+
+    def _next_turn(self, record: PromptRecord, response: str, result: dict) -> str | None:
+        """The next observation of a multi-turn episode, or None to end it (the default)."""
+        return None
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(self.num_prompts)
+        return np.random.default_rng([self._seed, epoch]).permutation(self.num_prompts)
+
+    def _advance(self) -> tuple[int, int]:
+        if self._position >= self.num_prompts:
+            self._epoch, self._position = self._epoch + 1, 0
+            self._order = self._permutation(self._epoch)
+        index = int(self._order[self._position])
+        self._position += 1
+        return index, self._epoch
+
+    def _checked_index(self, index: Any) -> int:
+        if not 0 <= int(index) < self.num_prompts:
+            raise IndexError(f"options['index']={index} is outside 0..{self.num_prompts - 1}")
+        return int(index)
+
+    def _render(self, record: PromptRecord) -> tuple[str, list[int] | None]:
+        if self.tokenizer is None:
+            return render_prompt(record.prompt), None
+        text, token_ids = render_and_encode(record.prompt, self.tokenizer)
+        kept = apply_length_limit(token_ids, self.max_prompt_length, self.truncation)
+        if len(kept) < len(token_ids):
+            text = self.tokenizer.decode(kept)
+        return text, kept
+
+
+def _check_length_options(
+    tokenizer: Any, max_prompt_length: int | None, truncation: str, filter_overlong: bool
+) -> None:
+    if truncation not in TRUNCATION_MODES:
+        raise ValueError(f"truncation must be one of {TRUNCATION_MODES}, got {truncation!r}")
+    if max_prompt_length is not None and tokenizer is None:
+        raise ValueError("max_prompt_length counts tokens: pass tokenizer=... as well")
+    if filter_overlong and max_prompt_length is None:
+        raise ValueError("filter_overlong_prompts=True needs max_prompt_length (and a tokenizer)")

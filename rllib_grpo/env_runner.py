@@ -1,0 +1,195 @@
+"""`TextEnvRunner`: an RLlib `EnvRunner` that samples prompt groups from a `TextEnv`.
+
+For each prompt it resets the env (the env owns the data order), has its
+`Sampler` generate the group's responses in one request, and scores each
+response by resetting the env to that prompt and stepping it with the
+response text.  Reward functions therefore run here, next to the data, in
+every runner in parallel.  It returns a `RolloutBatch`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import ray
+import torch
+from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.env.env_runner import EnvRunner
+from ray.rllib.utils.checkpoints import Checkpointable
+from ray.rllib.utils.metrics import (
+    NUM_ENV_STEPS_SAMPLED,
+    NUM_ENV_STEPS_SAMPLED_LIFETIME,
+    NUM_EPISODES,
+    NUM_EPISODES_LIFETIME,
+)
+
+from rllib_grpo.models import load_tokenizer, resolve_model
+from rllib_grpo.rollout import RolloutBatch, build_rollout_batch
+from rllib_grpo.samplers import SamplingParams, make_sampler
+
+COMPONENT_RL_MODULE = "rl_module"
+WEIGHTS_SEQ_NO = "weights_seq_no"
+
+
+def make_text_env(config: Any, tokenizer: Any, seed: int) -> gym.Env:
+    """Build the configured text env (a gymnasium id or an env class) with the tokenizer."""
+    kwargs = dict(
+        tokenizer=tokenizer, max_prompt_length=config.max_prompt_length,
+        truncation=config.truncation, filter_overlong_prompts=config.filter_overlong_prompts,
+        seed=seed,
+    )
+    kwargs.update(dict(config.env_config))
+    env = config.env
+    if isinstance(env, str):
+        return gym.make(env, disable_env_checker=True, **kwargs).unwrapped
+    if isinstance(env, type):
+        return env(**kwargs)
+    raise ValueError(
+        f"env={env!r}: GRPO needs a gymnasium id (e.g. 'rllib_grpo/Arithmetic-v0') or a "
+        "TextEnv subclass."
+    )
+
+
+class TextEnvRunner(EnvRunner, Checkpointable):
+    """Samples groups of responses per prompt with a `Sampler` and scores them in a `TextEnv`."""
+
+    def __init__(self, *, config: Any, **kwargs: Any) -> None:
+        super().__init__(config=config, **kwargs)
+        c = self.config
+        self.worker_index = kwargs.get("worker_index", 0) or 0
+        seed = (c.seed or 0) + self.worker_index
+        model_path = resolve_model(c.model_path)
+        self.tokenizer = load_tokenizer(model_path)
+        self.env = make_text_env(c, self.tokenizer, seed)
+        self.sampler = make_sampler(
+            c.sampler, model_path=model_path, dtype=c.model_dtype, seed=seed,
+            **dict(c.sampler_config),
+        )
+        self._weights_seq_no = 0
+        self._group_counter = 0
+        self._torch_gen_seed = seed
+        self.last_weight_sync: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ EnvRunner API
+    def assert_healthy(self) -> None:
+        assert self.env is not None and self.sampler is not None, "TextEnvRunner not set up"
+
+    def get_spaces(self) -> dict[str, tuple[gym.Space, gym.Space]]:
+        spaces = (self.config.observation_space, self.config.action_space)
+        return {"__env__": spaces, DEFAULT_MODULE_ID: spaces}
+
+    def sampling_params(self) -> SamplingParams:
+        c = self.config
+        return SamplingParams(
+            temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
+            max_tokens=c.max_response_length,
+        )
+
+    def sample(self, num_prompts: int | None = None, **kwargs: Any) -> RolloutBatch:
+        """Sample ``num_prompts`` groups of ``group_size`` scored responses."""
+        c = self.config
+        num_prompts = num_prompts or c.prompts_per_step
+        t0 = time.perf_counter()
+        prompts = [self._next_prompt() for _ in range(num_prompts)]
+        groups = self.sampler.generate(
+            [p["prompt_token_ids"] for p in prompts], c.group_size, self.sampling_params()
+        )
+        t_gen = time.perf_counter() - t0
+        rows: dict[str, list] = {k: [] for k in (
+            "prompt_ids", "response_ids", "log_probs", "scores", "group_index", "truncated",
+            "errors", "infos")}
+        for prompt, group in zip(prompts, groups, strict=True):
+            group_id = self._group_counter
+            self._group_counter += 1
+            for sample in group:
+                info = self._score(prompt, sample.token_ids)
+                rows["prompt_ids"].append(prompt["prompt_token_ids"])
+                rows["response_ids"].append(list(sample.token_ids))
+                rows["log_probs"].append(list(sample.log_probs))
+                rows["scores"].append(float(info["reward"]))
+                rows["group_index"].append(group_id)
+                rows["truncated"].append(sample.finish_reason == "length")
+                rows["errors"].append(bool(info.get("reward_error", False)))
+                rows["infos"].append(info)
+        batch = build_rollout_batch(
+            rows["prompt_ids"], rows["response_ids"], rows["log_probs"], rows["scores"],
+            rows["group_index"], rows["truncated"], rows["errors"], rows["infos"],
+            pad_token_id=self.tokenizer.pad_token_id or 0,
+        )
+        self._log_sample_metrics(len(batch), t_gen, time.perf_counter() - t0 - t_gen)
+        return batch
+
+    def _next_prompt(self) -> dict[str, Any]:
+        obs, info = self.env.reset()
+        return {"text": obs, **info}
+
+    def _score(self, prompt: dict[str, Any], response_ids: list[int]) -> dict[str, Any]:
+        text = self.tokenizer.decode(response_ids, skip_special_tokens=True)
+        self.env.reset(options={"index": prompt["index"]})
+        _, reward, _, _, info = self.env.step(text)
+        return {"reward": reward, "prompt": prompt["text"], "response": text, **{
+            k: v for k, v in info.items() if k in ("score", "acc", "pred", "reward_error")}}
+
+    def _log_sample_metrics(self, num_trajectories: int, t_gen: float, t_reward: float) -> None:
+        m = self.metrics
+        m.log_value(NUM_ENV_STEPS_SAMPLED, num_trajectories, reduce="sum")
+        m.log_value(NUM_ENV_STEPS_SAMPLED_LIFETIME, num_trajectories, reduce="lifetime_sum")
+        m.log_value(NUM_EPISODES, num_trajectories, reduce="sum")
+        m.log_value(NUM_EPISODES_LIFETIME, num_trajectories, reduce="lifetime_sum")
+        m.log_value("timing_s/gen", t_gen, reduce="mean", window=1)
+        m.log_value("timing_s/reward", t_reward, reduce="mean", window=1)
+        self.num_env_steps_sampled_lifetime += num_trajectories
+
+    def get_metrics(self) -> dict:
+        return self.metrics.reduce()
+
+    # ------------------------------------------------------------------ weights and state
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Apply learner weights (``rl_module``) and/or a checkpointed runner state."""
+        if COMPONENT_RL_MODULE in state:
+            seq_no = state.get(WEIGHTS_SEQ_NO, 0)
+            if seq_no == 0 or self._weights_seq_no < seq_no:
+                module_state = state[COMPONENT_RL_MODULE]
+                if isinstance(module_state, ray.ObjectRef):  # remote runners get a reference
+                    module_state = ray.get(module_state)
+                module_state = module_state.get(DEFAULT_MODULE_ID, module_state)
+                if isinstance(module_state, ray.ObjectRef):
+                    module_state = ray.get(module_state)
+                self.last_weight_sync = self.sampler.load_weights(module_state)
+                self.metrics.log_value("weight_sync/bytes", self.last_weight_sync.get(
+                    "bytes", 0), reduce="mean", window=1)
+                self.metrics.log_value("timing_s/load_weights", self.last_weight_sync.get(
+                    "seconds", 0.0), reduce="mean", window=1)
+            self._weights_seq_no = max(self._weights_seq_no, seq_no)
+        if "env" in state:
+            self.env.set_state(state["env"])
+        if "rng" in state:
+            torch.set_rng_state(state["rng"]["torch"])
+            np.random.set_state(state["rng"]["numpy"])
+            self._group_counter = state["rng"]["group_counter"]
+            if "sampler_calls" in state["rng"] and hasattr(self.sampler, "seeds"):
+                self.sampler.seeds.calls = state["rng"]["sampler_calls"]
+        if NUM_ENV_STEPS_SAMPLED_LIFETIME in state:
+            self.num_env_steps_sampled_lifetime = state[NUM_ENV_STEPS_SAMPLED_LIFETIME]
+
+    def get_state(self, components=None, *, not_components=None, **kwargs) -> dict[str, Any]:
+        """Data position and RNG state, so a restored run continues the same prompts."""
+        rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+               "group_counter": self._group_counter}
+        if hasattr(self.sampler, "seeds"):  # the per-call seed stream of both samplers
+            rng["sampler_calls"] = self.sampler.seeds.calls
+        return {"env": self.env.get_state(), "rng": rng, WEIGHTS_SEQ_NO: self._weights_seq_no,
+                NUM_ENV_STEPS_SAMPLED_LIFETIME: self.num_env_steps_sampled_lifetime}
+
+    def get_ctor_args_and_kwargs(self):
+        return (), {"config": self.config}
+
+    def get_checkpointable_components(self):
+        return []
+
+    def stop(self) -> None:
+        if self.sampler is not None and hasattr(self.sampler, "close"):
+            self.sampler.close()

@@ -1,0 +1,236 @@
+"""What a GRPO configuration will actually do, and the classic mistakes in it.
+
+`find_errors` lists settings that cannot run (used by `GRPOConfig.validate`);
+`find_pitfalls` lists settings that run but probably not as intended; and
+`explain_config` prints the resolved batch plan with both.  The checks read the
+config's attributes only, so they work on any object carrying the GRPO fields.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from rllib_grpo.algos import ADV_ESTIMATORS, AGG_MODES, POLICY_LOSSES, kl_penalty
+
+GROUP_ESTIMATORS = frozenset(
+    {"grpo", "rloo", "grpo_passk", "opo", "reinforce_plus_plus_baseline", "gpg"}
+)
+TRUNCATION_MODES = ("error", "left", "right", "middle")
+SAMPLERS = ("auto", "vllm", "hf")
+KL_CONTROLLERS = ("fixed", "adaptive")
+# Losses that ignore loss_agg_mode (verl forces sequence-mean-token-mean for them).
+FORCED_AGG = {"gspo": "seq-mean-token-mean", "sapo": "seq-mean-token-mean"}
+
+
+def _kl_kind_known(kind: str) -> bool:
+    try:
+        kl_penalty(torch.zeros(1), torch.zeros(1), kind)
+    except ValueError:
+        return False
+    except NotImplementedError:  # 'full' is a known name that verl never implemented
+        return False
+    return True
+
+
+def _check_names(c: Any) -> list[str]:
+    errors = []
+    named = [
+        ("adv_estimator", c.adv_estimator, ADV_ESTIMATORS.names()),
+        ("policy_loss", c.policy_loss, POLICY_LOSSES.names()),
+        ("loss_agg_mode", c.loss_agg_mode, tuple(AGG_MODES)),
+        ("truncation", c.truncation, TRUNCATION_MODES),
+        ("sampler", c.sampler, SAMPLERS),
+        ("kl_ctrl_type", c.kl_ctrl_type, KL_CONTROLLERS),
+    ]
+    for field, value, known in named:
+        if value not in known:
+            errors.append(f"{field}={value!r} is unknown; use one of: {', '.join(known)}.")
+    for field in ("kl_loss_type", "kl_penalty"):
+        value = getattr(c, field)
+        if not _kl_kind_known(value):
+            errors.append(
+                f"{field}={value!r} is not a KL estimator; use kl/k1, abs, mse/k2, "
+                "low_var_kl/k3, or any of them with a '+' suffix."
+            )
+    return errors
+
+
+def _check_sizes(c: Any) -> list[str]:
+    errors = []
+    learners = max(1, c.num_learners)
+    for field in ("prompts_per_step", "group_size", "max_prompt_length", "max_response_length"):
+        if getattr(c, field) < 1:
+            errors.append(f"{field}={getattr(c, field)} must be >= 1.")
+    if errors:
+        return errors
+    if c.group_size < 2 and c.adv_estimator in GROUP_ESTIMATORS:
+        errors.append(
+            f"group_size={c.group_size} with adv_estimator={c.adv_estimator!r}: a group of one "
+            "has no relative signal (its advantage is the raw reward or zero). Set "
+            "group_size >= 2 (verl examples use 5; DAPO 16) or use a non-group estimator."
+        )
+    mb = c.prompts_per_minibatch or c.prompts_per_step
+    if mb > c.prompts_per_step or c.prompts_per_step % mb:
+        errors.append(
+            f"prompts_per_minibatch={mb} must divide prompts_per_step={c.prompts_per_step} "
+            "(both in prompts); e.g. set prompts_per_minibatch to a divisor of prompts_per_step."
+        )
+    if c.prompts_per_step % learners or (mb * c.group_size) % learners:
+        errors.append(
+            f"prompts_per_step={c.prompts_per_step} and the mini-batch of {mb}x{c.group_size} "
+            f"trajectories must split evenly over num_learners={learners} so every learner holds "
+            "whole groups and takes the same number of steps; make prompts_per_step and "
+            "prompts_per_minibatch multiples of num_learners."
+        )
+    per_learner_mb = mb * c.group_size // learners
+    micro = c.micro_batch_size_per_learner
+    if not c.use_dynamic_bsz and micro is not None and (micro < 1 or per_learner_mb % micro):
+        errors.append(
+            f"micro_batch_size_per_learner={micro} (trajectories) must divide the per-learner "
+            f"mini-batch of {per_learner_mb} trajectories (prompts_per_minibatch {mb} x "
+            f"group_size {c.group_size} / {learners} learners)."
+        )
+    longest = c.max_prompt_length + c.max_response_length
+    if c.use_dynamic_bsz and c.max_tokens_per_micro_batch < longest:
+        errors.append(
+            f"max_tokens_per_micro_batch={c.max_tokens_per_micro_batch} is below the longest "
+            f"sequence (max_prompt_length + max_response_length = {longest}); raise it to at "
+            f"least {longest}."
+        )
+    return errors
+
+
+def _check_algorithm(c: Any) -> list[str]:
+    errors = []
+    if c.use_kl_in_reward and c.use_kl_loss and not c.allow_kl_in_reward_and_loss:
+        errors.append(
+            "use_kl_in_reward and use_kl_loss are both on: the KL would be applied twice "
+            "(verl issue #265). Turn one off (GRPO uses use_kl_loss), or set "
+            "allow_kl_in_reward_and_loss=True if you mean it."
+        )
+    if c.temperature <= 0:
+        errors.append(
+            f"temperature={c.temperature}: log-probs are computed at the sampling temperature, "
+            "which must be > 0; and greedy decoding gives every response in a group the same "
+            "text, so no group has a signal. Use temperature 1.0 (verl's default)."
+        )
+    if c.clip_ratio_c <= 1.0:
+        errors.append(f"clip_ratio_c={c.clip_ratio_c} must be > 1 (dual clip; verl uses 3).")
+    if c.kl_ctrl_type == "adaptive" and c.kl_horizon <= 0:
+        errors.append(f"kl_horizon={c.kl_horizon} must be > 0 for the adaptive KL controller.")
+    return errors
+
+
+def find_errors(c: Any) -> list[str]:
+    """Settings that cannot run, each naming the field and the fix."""
+    return _check_names(c) + _check_sizes(c) + _check_algorithm(c)
+
+
+def find_pitfalls(c: Any) -> list[str]:
+    """Settings that run but are probably not what the user meant, each with its fix."""
+    pitfalls = []
+    dr_adv = not c.norm_adv_by_std_in_grpo and c.adv_estimator == "grpo"
+    dr_agg = c.loss_agg_mode == "seq-mean-token-sum-norm"
+    if dr_adv and not dr_agg:
+        pitfalls.append(
+            "Dr.GRPO half-applied: norm_adv_by_std_in_grpo=False but loss_agg_mode="
+            f"{c.loss_agg_mode!r}; Dr.GRPO also needs loss_agg_mode='seq-mean-token-sum-norm' "
+            "(and use_kl_loss=False)."
+        )
+    if dr_agg and c.adv_estimator == "grpo" and c.norm_adv_by_std_in_grpo:
+        pitfalls.append(
+            "Dr.GRPO half-applied: loss_agg_mode='seq-mean-token-sum-norm' but "
+            "norm_adv_by_std_in_grpo=True; Dr.GRPO also sets norm_adv_by_std_in_grpo=False."
+        )
+    if 0 < c.temperature < 0.3 and c.adv_estimator in GROUP_ESTIMATORS:
+        pitfalls.append(
+            f"temperature={c.temperature} is low for a group estimator: responses in a group "
+            "will mostly be identical, so most groups carry no signal. Use ~1.0."
+        )
+    if c.policy_loss in FORCED_AGG and c.loss_agg_mode != FORCED_AGG[c.policy_loss]:
+        pitfalls.append(
+            f"policy_loss={c.policy_loss!r} always aggregates with "
+            f"{FORCED_AGG[c.policy_loss]!r}; loss_agg_mode={c.loss_agg_mode!r} only affects the "
+            "KL and entropy terms."
+        )
+    if c.top_p < 1.0 or c.top_k > 0:
+        pitfalls.append(
+            f"top_p={c.top_p}, top_k={c.top_k}: the trainer's log-probs ignore the sampling "
+            "filter, so rollout and trainer probabilities differ; watch "
+            "training/rollout_probs_diff_mean or keep top_p=1, top_k=-1."
+        )
+    return pitfalls
+
+
+def _agg_effect(mode: str) -> str:
+    return {
+        "token-mean": "every token weighs the same: long responses get more total weight "
+        "than short ones (verl's default, DAPO).",
+        "token-sum": "tokens are summed: the loss scales with the batch's token count.",
+        "seq-mean-token-sum": "each response's token sum, averaged over responses: long "
+        "responses get proportionally larger gradients.",
+        "seq-mean-token-mean": "each response weighs the same whatever its length: tokens of "
+        "short responses weigh more (original GRPO).",
+        "seq-mean-token-sum-norm": "token sums averaged over responses and divided by a fixed "
+        "horizon: no length bias (Dr.GRPO).",
+    }.get(mode, "unknown mode")
+
+
+def _kl_line(c: Any) -> str:
+    if c.use_kl_loss and c.use_kl_in_reward:
+        return (f"KL: BOTH in the loss ({c.kl_loss_type}, coef {c.kl_loss_coef}) and in the "
+                f"reward ({c.kl_penalty}, {c.kl_ctrl_type} coef {c.kl_coef})")
+    if c.use_kl_loss:
+        return (f"KL: in the loss, {c.kl_loss_type} estimator, coefficient {c.kl_loss_coef}, "
+                f"aggregated with {c.loss_agg_mode}")
+    if c.use_kl_in_reward:
+        return (f"KL: in the reward, {c.kl_penalty} estimator, {c.kl_ctrl_type} controller "
+                f"(coef {c.kl_coef}), summed into the outcome before group normalisation")
+    return "KL: none (no reference model is loaded)"
+
+
+def explain_config(c: Any) -> str:
+    """A human-readable plan of what one training step does, with errors and pitfalls."""
+    learners = max(1, c.num_learners)
+    mb = c.prompts_per_minibatch or c.prompts_per_step
+    per_learner_mb = mb * c.group_size // learners
+    micro = c.micro_batch_size_per_learner or per_learner_mb
+    steps = (c.prompts_per_step // mb) * c.num_epochs if mb else 0
+    lines = [
+        f"model: {c.model_path} ({c.model_dtype})   sampler: {c.sampler}   "
+        f"temperature {c.temperature}, top_p {c.top_p}, top_k {c.top_k}",
+        f"prompts per step:              {c.prompts_per_step}",
+        f"trajectories per step:         {c.prompts_per_step * c.group_size} "
+        f"(= {c.prompts_per_step} prompts x group_size {c.group_size})",
+        f"mini-batch:                    {mb} prompts = {mb * c.group_size} trajectories "
+        f"({per_learner_mb} per learner on {learners} learner(s))",
+        f"optimizer steps per step:      {steps} (= {c.prompts_per_step // mb if mb else 0} "
+        f"mini-batches x {c.num_epochs} epoch(s))",
+    ]
+    if c.use_dynamic_bsz:
+        lines.append(f"micro-batches:                 token budget {c.max_tokens_per_micro_batch} "
+                     "tokens per micro-batch, same count on every learner")
+    else:
+        n_micro = per_learner_mb // micro if micro else 0
+        lines.append(f"micro-batches per mini-batch:  {n_micro} of {micro} trajectories "
+                     "per learner (gradient accumulation)")
+    lines += [
+        f"sequence budget:               prompt <= {c.max_prompt_length} tokens "
+        f"(truncation={c.truncation}), response <= {c.max_response_length} tokens",
+        f"advantage:                     {c.adv_estimator}"
+        + (" (Dr.GRPO: no std normalisation)" if not c.norm_adv_by_std_in_grpo else ""),
+        f"policy loss:                   {c.policy_loss}, clip [{c.clip_ratio_low or c.clip_ratio}, "
+        f"{c.clip_ratio_high or c.clip_ratio}], dual clip {c.clip_ratio_c}",
+        f"loss aggregation:              {c.loss_agg_mode}: {_agg_effect(c.loss_agg_mode)}",
+        _kl_line(c),
+    ]
+    errors, pitfalls = find_errors(c), find_pitfalls(c)
+    for title, items in (("ERRORS", errors), ("PITFALLS", pitfalls)):
+        if items:
+            lines.append(f"{title}:")
+            lines += [f"  - {item}" for item in items]
+    if not errors and not pitfalls:
+        lines.append("No pitfalls found.")
+    return "\n".join(lines)

@@ -1,0 +1,180 @@
+"""`RolloutBatch`: what an env runner returns for a set of prompt groups.
+
+Padded numpy arrays, one row per trajectory, groups contiguous
+(``[p0, p0, ..., p1, p1, ...]``, verl's interleaved repeat), plus per-sample
+reward info.  Units: ``prompt_*`` columns are (trajectories, prompt tokens),
+``response_*`` columns (trajectories, response tokens), the rest per trajectory.
+No Ray and no torch here; the driver concatenates batches and the learner reads
+the columns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+ARRAY_FIELDS = (
+    "prompt_ids", "prompt_mask", "response_ids", "response_mask", "rollout_log_probs",
+    "scores", "group_index", "response_lengths", "prompt_lengths", "truncated",
+    "sample_mask", "reward_errors",
+)
+
+
+@dataclass
+class RolloutBatch:
+    """A batch of trajectories, groups contiguous.  See the module docstring for units."""
+
+    prompt_ids: np.ndarray
+    prompt_mask: np.ndarray
+    response_ids: np.ndarray
+    response_mask: np.ndarray
+    rollout_log_probs: np.ndarray
+    scores: np.ndarray
+    group_index: np.ndarray
+    response_lengths: np.ndarray
+    prompt_lengths: np.ndarray
+    truncated: np.ndarray
+    sample_mask: np.ndarray
+    reward_errors: np.ndarray
+    infos: list[dict[str, Any]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+    @property
+    def num_groups(self) -> int:
+        return len(np.unique(self.group_index))
+
+    def train_columns(self) -> dict[str, np.ndarray]:
+        """The numeric columns the learner consumes."""
+        return {k: getattr(self, k) for k in ARRAY_FIELDS}
+
+
+def _pad(rows: Sequence[Sequence[float]], width: int, value: float, left: bool, dtype) -> np.ndarray:
+    out = np.full((len(rows), max(width, 1)), value, dtype=dtype)
+    for i, row in enumerate(rows):
+        if len(row):
+            if left:
+                out[i, width - len(row):] = row
+            else:
+                out[i, : len(row)] = row
+    return out
+
+
+def build_rollout_batch(
+    prompt_ids: Sequence[Sequence[int]],
+    response_ids: Sequence[Sequence[int]],
+    response_log_probs: Sequence[Sequence[float]],
+    scores: Sequence[float],
+    group_index: Sequence[int],
+    truncated: Sequence[bool],
+    reward_errors: Sequence[bool],
+    infos: list[dict[str, Any]],
+    *,
+    pad_token_id: int,
+) -> RolloutBatch:
+    """Pad per-trajectory lists into a `RolloutBatch` (prompts left-, responses right-padded)."""
+    prompt_width = max((len(p) for p in prompt_ids), default=1)
+    response_width = max((len(r) for r in response_ids), default=1)
+    return RolloutBatch(
+        prompt_ids=_pad(prompt_ids, prompt_width, pad_token_id, True, np.int64),
+        prompt_mask=_pad([[1] * len(p) for p in prompt_ids], prompt_width, 0, True, np.int64),
+        response_ids=_pad(response_ids, response_width, pad_token_id, False, np.int64),
+        response_mask=_pad([[1] * len(r) for r in response_ids], response_width, 0, False,
+                           np.float32),
+        rollout_log_probs=_pad(response_log_probs, response_width, 0.0, False, np.float32),
+        scores=np.asarray(scores, dtype=np.float32),
+        group_index=np.asarray(group_index, dtype=np.int64),
+        response_lengths=np.asarray([len(r) for r in response_ids], dtype=np.int64),
+        prompt_lengths=np.asarray([len(p) for p in prompt_ids], dtype=np.int64),
+        truncated=np.asarray(truncated, dtype=bool),
+        sample_mask=np.ones(len(scores), dtype=np.float32),
+        reward_errors=np.asarray(reward_errors, dtype=bool),
+        infos=infos,
+    )
+
+
+def _repad(array: np.ndarray, width: int, value: float, left: bool) -> np.ndarray:
+    missing = width - array.shape[1]
+    if missing <= 0:
+        return array
+    pad = np.full((array.shape[0], missing), value, dtype=array.dtype)
+    return np.concatenate([pad, array] if left else [array, pad], axis=1)
+
+
+def concat_rollouts(batches: Sequence[RolloutBatch], *, pad_token_id: int) -> RolloutBatch:
+    """Concatenate batches (re-padding to the widest) and renumber groups 0..G-1."""
+    prompt_width = max(b.prompt_ids.shape[1] for b in batches)
+    response_width = max(b.response_ids.shape[1] for b in batches)
+    columns: dict[str, Any] = {}
+    for name in ARRAY_FIELDS:
+        parts = [getattr(b, name) for b in batches]
+        if name in ("prompt_ids", "prompt_mask"):
+            value = pad_token_id if name == "prompt_ids" else 0
+            parts = [_repad(p, prompt_width, value, left=True) for p in parts]
+        elif name in ("response_ids", "response_mask", "rollout_log_probs"):
+            value = pad_token_id if name == "response_ids" else 0
+            parts = [_repad(p, response_width, value, left=False) for p in parts]
+        columns[name] = np.concatenate(parts)
+    # Groups are contiguous; give them dense ids that are unique across runners.
+    offsets, group_index = 0, []
+    for b in batches:
+        _, dense = np.unique(b.group_index, return_inverse=True)
+        group_index.append(dense + offsets)
+        offsets += int(dense.max()) + 1 if len(dense) else 0
+    columns["group_index"] = np.concatenate(group_index).astype(np.int64)
+    infos = [info for b in batches for info in b.infos]
+    return RolloutBatch(**columns, infos=infos)
+
+
+def data_metrics(batch: RolloutBatch, max_response_length: int) -> dict[str, float]:
+    """verl's `compute_data_metrics` names for scores and lengths, plus group signal."""
+    real = batch.sample_mask > 0
+    scores, lengths = batch.scores[real], batch.response_lengths[real]
+    prompt_lengths = batch.prompt_lengths[real]
+    metrics: dict[str, float] = {}
+    for name, values in (("critic/score", scores), ("response_length", lengths),
+                         ("prompt_length", prompt_lengths)):
+        if len(values):
+            metrics[f"{name}/mean"] = float(np.mean(values))
+            metrics[f"{name}/max"] = float(np.max(values))
+            metrics[f"{name}/min"] = float(np.min(values))
+    if len(lengths):
+        metrics["response_length/clip_ratio"] = float(np.mean(lengths >= max_response_length))
+        metrics["response/aborted_ratio"] = float(np.mean(lengths == 0))
+    metrics.update(group_signal_metrics(batch))
+    metrics["reward/errors"] = float(np.sum(batch.reward_errors[real]))
+    return metrics
+
+
+def group_signal_metrics(batch: RolloutBatch) -> dict[str, float]:
+    """Fraction of groups whose scores are all equal (no signal), split by all-right/all-wrong.
+
+    "Right" is the reward function's ``acc`` when it reports one, else ``score > 0``.
+    """
+    real = np.flatnonzero(batch.sample_mask > 0)
+    if not len(real):
+        return {}
+    groups, scores = batch.group_index[real], batch.scores[real]
+    acc = np.asarray([
+        bool(batch.infos[i].get("acc", scores[k] > 0)) if i < len(batch.infos) else scores[k] > 0
+        for k, i in enumerate(real)
+    ])
+    flat = all_right = all_wrong = 0
+    unique = np.unique(groups)
+    for g in unique:
+        in_group = groups == g
+        s = scores[in_group]
+        if len(s) > 1 and np.all(s == s[0]):
+            flat += 1
+            all_right += bool(acc[in_group].all())
+            all_wrong += bool(not acc[in_group].any())
+    n = len(unique)
+    return {
+        "groups/zero_variance_frac": flat / n,
+        "groups/all_right_frac": all_right / n,
+        "groups/all_wrong_frac": all_wrong / n,
+    }

@@ -1,0 +1,182 @@
+"""The sampler contract shared by the vLLM and transformers samplers.
+
+A sampler turns prompt token ids into groups of sampled responses with the
+log-probability of every sampled token under the *sampling* distribution
+("processed" log-probs): ``log_softmax(logits / temperature)`` after top-k and
+top-p filtering.  With ``top_p=1`` and ``top_k=-1`` these equal what a trainer
+computes with a forward pass at the same temperature (``forward_log_probs``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass
+class SamplingParams:
+    """How to sample.  ``temperature=0`` is greedy; ``top_k=-1`` and ``top_p=1`` disable filtering.
+
+    ``seed`` makes one ``generate`` call reproducible; ``None`` draws from the
+    sampler's own seeded stream.  ``stop_token_ids`` end a response like EOS
+    does (and, like EOS, are kept in it).
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 16
+    seed: int | None = None
+    stop_token_ids: list[int] | None = None
+
+
+@dataclass
+class Sample:
+    """One response: its token ids, their processed log-probs, and why it ended.
+
+    ``finish_reason`` is ``"stop"`` when EOS or a stop token was sampled (that
+    token is the last of ``token_ids``, as verl's responses include EOS) and
+    ``"length"`` when ``max_tokens`` ran out.
+    """
+
+    token_ids: list[int]
+    log_probs: list[float]
+    finish_reason: FinishReason
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    """Generates groups of responses and takes new weights from the learner."""
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams
+    ) -> list[list[Sample]]:
+        """``n`` samples for each prompt: the outer list follows ``prompts``."""
+        ...
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, float]:
+        """Replace the weights (HF parameter names); return ``{"bytes", "seconds"}``."""
+        ...
+
+    def sleep(self) -> None:
+        """Free accelerator memory between sampling phases (a no-op where unsupported)."""
+        ...
+
+    def wake_up(self) -> None:
+        """Undo ``sleep``."""
+        ...
+
+    def close(self) -> None:
+        """Release the engine and its memory."""
+        ...
+
+
+class CallSeeds:
+    """The seed of each ``generate`` call: ``params.seed`` when set, else the next of a
+    stream derived from the sampler's seed, so that a run is reproducible
+    whatever else draws from the global RNGs."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.calls = 0
+
+    def next(self, params: SamplingParams) -> int:
+        if params.seed is not None:
+            return params.seed
+        self.calls += 1
+        return (self.seed * 1_000_003 + self.calls) % 2**31
+
+
+def state_dict_bytes(state_dict: Mapping[str, torch.Tensor]) -> int:
+    """Bytes held by the tensors of a state dict."""
+    return sum(t.numel() * t.element_size() for t in state_dict.values())
+
+
+def filtered_logits(logits: torch.Tensor, top_k: int = -1, top_p: float = 1.0) -> torch.Tensor:
+    """Set logits outside the top-k / top-p (nucleus) set to ``-inf`` (last dim is the vocab).
+
+    Top-k first, then top-p over what is left, as transformers and vLLM do;
+    the most likely token always survives.
+    """
+    if 0 < top_k < logits.shape[-1]:
+        kth_best = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth_best, float("-inf"))
+    if top_p < 1.0:
+        # Ascending cumulative mass, cut at 1 - top_p: the exact rule of both engines.
+        sorted_logits, order = torch.sort(logits, dim=-1)
+        drop_sorted = sorted_logits.softmax(-1).cumsum(-1) <= 1 - top_p
+        drop_sorted[..., -1] = False
+        logits = logits.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
+    return logits
+
+
+@torch.no_grad()
+def forward_log_probs(
+    model: torch.nn.Module,
+    prompt_ids: Sequence[int],
+    response_ids: Sequence[int],
+    *,
+    temperature: float = 1.0,
+    top_k: int = -1,
+    top_p: float = 1.0,
+) -> torch.Tensor:
+    """Processed log-probs of ``response_ids`` after ``prompt_ids``, from one forward pass.
+
+    The reference a sampler's ``Sample.log_probs`` must match: fp32
+    ``log_softmax(filtered(logits / temperature))`` at each response token.
+    """
+    device = next(model.parameters()).device
+    ids = torch.tensor([[*prompt_ids, *response_ids]], device=device)
+    logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float()
+    if temperature > 0:
+        logits = logits / temperature
+    log_probs = filtered_logits(logits, top_k, top_p).log_softmax(-1)
+    targets = torch.tensor(response_ids, device=device)
+    return log_probs.gather(-1, targets[:, None])[:, 0].cpu()
+
+
+def max_log_prob_diff(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    groups: Sequence[Sequence[Sample]],
+    params: SamplingParams,
+) -> float:
+    """Largest ``|sampler log-prob - forward log-prob|`` over all sampled tokens.
+
+    A check of a sampler against the trainer's model (verl reports the same
+    as ``rollout_probs_diff_max``); 0 for no tokens.
+    """
+    diffs = [
+        (forward_log_probs(model, prompt, sample.token_ids, **_filters(params)))
+        .sub(torch.tensor(sample.log_probs))
+        .abs()
+        .max()
+        .item()
+        for prompt, group in zip(prompts, groups, strict=True)
+        for sample in group
+        if sample.token_ids
+    ]
+    return max(diffs, default=0.0)
+
+
+def mean_log_prob(groups: Sequence[Sequence[Sample]]) -> float:
+    """Mean log-prob of the sampled tokens (an entropy estimate, negated); 0 for no tokens.
+
+    Near 0 means a near-deterministic policy, for which log-prob checks prove little.
+    """
+    log_probs = [lp for group in groups for sample in group for lp in sample.log_probs]
+    return sum(log_probs) / len(log_probs) if log_probs else 0.0
+
+
+def _filters(params: SamplingParams) -> dict[str, float]:
+    if params.temperature == 0:  # greedy: the engines ignore top-k/top-p and temperature
+        return {"temperature": 0.0}
+    return {"temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p}

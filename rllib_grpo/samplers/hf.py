@@ -1,0 +1,184 @@
+"""A sampler on transformers' ``generate``: the fallback where vLLM does not import."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator, Mapping, Sequence
+
+import torch
+from transformers import GenerationConfig
+
+from rllib_grpo.models import load_causal_lm, load_tokenizer
+from rllib_grpo.samplers.base import CallSeeds, Sample, SamplingParams, state_dict_bytes
+
+logger = logging.getLogger(__name__)
+
+
+class HFSampler:
+    """Samples with its own copy of a transformers causal LM.
+
+    All prompts x ``n`` samples go through one left-padded ``generate`` call
+    (or chunks of ``max_batch_size`` rows).  Log-probs come from the processed
+    scores (temperature, top-k, top-p applied), i.e. the sampling distribution.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        tokenizer_path: str | None = None,
+        dtype: str = "float32",
+        seed: int = 0,
+        device: str | torch.device = "cpu",
+        max_batch_size: int | None = None,
+    ) -> None:
+        self.device = torch.device(device)
+        self.model = load_causal_lm(model_path, dtype=dtype).to(self.device)
+        self.eos_token_ids = _eos_token_ids(self.model, tokenizer_path or model_path)
+        if not self.eos_token_ids:
+            logger.warning("no eos token found for %s: samples end only at max_tokens", model_path)
+        pad_id = self.model.generation_config.pad_token_id
+        self.pad_token_id = pad_id if pad_id is not None else min(self.eos_token_ids, default=0)
+        # generate() fills every unset option from model.generation_config (a hub
+        # model's repetition_penalty, top_k, ...): keep only the token ids there.
+        self.model.generation_config = GenerationConfig(
+            eos_token_id=sorted(self.eos_token_ids), pad_token_id=self.pad_token_id
+        )
+        self.seeds = CallSeeds(seed)
+        self.max_batch_size = max_batch_size
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams
+    ) -> list[list[Sample]]:
+        """``n`` samples per prompt; reproducible for a given ``params.seed``."""
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        rows = [list(prompt) for prompt in prompts for _ in range(n)]
+        stop_ids = self.eos_token_ids | set(params.stop_token_ids or ())
+        config = self._generation_config(params, stop_ids)
+        chunk = self.max_batch_size or max(len(rows), 1)
+        samples: list[Sample] = []
+        with _seeded_rng(self.seeds.next(params), self.device):
+            for start in range(0, len(rows), chunk):
+                samples += self._generate_rows(rows[start : start + chunk], config, stop_ids)
+        return [samples[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, float]:
+        """Copy a full HF-named state dict into the model; a tied ``lm_head.weight`` may be left out."""
+        start = time.perf_counter()
+        _check_state_dict_keys(self.model, state_dict)
+        self.model.load_state_dict(dict(state_dict), strict=False)
+        return {"bytes": state_dict_bytes(state_dict), "seconds": time.perf_counter() - start}
+
+    def sleep(self) -> None:
+        """No-op: the transformers sampler keeps its weights where they are."""
+
+    def wake_up(self) -> None:
+        """No-op (see ``sleep``)."""
+
+    def close(self) -> None:
+        """Drop the model."""
+        self.model = None
+
+    # ------------------------------------------------------------------ internals
+
+    def _generation_config(self, params: SamplingParams, stop_ids: set[int]) -> GenerationConfig:
+        sampling = params.temperature > 0
+        return GenerationConfig(
+            do_sample=sampling,
+            temperature=params.temperature if sampling else 1.0,
+            top_p=params.top_p if sampling else 1.0,
+            top_k=params.top_k if sampling and params.top_k > 0 else 0,  # None means 50
+            max_new_tokens=params.max_tokens,
+            eos_token_id=sorted(stop_ids),
+            pad_token_id=self.pad_token_id,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+
+    @torch.no_grad()
+    def _generate_rows(
+        self, rows: list[list[int]], config: GenerationConfig, stop_ids: set[int]
+    ) -> list[Sample]:
+        input_ids, attention_mask = _left_padded(rows, self.pad_token_id, self.device)
+        out = self.model.generate(
+            input_ids=input_ids, attention_mask=attention_mask, generation_config=config
+        )
+        new_token_ids = out.sequences[:, input_ids.shape[1] :]
+        # One step at a time: stacking all scores would hold rows x steps x vocab floats.
+        new_token_log_probs = torch.stack(
+            [
+                step_scores.float().log_softmax(-1).gather(-1, new_token_ids[:, t, None])[:, 0]
+                for t, step_scores in enumerate(out.scores)
+            ],
+            dim=1,
+        )
+        return [
+            _trimmed_sample(ids, log_probs, stop_ids)
+            for ids, log_probs in zip(
+                new_token_ids.tolist(), new_token_log_probs.tolist(), strict=True
+            )
+        ]
+
+
+def _eos_token_ids(model: torch.nn.Module, tokenizer_path: str) -> set[int]:
+    """EOS ids from the generation config, the model config and the tokenizer, as vLLM unites them."""
+    ids: set[int] = set()
+    for source in (model.generation_config.eos_token_id, model.config.eos_token_id):
+        ids |= {source} if isinstance(source, int) else set(source or ())
+    with contextlib.suppress(OSError, ValueError):  # a weights-only folder has no tokenizer
+        eos_id = load_tokenizer(tokenizer_path).eos_token_id
+        if eos_id is not None:
+            ids.add(eos_id)
+    return ids
+
+
+def _left_padded(
+    rows: list[list[int]], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(row) for row in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        if row:
+            input_ids[i, width - len(row) :] = torch.tensor(row)
+            attention_mask[i, width - len(row) :] = 1
+    return input_ids.to(device), attention_mask.to(device)
+
+
+def _trimmed_sample(ids: list[int], log_probs: list[float], stop_ids: set[int]) -> Sample:
+    """Cut after the first stop token (kept); what follows is padding."""
+    for i, token_id in enumerate(ids):
+        if token_id in stop_ids:
+            return Sample(ids[: i + 1], log_probs[: i + 1], "stop")
+    return Sample(ids, log_probs, "length")
+
+
+@contextlib.contextmanager
+def _seeded_rng(seed: int, device: torch.device) -> Iterator[None]:
+    """Seed torch's RNG for one call and restore the caller's RNG state afterwards."""
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
+def _check_state_dict_keys(model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor]) -> None:
+    expected = set(model.state_dict())
+    missing = expected - set(state_dict) - _tied_aliases(model, set(state_dict))
+    unexpected = set(state_dict) - expected
+    if missing or unexpected:
+        raise KeyError(
+            f"state dict does not match the sampler's model: missing {sorted(missing)}, "
+            f"unexpected {sorted(unexpected)}"
+        )
+
+
+def _tied_aliases(model: torch.nn.Module, provided: set[str]) -> set[str]:
+    """State-dict keys that share storage with a provided key (a tied ``lm_head.weight``)."""
+    by_storage: dict[int, set[str]] = {}
+    for name, tensor in model.state_dict().items():
+        by_storage.setdefault(tensor.data_ptr(), set()).add(name)
+    return {name for names in by_storage.values() if names & provided for name in names - provided}

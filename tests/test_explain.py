@@ -1,0 +1,34 @@
+"""`explain`: the resolved plan and one test per pitfall."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import tiny_config
+
+
+def _explain(**training):
+    return tiny_config(**training).explain()
+
+
+def test_plan_lines():
+    text = _explain(prompts_per_step=8, group_size=4, prompts_per_minibatch=4)
+    assert "trajectories per step:         32" in text
+    assert "optimizer steps per step:      2" in text
+    assert "KL: in the loss, low_var_kl" in text
+    assert "No pitfalls found." in text
+
+
+@pytest.mark.parametrize("training, needle", [
+    ({"group_size": 1}, "a group of one has no relative signal"),
+    ({"use_kl_in_reward": True, "use_kl_loss": True}, "applied twice"),
+    ({"norm_adv_by_std_in_grpo": False}, "Dr.GRPO half-applied"),
+    ({"loss_agg_mode": "seq-mean-token-sum-norm"}, "Dr.GRPO half-applied"),
+    ({"prompts_per_minibatch": 3}, "must divide prompts_per_step"),
+    ({"use_dynamic_bsz": True, "max_tokens_per_micro_batch": 8}, "below the longest sequence"),
+    ({"temperature": 0.0}, "no group has a signal"),
+    ({"temperature": 0.1}, "temperature=0.1 is low"),
+    ({"policy_loss": "gspo"}, "always aggregates with 'seq-mean-token-mean'"),
+])
+def test_each_pitfall_is_reported(training, needle):
+    assert needle in _explain(**training)

@@ -1,0 +1,138 @@
+"""The transformers sampler: group shapes, EOS, seeds, log-probs against a forward pass, weights."""
+
+from __future__ import annotations
+
+import logging
+import string
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rllib_grpo.models import build_char_tokenizer, load_causal_lm, resolve_model
+from rllib_grpo.samplers import Sampler, SamplingParams, make_sampler
+from rllib_grpo.samplers.base import max_log_prob_diff, mean_log_prob
+from rllib_grpo.samplers.hf import HFSampler
+
+# More than 50 tokens: transformers' hidden top_k=50 default would show in the log-probs.
+ALPHABET = string.printable[:80]
+EOS = 1
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("models")
+    return resolve_model("builtin:tiny", cache_dir=cache, builder_kwargs={"alphabet": ALPHABET})
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    tokenizer = build_char_tokenizer(ALPHABET)
+    return [tokenizer.encode(text) for text in ("3+4=", "12*5=", "7-")]
+
+
+@pytest.fixture()
+def sampler(model_path):
+    return HFSampler(model_path, dtype="float32", seed=0)
+
+
+def test_groups_have_n_samples_with_consistent_fields(sampler, prompts):
+    groups = sampler.generate(prompts, 4, SamplingParams(temperature=1.0, max_tokens=24))
+    assert isinstance(sampler, Sampler)
+    assert [len(group) for group in groups] == [4, 4, 4]
+    samples = [sample for group in groups for sample in group]
+    for sample in samples:
+        assert 1 <= len(sample.token_ids) == len(sample.log_probs) <= 24
+        assert all(lp <= 0 and lp > -float("inf") for lp in sample.log_probs)
+        assert (EOS in sample.token_ids) == (sample.finish_reason == "stop")
+        if sample.finish_reason == "stop":
+            assert sample.token_ids.index(EOS) == len(sample.token_ids) - 1  # EOS kept, last
+        else:
+            assert len(sample.token_ids) == 24
+
+
+def test_stop_token_ids_end_samples(sampler, prompts):
+    every_token = list(range(len(ALPHABET) + 4))
+    params = SamplingParams(max_tokens=8, stop_token_ids=every_token)
+    for group in sampler.generate(prompts, 2, params):
+        assert [(len(s.token_ids), s.finish_reason) for s in group] == [(1, "stop")] * 2
+
+
+def test_same_seed_same_samples(model_path, sampler, prompts):
+    params = SamplingParams(temperature=1.0, max_tokens=12, seed=7)
+    first = sampler.generate(prompts, 3, params)
+    assert sampler.generate(prompts, 3, params) == first
+    assert sampler.generate(prompts, 3, SamplingParams(max_tokens=12, seed=8)) != first
+    # Unseeded calls follow the sampler's seed: a fresh sampler repeats them.
+    unseeded = [sampler.generate(prompts, 3, SamplingParams(max_tokens=12)) for _ in range(2)]
+    assert unseeded[0] != unseeded[1]
+    fresh = HFSampler(model_path, seed=0)
+    assert [fresh.generate(prompts, 3, SamplingParams(max_tokens=12)) for _ in range(2)] == unseeded
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1.0, max_tokens=16),
+        SamplingParams(temperature=0.7, max_tokens=16),
+        SamplingParams(temperature=0.7, top_k=5, top_p=0.9, max_tokens=16),
+        SamplingParams(temperature=0.0, max_tokens=16),
+    ],
+    ids=["t1", "t0.7", "topk-topp", "greedy"],
+)
+def test_log_probs_equal_a_forward_pass(model_path, sampler, prompts, params):
+    groups = sampler.generate(prompts, 4, params)
+    assert params.temperature == 0 or mean_log_prob(groups) < -0.5
+    assert max_log_prob_diff(load_causal_lm(model_path), prompts, groups, params) < 1e-5
+
+
+def test_greedy_samples_agree(sampler, prompts):
+    for group in sampler.generate(prompts, 3, SamplingParams(temperature=0.0, max_tokens=10)):
+        assert group[0].token_ids == group[1].token_ids == group[2].token_ids
+        # Rows of one batch may differ in the last float bit.
+        torch.testing.assert_close(group[0].log_probs, group[2].log_probs)
+
+
+def test_load_weights_changes_samples_and_rejects_wrong_keys(model_path, sampler, prompts):
+    params = SamplingParams(temperature=0.8, max_tokens=16, seed=3)
+    before = sampler.generate(prompts, 4, params)
+    model = load_causal_lm(model_path)
+    # The head is tied: it moves with the embeddings.  Noise at the init scale
+    # (std 0.02) keeps the distribution spread, so the comparison below means something.
+    with torch.no_grad():
+        model.model.embed_tokens.weight.add_(0.02 * torch.randn_like(model.lm_head.weight))
+    perturbed = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    stats = sampler.load_weights(perturbed)
+    assert stats["bytes"] == sum(v.numel() * 4 for v in perturbed.values())
+    assert stats["seconds"] >= 0
+    after = sampler.generate(prompts, 4, params)
+    assert after != before
+    assert mean_log_prob(after) < -0.5
+    assert max_log_prob_diff(model, prompts, after, params) < 1e-5
+    wrong = {k: v for k, v in perturbed.items() if k != "model.norm.weight"}
+    wrong["bogus"] = torch.zeros(1)
+    with pytest.raises(KeyError, match=r"missing \['model.norm.weight'\].*unexpected \['bogus'\]"):
+        sampler.load_weights(wrong)
+
+
+def test_make_sampler_falls_back_to_transformers_with_one_warning(model_path, monkeypatch, caplog):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # "import vllm" now raises ImportError
+    with caplog.at_level(logging.WARNING, logger="rllib_grpo.samplers"):
+        sampler = make_sampler("auto", model_path=model_path, gpu_memory_utilization=0.3)
+    assert isinstance(sampler, HFSampler)
+    assert [r.getMessage() for r in caplog.records if "vLLM" in r.getMessage()] != []
+    assert len(caplog.records) == 1
+    with pytest.raises(ImportError):
+        make_sampler("vllm", model_path=model_path)
+    with pytest.raises(ValueError, match="sampler kind"):
+        make_sampler("sglang", model_path=model_path)
+
+
+def test_importing_samplers_imports_neither_vllm_nor_transformers():
+    code = (
+        "import sys, rllib_grpo.samplers; "
+        "print(sorted(m for m in ('vllm', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

