@@ -118,6 +118,10 @@ def _check_algorithm(c: Any) -> list[str]:
         )
     if c.clip_ratio_c <= 1.0:
         errors.append(f"clip_ratio_c={c.clip_ratio_c} must be > 1 (dual clip; verl uses 3).")
+    if c.rollout_is not in (None, "token"):
+        errors.append(f"rollout_is={c.rollout_is!r} is unknown; use None (off) or 'token'.")
+    if c.rollout_is and c.rollout_is_threshold <= 0:
+        errors.append(f"rollout_is_threshold={c.rollout_is_threshold} must be > 0.")
     if c.kl_ctrl_type == "adaptive" and c.kl_horizon <= 0:
         errors.append(f"kl_horizon={c.kl_horizon} must be > 0 for the adaptive KL controller.")
     return errors

@@ -42,7 +42,7 @@ logger = logging.getLogger(__name__)
 # Columns the learner reads from the rollout batch (see rllib_grpo.rollout.RolloutBatch).
 TENSOR_COLUMNS = (
     "prompt_ids", "prompt_mask", "response_ids", "response_mask", "rollout_log_probs",
-    "scores", "group_index", "sample_mask", "reward_baselines",
+    "scores", "group_index", "sample_mask", "reward_baselines", "loss_mask",
 )
 # Per-token rates from the policy loss, averaged over micro-batches by token count.
 RATE_METRICS = ("actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl")
@@ -163,6 +163,8 @@ class GRPOLearner(TorchLearner):
             reward_baselines=batch.get("reward_baselines"),
         )
         batch["advantages"] = advantages * batch["sample_mask"][:, None]
+        if c.rollout_is == "token":
+            batch["rollout_is_weights"] = self._rollout_is_weights(batch, mask)
         valid = mask.bool() & batch["sample_mask"][:, None].bool()
         real = batch["sample_mask"].bool()
         for name, values in (("critic/rewards", token_rewards.sum(-1)[real]),
@@ -171,6 +173,18 @@ class GRPOLearner(TorchLearner):
             for key, value in _stats(name, values).items():
                 self._log(key, value)
         return {k: v for k, v in batch.items()}
+
+    def _rollout_is_weights(self, batch, mask) -> torch.Tensor:
+        """Truncated token-level importance weights pi_old / pi_rollout (verl rollout_is=token)."""
+        log_ratio = (batch["old_log_probs"] - batch["rollout_log_probs"].float()).clamp(-20, 20)
+        weights = log_ratio.exp().clamp(max=self.config.rollout_is_threshold) * mask
+        valid = mask.bool()
+        if valid.any():
+            self._log("rollout_corr/is_weight_mean", weights[valid].mean().item())
+            self._log("rollout_corr/is_truncated_frac", (log_ratio.exp()[valid] >
+                                                         self.config.rollout_is_threshold)
+                      .float().mean().item())
+        return weights
 
     @staticmethod
     def _scores_to_tokens(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -260,7 +274,7 @@ class GRPOLearner(TorchLearner):
             advantages=batch["advantages"], response_mask=mask,
             loss_agg_mode=c.loss_agg_mode, clip_ratio=c.clip_ratio,
             clip_ratio_low=c.clip_ratio_low, clip_ratio_high=c.clip_ratio_high,
-            clip_ratio_c=c.clip_ratio_c, **agg,
+            clip_ratio_c=c.clip_ratio_c, rollout_is_weights=batch.get("rollout_is_weights"), **agg,
         )
         loss = pg_loss
         n_tok = mask.sum().item()

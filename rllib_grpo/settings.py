@@ -136,6 +136,15 @@ class GRPOSettings:
         3.0, "ratio", "Dual-clip bound for negative advantages (> 1).", _ACTOR + "clip_ratio_c")
     entropy_coeff: float = knob(0.0, "scalar", "Entropy bonus coefficient.", _ACTOR + "entropy_coeff")
 
+    # --- rollout correction ---------------------------------------------------------
+    rollout_is: str | None = knob(
+        None, "mode", "Truncated importance sampling against the rollout/trainer mismatch: "
+        "None (off) | 'token' (per-token weight min(pi_old/pi_rollout, threshold)).",
+        "algorithm.rollout_correction.rollout_is")
+    rollout_is_threshold: float = knob(
+        2.0, "ratio", "Upper bound of the importance weights.",
+        "algorithm.rollout_correction.rollout_is_threshold")
+
     # --- optimizer ------------------------------------------------------------------
     weight_decay: float = knob(0.01, "scalar", "AdamW weight decay.", _ACTOR + "optim.weight_decay")
     betas: tuple = knob((0.9, 0.999), "pair", "AdamW betas.", _ACTOR + "optim.betas")

@@ -94,3 +94,14 @@ def test_checkpoint_round_trip_continues_identically(ray_session, tmp_path, num_
         restored.stop()
     for key, value in uninterrupted.items():
         assert torch.equal(resumed[key], value), key
+
+
+def test_truncated_importance_sampling_logs_weights(ray_session):
+    algo = tiny_config(rollout_is="token", rollout_is_threshold=2.0).build_algo()
+    try:
+        result = _flat(algo.train())
+        # Sampler and trainer agree in fp32, so the weights are ~1 and none truncated.
+        assert abs(result["rollout_corr/is_weight_mean"] - 1.0) < 1e-4
+        assert result["rollout_corr/is_truncated_frac"] == 0.0
+    finally:
+        algo.stop()
