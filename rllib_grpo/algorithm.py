@@ -38,6 +38,7 @@ ACTOR_KEYS = (
     "critic/rewards/min", "critic/advantages/mean", "critic/advantages/max",
     "critic/advantages/min", "critic/returns/mean", "critic/returns/max", "critic/returns/min",
     "training/rollout_probs_diff_mean", "training/rollout_probs_diff_max",
+    "training/rollout_log_probs_diff_max",
     "training/rollout_actor_probs_pearson_corr", "rollout_corr/is_weight_mean",
     "rollout_corr/is_truncated_frac",
 )

@@ -219,6 +219,8 @@ class GRPOLearner(TorchLearner):
         diff = (rollout_p - trainer_p).abs()
         self._log("training/rollout_probs_diff_mean", diff.mean().item())
         self._log("training/rollout_probs_diff_max", diff.max().item())
+        log_diff = (batch["rollout_log_probs"].float() - batch["old_log_probs"])[valid].abs()
+        self._log("training/rollout_log_probs_diff_max", log_diff.max().item())
         if rollout_p.numel() > 1 and rollout_p.std() > 0 and trainer_p.std() > 0:
             corr = torch.corrcoef(torch.stack([rollout_p, trainer_p]))[0, 1]
             self._log("training/rollout_actor_probs_pearson_corr", corr.item())
