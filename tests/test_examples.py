@@ -1,0 +1,33 @@
+"""The examples run as written (tiny model, few iterations)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(args: list[str]) -> str:
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_python_api_example(tmp_path):
+    out = _run(["examples/python_api.py", "--iterations", "2", "--model", "builtin:tiny",
+                "--sampler", "hf", "--out", str(tmp_path / "ckpt")])
+    assert "trajectories per step:         128" in out
+    assert "iter   2" in out and "restored at iteration 2" in out
+
+
+def test_tune_sweep_example_runs_two_trials(tmp_path):
+    out = _run(["examples/tune_sweep.py", "--iterations", "2", "--model", "builtin:tiny",
+                "--storage-path", str(tmp_path)])
+    trials = [line for line in out.splitlines() if line.startswith("lr=")]
+    assert len(trials) == 2
+    assert "group_size=4" in trials[0] and "group_size=8" in trials[1]
+    for line in trials:
+        assert Path(line.split("checkpoint ")[1]).is_dir()
