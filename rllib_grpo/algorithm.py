@@ -24,6 +24,7 @@ from ray.rllib.utils.metrics import (
 from ray.tune.registry import register_trainable
 
 from rllib_grpo.config import GRPOConfig
+from rllib_grpo.recipes import GroupFilterStats, filter_groups, first_groups, validation_metrics
 from rllib_grpo.rollout import RolloutBatch, concat_rollouts, data_metrics
 
 logger = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ ACTOR_KEYS = (
     "training/rollout_probs_diff_mean", "training/rollout_probs_diff_max",
     "training/rollout_log_probs_diff_max",
     "training/rollout_actor_probs_pearson_corr", "rollout_corr/is_weight_mean",
-    "rollout_corr/is_truncated_frac",
+    "rollout_corr/is_truncated_frac", "response/truncated_masked_frac",
 )
 
 
@@ -61,7 +62,7 @@ class GRPO(Algorithm):
         t_step = time.perf_counter()
 
         with self.metrics.log_time("timing_s/sample"):
-            rollout = self._sample_groups(c.prompts_per_step)
+            rollout = self._sample_step()
         self._log_dict(data_metrics(rollout, c.max_response_length))
         self._warn_if_no_signal()
 
@@ -81,6 +82,8 @@ class GRPO(Algorithm):
             policies=[DEFAULT_MODULE_ID], inference_only=True,
         )
         self._log_value("timing_s/update_weights", time.perf_counter() - t0)
+        if c.val_every and (self.iteration + 1) % c.val_every == 0:
+            self._log_dict(self.validate())
 
         step_time = time.perf_counter() - t_step
         tokens = float(rollout.prompt_lengths.sum() + rollout.response_lengths.sum())
@@ -111,6 +114,39 @@ class GRPO(Algorithm):
                 lambda er: er.set_state(by_index[er.worker_index]), local_env_runner=False)
 
     # ------------------------------------------------------------------ sampling
+    def _sample_step(self) -> RolloutBatch:
+        """One step's groups; with dynamic sampling (DAPO), only groups with a signal."""
+        c = self.config
+        if not c.filter_groups:
+            return self._sample_groups(c.prompts_per_step)
+        gen_prompts = c.gen_prompts_per_batch or c.prompts_per_step
+        kept, totals, num_batches, num_kept = [], GroupFilterStats(), 0, 0
+        while num_kept < c.prompts_per_step:
+            if 0 < c.max_num_gen_batches <= num_batches:
+                raise RuntimeError(
+                    f"Dynamic sampling: {num_batches} generation batches gave only {num_kept} of "
+                    f"{c.prompts_per_step} groups whose {c.filter_groups_metric!r} varies "
+                    f"({totals.dropped_all_right} groups dropped all right, "
+                    f"{totals.dropped_all_wrong} all wrong): the data is too easy (mostly all "
+                    "right) or too hard (mostly all wrong) for the model. Change the data or "
+                    "raise max_num_gen_batches / gen_prompts_per_batch.")
+            batch, stats = filter_groups(self._sample_groups(gen_prompts), c.filter_groups_metric)
+            num_batches += 1
+            for name in ("kept", "dropped_all_right", "dropped_all_wrong", "dropped_other"):
+                setattr(totals, name, getattr(totals, name) + getattr(stats, name))
+            if len(batch):
+                kept.append(batch)
+                num_kept += stats.kept
+        rollout = first_groups(concat_rollouts(kept, pad_token_id=0), c.prompts_per_step)
+        self._log_dict({
+            "train/num_gen_batches": num_batches,
+            "filter_groups/dropped_all_right": totals.dropped_all_right,
+            "filter_groups/dropped_all_wrong": totals.dropped_all_wrong,
+            "filter_groups/discarded_surplus_groups": num_kept - c.prompts_per_step,
+        })
+        self.last_rollout = rollout
+        return rollout
+
     def _sample_groups(self, num_prompts: int) -> RolloutBatch:
         """Ask every env runner for its share of ``num_prompts`` groups and concatenate."""
         group = self.env_runner_group
@@ -137,6 +173,25 @@ class GRPO(Algorithm):
         rollout = concat_rollouts(batches, pad_token_id=0)
         self.last_rollout = rollout
         return rollout
+
+    def validate(self) -> dict[str, float]:
+        """Score held-out prompts (greedy by default) and return verl's ``val-core`` metrics."""
+        c, group = self.config, self.env_runner_group
+        t0 = time.perf_counter()
+        num_remote = group.num_remote_env_runners()
+        if num_remote == 0:
+            samples = group.local_env_runner.evaluate(c.val_num_prompts, c.val_n,
+                                                      c.val_temperature)
+        else:
+            shares = _split_evenly(c.val_num_prompts, num_remote)
+            per_runner = group.foreach_env_runner(
+                lambda er, shares=shares: er.evaluate(shares[er.worker_index - 1], c.val_n,
+                                                      c.val_temperature),
+                local_env_runner=False)
+            samples = [s for runner_samples in per_runner for s in runner_samples]
+        metrics = validation_metrics(samples)
+        metrics["timing_s/testing"] = time.perf_counter() - t0
+        return metrics
 
     def _to_learner_batch(self, rollout: RolloutBatch) -> MultiAgentBatch:
         columns = rollout.train_columns()

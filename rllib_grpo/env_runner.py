@@ -26,7 +26,9 @@ from ray.rllib.utils.metrics import (
     NUM_EPISODES_LIFETIME,
 )
 
+from rllib_grpo.algos import overlong_penalty
 from rllib_grpo.models import load_tokenizer, resolve_model
+from rllib_grpo.recipes import ValidationSample
 from rllib_grpo.rollout import RolloutBatch, build_rollout_batch
 from rllib_grpo.samplers import SamplingParams, make_sampler
 
@@ -64,6 +66,8 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         model_path = resolve_model(c.model_path)
         self.tokenizer = load_tokenizer(model_path)
         self.env = make_text_env(c, self.tokenizer, seed)
+        self._val_env: gym.Env | None = None
+        self._seed_base = seed
         self.sampler = make_sampler(
             c.sampler, model_path=model_path, dtype=c.model_dtype, seed=seed,
             **dict(c.sampler_config),
@@ -93,19 +97,21 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         c = self.config
         num_prompts = num_prompts or c.prompts_per_step
         t0 = time.perf_counter()
-        prompts = [self._next_prompt() for _ in range(num_prompts)]
+        prompts = [self._next_prompt(self.env) for _ in range(num_prompts)]
         groups = self.sampler.generate(
             [p["prompt_token_ids"] for p in prompts], c.group_size, self.sampling_params()
         )
         t_gen = time.perf_counter() - t0
+        baselines = self._greedy_baselines(prompts) if c.adv_estimator == "remax" else None
         rows: dict[str, list] = {k: [] for k in (
             "prompt_ids", "response_ids", "log_probs", "scores", "group_index", "truncated",
-            "errors", "infos")}
-        for prompt, group in zip(prompts, groups, strict=True):
+            "errors", "infos", "baselines")}
+        for i, (prompt, group) in enumerate(zip(prompts, groups, strict=True)):
             group_id = self._group_counter
             self._group_counter += 1
             for sample in group:
-                info = self._score(prompt, sample.token_ids)
+                info = self._score(self.env, prompt, sample.token_ids)
+                info["reward"] += self._overlong_penalty(len(sample.token_ids), info)
                 rows["prompt_ids"].append(prompt["prompt_token_ids"])
                 rows["response_ids"].append(list(sample.token_ids))
                 rows["log_probs"].append(list(sample.log_probs))
@@ -114,22 +120,69 @@ class TextEnvRunner(EnvRunner, Checkpointable):
                 rows["truncated"].append(sample.finish_reason == "length")
                 rows["errors"].append(bool(info.get("reward_error", False)))
                 rows["infos"].append(info)
+                rows["baselines"].append(baselines[i] if baselines else 0.0)
         batch = build_rollout_batch(
             rows["prompt_ids"], rows["response_ids"], rows["log_probs"], rows["scores"],
             rows["group_index"], rows["truncated"], rows["errors"], rows["infos"],
-            pad_token_id=self.tokenizer.pad_token_id or 0,
+            pad_token_id=self.tokenizer.pad_token_id or 0, reward_baselines=rows["baselines"],
         )
         self._log_sample_metrics(len(batch), t_gen, time.perf_counter() - t0 - t_gen)
         return batch
 
-    def _next_prompt(self) -> dict[str, Any]:
-        obs, info = self.env.reset()
+    def _overlong_penalty(self, response_length: int, info: dict[str, Any]) -> float:
+        """DAPO's soft overlong punishment, added to the reward (``acc`` is unchanged)."""
+        c = self.config
+        if not c.overlong_buffer_len:
+            return 0.0
+        penalty = float(overlong_penalty(torch.tensor([response_length]), c.max_response_length,
+                                         c.overlong_buffer_len, c.overlong_penalty_factor)[0])
+        info["overlong_reward"] = penalty
+        info["overlong"] = penalty < 0
+        return penalty
+
+    def _greedy_baselines(self, prompts: list[dict[str, Any]]) -> list[float]:
+        """ReMax: the reward of each prompt's greedy response (verl's ``gen_max``)."""
+        greedy = SamplingParams(temperature=0.0, max_tokens=self.config.max_response_length)
+        outputs = self.sampler.generate([p["prompt_token_ids"] for p in prompts], 1, greedy)
+        return [float(self._score(self.env, p, out[0].token_ids)["reward"])
+                for p, out in zip(prompts, outputs, strict=True)]
+
+    def evaluate(self, num_prompts: int, n: int, temperature: float) -> list[ValidationSample]:
+        """Sample ``n`` responses for ``num_prompts`` held-out prompts and score them."""
+        env = self._validation_env()
+        prompts = [self._next_prompt(env) for _ in range(num_prompts)]
+        params = SamplingParams(temperature=temperature, max_tokens=self.config.max_response_length)
+        outputs = self.sampler.generate([p["prompt_token_ids"] for p in prompts], n, params)
+        samples = []
+        for prompt, group in zip(prompts, outputs, strict=True):
+            for sample in group:
+                info = self._score(env, prompt, sample.token_ids)
+                samples.append(ValidationSample(
+                    prompt_index=int(prompt["index"]), data_source=str(prompt["data_source"]),
+                    score=float(info["reward"]),
+                    acc=None if info.get("acc") is None else float(info["acc"]),
+                    pred=info.get("pred"), has_pred="pred" in info))
+        return samples
+
+    def _validation_env(self) -> gym.Env:
+        if self._val_env is None:
+            val_config = self.config.copy(copy_frozen=False)
+            val_config.env_config = {**dict(self.config.env_config),
+                                     **dict(self.config.val_env_config)}
+            # A different seed: held-out order (and, for generated tasks, problems).
+            self._val_env = make_text_env(val_config, self.tokenizer, self._seed_base + 10_007)
+        return self._val_env
+
+    @staticmethod
+    def _next_prompt(env: gym.Env) -> dict[str, Any]:
+        obs, info = env.reset()
         return {"text": obs, **info}
 
-    def _score(self, prompt: dict[str, Any], response_ids: list[int]) -> dict[str, Any]:
+    def _score(self, env: gym.Env, prompt: dict[str, Any], response_ids: list[int]
+               ) -> dict[str, Any]:
         text = self.tokenizer.decode(response_ids, skip_special_tokens=True)
-        self.env.reset(options={"index": prompt["index"]})
-        _, reward, _, _, info = self.env.step(text)
+        env.reset(options={"index": prompt["index"]})
+        _, reward, _, _, info = env.step(text)
         return {"reward": reward, "prompt": prompt["text"], "response": text, **{
             k: v for k, v in info.items() if k in ("score", "acc", "pred", "reward_error")}}
 

@@ -20,6 +20,7 @@ GROUP_ESTIMATORS = frozenset(
 TRUNCATION_MODES = ("error", "left", "right", "middle")
 SAMPLERS = ("auto", "vllm", "hf")
 KL_CONTROLLERS = ("fixed", "adaptive")
+FILTER_METRICS = ("acc", "score", "seq_reward")
 # Losses that ignore loss_agg_mode (verl forces sequence-mean-token-mean for them).
 FORCED_AGG = {"gspo": "seq-mean-token-mean", "sapo": "seq-mean-token-mean"}
 
@@ -127,9 +128,27 @@ def _check_algorithm(c: Any) -> list[str]:
     return errors
 
 
+def _check_recipes(c: Any) -> list[str]:
+    errors = []
+    if c.filter_groups and c.filter_groups_metric not in FILTER_METRICS:
+        hint = (" (it includes the in-reward KL, which is computed on the learners)"
+                if c.filter_groups_metric == "seq_final_reward" else "")
+        errors.append(f"filter_groups_metric={c.filter_groups_metric!r} is not available"
+                      f"{hint}; use one of: {', '.join(FILTER_METRICS)}.")
+    if c.gen_prompts_per_batch is not None and c.gen_prompts_per_batch < 1:
+        errors.append(f"gen_prompts_per_batch={c.gen_prompts_per_batch} must be >= 1 (prompts).")
+    if c.overlong_buffer_len < 0 or c.overlong_buffer_len > c.max_response_length:
+        errors.append(
+            f"overlong_buffer_len={c.overlong_buffer_len} must be between 0 (off) and "
+            f"max_response_length={c.max_response_length} tokens.")
+    if c.val_every and (c.val_n < 1 or c.val_num_prompts < 1):
+        errors.append(f"val_n={c.val_n} and val_num_prompts={c.val_num_prompts} must be >= 1.")
+    return errors
+
+
 def find_errors(c: Any) -> list[str]:
     """Settings that cannot run, each naming the field and the fix."""
-    return _check_names(c) + _check_sizes(c) + _check_algorithm(c)
+    return _check_names(c) + _check_sizes(c) + _check_algorithm(c) + _check_recipes(c)
 
 
 def find_pitfalls(c: Any) -> list[str]:
@@ -159,6 +178,12 @@ def find_pitfalls(c: Any) -> list[str]:
             f"{FORCED_AGG[c.policy_loss]!r}; loss_agg_mode={c.loss_agg_mode!r} only affects the "
             "KL and entropy terms."
         )
+    if c.filter_groups and c.group_size < 2:
+        pitfalls.append("filter_groups with group_size 1 keeps every group (a single sample is "
+                        "never filtered): dynamic sampling does nothing.")
+    if c.adv_estimator == "remax" and c.group_size > 1:
+        pitfalls.append("remax uses a greedy baseline per prompt, not the group: group_size "
+                        f"{c.group_size} only adds samples (one extra greedy generation per prompt).")
     if c.top_p < 1.0 or c.top_k > 0:
         pitfalls.append(
             f"top_p={c.top_p}, top_k={c.top_k}: the trainer's log-probs ignore the sampling "

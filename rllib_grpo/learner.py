@@ -42,7 +42,7 @@ logger = logging.getLogger(__name__)
 # Columns the learner reads from the rollout batch (see rllib_grpo.rollout.RolloutBatch).
 TENSOR_COLUMNS = (
     "prompt_ids", "prompt_mask", "response_ids", "response_mask", "rollout_log_probs",
-    "scores", "group_index", "sample_mask", "reward_baselines", "loss_mask",
+    "scores", "group_index", "sample_mask", "reward_baselines", "truncated",
 )
 # Per-token rates from the policy loss, averaged over micro-batches by token count.
 RATE_METRICS = ("actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl")
@@ -160,9 +160,15 @@ class GRPOLearner(TorchLearner):
             c.adv_estimator, token_rewards, mask,
             group_ids=batch["group_index"].cpu().numpy(),
             norm_adv_by_std_in_grpo=c.norm_adv_by_std_in_grpo, gamma=c.gamma,
-            reward_baselines=batch.get("reward_baselines"),
+            reward_baselines=batch["reward_baselines"] if c.adv_estimator == "remax" else None,
         )
         batch["advantages"] = advantages * batch["sample_mask"][:, None]
+        if c.mask_truncated_completions:
+            # DAPO "overlong filtering": cut responses stay in their group's statistics
+            # but contribute no loss.
+            keep = (~batch["truncated"].bool()).float()
+            batch["loss_mask"] = mask * keep[:, None]
+            self._log("response/truncated_masked_frac", 1.0 - keep.mean().item())
         if c.rollout_is == "token":
             batch["rollout_is_weights"] = self._rollout_is_weights(batch, mask)
         valid = mask.bool() & batch["sample_mask"][:, None].bool()
@@ -241,7 +247,7 @@ class GRPOLearner(TorchLearner):
 
     def _uncompiled_update(self, batch: dict, **kwargs: Any):
         minibatch = batch[DEFAULT_MODULE_ID]
-        mask = minibatch["response_mask"].float()
+        mask = minibatch.get("loss_mask", minibatch["response_mask"]).float()
         counts = _all_reduce(torch.stack([mask.sum(), minibatch["sample_mask"].float().sum()]))
         self._agg = {"dp_size": _world(), "global_num_tokens": counts[0].item(),
                      "global_num_seqs": counts[1].item(), "horizon": self.config.loss_horizon}
@@ -269,7 +275,7 @@ class GRPOLearner(TorchLearner):
     def compute_loss_for_module(self, *, module_id, config, batch, fwd_out) -> torch.Tensor:
         """One micro-batch's share of the mini-batch loss (globally normalised)."""
         c, agg = config, self._agg
-        mask = batch["response_mask"].float()
+        mask = batch.get("loss_mask", batch["response_mask"]).float()
         log_prob = fwd_out["log_probs"]
         pg_loss, pg_metrics = policy_loss(
             c.policy_loss, old_log_prob=batch["old_log_probs"], log_prob=log_prob,
@@ -300,7 +306,7 @@ class GRPOLearner(TorchLearner):
     def _apply_step(self, sums: dict[str, float], total: torch.Tensor) -> None:
         params = [p for group in self._optimizer_parameters for p in group.param_groups[0]["params"]]
         clip = self.config.grad_clip or math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip).item()
+        grad_norm = self._clip_grad_norm(params, clip)
         if math.isfinite(grad_norm):
             for optim in self._optimizer_parameters:
                 optim.step()
@@ -317,6 +323,10 @@ class GRPOLearner(TorchLearner):
         self._log("actor/skipped_steps", float(self.skipped_steps))
         if self.config.use_kl_loss:
             self._log("actor/kl_coef", self.config.kl_loss_coef)
+
+    def _clip_grad_norm(self, params: list[torch.Tensor], max_norm: float) -> float:
+        """Clip to ``max_norm`` in place; the norm before clipping (sharded learners override)."""
+        return torch.nn.utils.clip_grad_norm_(params, max_norm).item()
 
     # ------------------------------------------------------------------ metrics, state
     def _log(self, key: str, value: float) -> None:

@@ -19,7 +19,7 @@ import numpy as np
 ARRAY_FIELDS = (
     "prompt_ids", "prompt_mask", "response_ids", "response_mask", "rollout_log_probs",
     "scores", "group_index", "response_lengths", "prompt_lengths", "truncated",
-    "sample_mask", "reward_errors",
+    "sample_mask", "reward_errors", "reward_baselines",
 )
 
 
@@ -39,6 +39,7 @@ class RolloutBatch:
     truncated: np.ndarray
     sample_mask: np.ndarray
     reward_errors: np.ndarray
+    reward_baselines: np.ndarray
     infos: list[dict[str, Any]] = field(default_factory=list)
 
     def __len__(self) -> int:
@@ -47,6 +48,23 @@ class RolloutBatch:
     @property
     def num_groups(self) -> int:
         return len(np.unique(self.group_index))
+
+    def select(self, rows: Sequence[int] | np.ndarray) -> RolloutBatch:
+        """The batch restricted to ``rows`` (in that order)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        columns = {name: getattr(self, name)[rows] for name in ARRAY_FIELDS}
+        return RolloutBatch(**columns, infos=[self.infos[i] for i in rows])
+
+    def metric(self, name: str) -> np.ndarray:
+        """A per-trajectory value: ``score``/``seq_reward`` (the scores) or an info key (``acc``)."""
+        if name in ("score", "seq_reward"):
+            return self.scores.astype(np.float64)
+        if not all(name in info for info in self.infos):
+            raise ValueError(
+                f"filter_groups_metric={name!r}: the reward function does not report it for "
+                "every sample; use 'score' or a key its result dict has (e.g. 'acc')."
+            )
+        return np.asarray([float(info[name]) for info in self.infos])
 
     def train_columns(self) -> dict[str, np.ndarray]:
         """The numeric columns the learner consumes."""
@@ -75,6 +93,7 @@ def build_rollout_batch(
     infos: list[dict[str, Any]],
     *,
     pad_token_id: int,
+    reward_baselines: Sequence[float] | None = None,
 ) -> RolloutBatch:
     """Pad per-trajectory lists into a `RolloutBatch` (prompts left-, responses right-padded)."""
     prompt_width = max((len(p) for p in prompt_ids), default=1)
@@ -93,6 +112,9 @@ def build_rollout_batch(
         truncated=np.asarray(truncated, dtype=bool),
         sample_mask=np.ones(len(scores), dtype=np.float32),
         reward_errors=np.asarray(reward_errors, dtype=bool),
+        reward_baselines=np.asarray(
+            reward_baselines if reward_baselines is not None else np.zeros(len(scores)),
+            dtype=np.float32),
         infos=infos,
     )
 

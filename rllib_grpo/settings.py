@@ -136,6 +136,43 @@ class GRPOSettings:
         3.0, "ratio", "Dual-clip bound for negative advantages (> 1).", _ACTOR + "clip_ratio_c")
     entropy_coeff: float = knob(0.0, "scalar", "Entropy bonus coefficient.", _ACTOR + "entropy_coeff")
 
+    # --- recipes (DAPO, ReMax) ----------------------------------------------------------
+    filter_groups: bool = knob(
+        False, "flag", "DAPO dynamic sampling: drop groups whose filter_groups_metric has zero "
+        "variance and sample more until prompts_per_step groups remain.",
+        "algorithm.filter_groups.enable")
+    filter_groups_metric: str = knob(
+        "acc", "name", "Per-sample value whose group variance decides: acc | score | seq_reward.",
+        "algorithm.filter_groups.metric")
+    max_num_gen_batches: int = knob(
+        10, "generation batches", "Most generation batches per step with filter_groups "
+        "(<= 0: unlimited).", "algorithm.filter_groups.max_num_gen_batches")
+    gen_prompts_per_batch: int | None = knob(
+        None, "prompts", "Prompts per generation batch with filter_groups; None = "
+        "prompts_per_step (DAPO uses 3x).", "data.gen_batch_size")
+    overlong_buffer_len: int = knob(
+        0, "tokens", "DAPO overlong shaping: penalty ramps from 0 at max_response_length - len "
+        "tokens to -overlong_penalty_factor at max_response_length (0 = off).",
+        "reward_model.overlong_buffer.len")
+    overlong_penalty_factor: float = knob(
+        1.0, "scalar", "Largest overlong penalty.", "reward_model.overlong_buffer.penalty_factor")
+    mask_truncated_completions: bool = knob(
+        False, "flag", "Exclude responses cut at max_response_length from the loss (counted).")
+
+    # --- validation -------------------------------------------------------------------
+    val_every: int = knob(
+        0, "training steps", "Evaluate on held-out prompts every N steps (0 = off).",
+        "trainer.test_freq")
+    val_env_config: dict = knob(
+        {}, "dict", "env_config overrides of the held-out env (e.g. another data_seed or path).")
+    val_num_prompts: int = knob(32, "prompts", "Held-out prompts per validation.")
+    val_n: int = knob(
+        1, "trajectories per prompt", "Samples per validation prompt (mean@N, best@N, maj@N).",
+        "actor_rollout_ref.rollout.val_kwargs.n")
+    val_temperature: float = knob(
+        0.0, "scalar", "Validation temperature (0 = greedy).",
+        "actor_rollout_ref.rollout.val_kwargs.temperature")
+
     # --- rollout correction ---------------------------------------------------------
     rollout_is: str | None = knob(
         None, "mode", "Truncated importance sampling against the rollout/trainer mismatch: "
@@ -151,6 +188,22 @@ class GRPOSettings:
     lr_warmup_steps: int = knob(
         0, "training steps", "Linear LR warm-up from 0 over this many training steps.",
         _ACTOR + "optim.lr_warmup_steps")
+
+    # --- FSDP -----------------------------------------------------------------------
+    fsdp: bool = knob(
+        True, "flag", "With num_learners >= 2, shard the model over the learners with FSDP2 "
+        "(per decoder layer); False = RLlib's DDP (a full replica per learner).")
+    fsdp_param_dtype: str = knob(
+        "auto", "dtype", "FSDP2 compute/all-gather dtype of the parameters: auto (bfloat16 on "
+        "GPU learners, the model dtype on CPU, which keeps CPU runs exact) | model | bfloat16 "
+        "| float16 | float32.", _ACTOR + "fsdp_config.mixed_precision.param_dtype")
+    fsdp_reduce_dtype: str = knob(
+        "float32", "dtype", "FSDP2 gradient reduce-scatter dtype: float32 | bfloat16 | model.",
+        _ACTOR + "fsdp_config.mixed_precision.reduce_dtype")
+    fsdp_cpu_offload: bool = knob(
+        False, "flag", "Keep sharded parameters, gradients and optimizer states in host "
+        "memory (FSDP2 CPUOffloadPolicy); the optimizer steps on the CPU.",
+        _ACTOR + "fsdp_config.offload_policy")
 
     # --- reporting ------------------------------------------------------------------
     log_completions_every: int = knob(

@@ -9,7 +9,8 @@ build on this package, never the reverse).  One module per concept:
 * :mod:`~rllib_grpo.algos.kl`: per-token KL estimators (``k1``, ``k3``, ``k3+``, ...);
 * :mod:`~rllib_grpo.algos.kl_control`: fixed / adaptive KL coefficient controllers;
 * :mod:`~rllib_grpo.algos.aggregation`: globally normalised loss aggregation;
-* :mod:`~rllib_grpo.algos.policy_losses`: surrogate losses (``vanilla``, ``gspo``, ...).
+* :mod:`~rllib_grpo.algos.policy_losses`: surrogate losses (``vanilla``, ``gspo``, ...);
+* :mod:`~rllib_grpo.algos.reward_shaping`: DAPO's overlong penalty.
 """
 
 from rllib_grpo.algos.advantages import ADV_ESTIMATORS, compute_advantage
@@ -36,6 +37,7 @@ from rllib_grpo.algos.kl_control import (
 )
 from rllib_grpo.algos.policy_losses import POLICY_LOSSES, PolicyLossConfig, policy_loss
 from rllib_grpo.algos.registry import Registry
+from rllib_grpo.algos.reward_shaping import overlong_penalty
 
 __all__ = [
     "ADV_ESTIMATORS",
@@ -62,6 +64,7 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "overlong_penalty",
     "policy_loss",
     "safe_div",
 ]
