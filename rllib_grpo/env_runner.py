@@ -55,6 +55,16 @@ def make_text_env(config: Any, tokenizer: Any, seed: int) -> gym.Env:
     )
 
 
+def engine_options(config: Any) -> dict[str, Any]:
+    """Sampler options: ``sampler_config``, with a colocated vLLM engine's GPU memory
+    share defaulting to the GPU fraction this env runner reserved from Ray."""
+    options = dict(config.sampler_config)
+    gpus = config.num_gpus_per_env_runner
+    if config.sampler != "hf" and 0 < gpus < 1:
+        options.setdefault("gpu_memory_utilization", round(0.9 * gpus, 3))
+    return options
+
+
 class TextEnvRunner(EnvRunner, Checkpointable):
     """Samples groups of responses per prompt with a `Sampler` and scores them in a `TextEnv`."""
 
@@ -70,7 +80,7 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         self._seed_base = seed
         self.sampler = make_sampler(
             c.sampler, model_path=model_path, dtype=c.model_dtype, seed=seed,
-            **dict(c.sampler_config),
+            **engine_options(c),
         )
         self._weights_seq_no = 0
         self._group_counter = 0
