@@ -22,7 +22,7 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
 from rllib_grpo import demo_model  # noqa: F401  (registers the "builtin:demo" model)
-from rllib_grpo.settings import SETTINGS_FIELDS, VERL_ALIASES, defaults
+from rllib_grpo.settings import MODULE_SETTINGS, SETTINGS_FIELDS, VERL_ALIASES, defaults
 
 # Estimators whose baseline is the group: a group of one has no relative signal.
 GROUP_ESTIMATORS = frozenset(
@@ -98,9 +98,30 @@ class GRPOConfig(AlgorithmConfig):
 
     # ---------------------------------------------------------------- RLlib plumbing
     def get_default_learner_class(self) -> type:
+        """`GRPOLearner`; its FSDP2 subclass when >= 2 learners shard the model (`fsdp`)."""
+        if self.fsdp and self.num_learners >= 2:
+            from rllib_grpo.fsdp import FSDPGRPOLearner
+
+            return FSDPGRPOLearner
         from rllib_grpo.learner import GRPOLearner
 
         return GRPOLearner
+
+    def build_learner_group(self, *, env=None, spaces=None, rl_module_spec=None,
+                            placement_group=None):
+        """RLlib's learner group, or `GRPOLearnerGroup` for >= 2 GRPO learners: it shards
+        by whole groups and gathers (FSDP) state on every learner, not learner 0 alone."""
+        from rllib_grpo.fsdp import GRPOLearnerGroup
+        from rllib_grpo.learner import GRPOLearner
+
+        if self.num_learners < 2 or not issubclass(self.learner_class, GRPOLearner):
+            return super().build_learner_group(env=env, spaces=spaces,
+                                               rl_module_spec=rl_module_spec,
+                                               placement_group=placement_group)
+        if rl_module_spec is None:
+            rl_module_spec = self.get_multi_rl_module_spec(env=env, spaces=spaces)
+        return GRPOLearnerGroup(config=self.copy(), module_spec=rl_module_spec,
+                                placement_group=placement_group)
 
     def get_default_rl_module_spec(self) -> RLModuleSpec:
         from rllib_grpo.module import CausalLMRLModule
@@ -116,6 +137,7 @@ class GRPOConfig(AlgorithmConfig):
             "temperature": self.temperature,
             "use_reference": self.needs_reference,
             "seed": self.seed,
+            **{name: getattr(self, name) for name in MODULE_SETTINGS},  # LoRA, ref offload
         }
 
     @property

@@ -57,6 +57,18 @@ def plot_curve(history: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def time_split(rows: list[dict]) -> str:
+    """Mean per-phase seconds of an iteration over ``rows`` (verl's timing_s names)."""
+    mean = {k: sum(r[k] for r in rows) / len(rows)
+            for k in ("time", "gen", "reward_fn", "update_actor", "update_weights")}
+    other = mean["time"] - mean["gen"] - mean["reward_fn"] - mean["update_actor"] \
+        - mean["update_weights"]
+    return (f"one step ({mean['time']:.3f}s, mean of the last {len(rows)}): "
+            f"gen {mean['gen']:.3f}s, reward {mean['reward_fn']:.3f}s, "
+            f"update_actor {mean['update_actor']:.3f}s, update_weights "
+            f"{mean['update_weights']:.3f}s, driver/other {other:.3f}s")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--iterations", type=int, default=400)
@@ -82,8 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.iterations):
         result = algo.train()
         it = result["training_iteration"]
+        runners = result.get("env_runners", {})
         row = {
             "iteration": it,
+            "gen": runners.get("timing_s/gen", float("nan")),
+            "reward_fn": runners.get("timing_s/reward", float("nan")),
+            "update_actor": result.get("timing_s/update_actor", float("nan")),
+            "update_weights": result.get("timing_s/update_weights", float("nan")),
             "reward": result.get("critic/score/mean", float("nan")),
             "length": result.get("response_length/mean", float("nan")),
             "kl": result.get("actor/kl_loss", float("nan")),
@@ -104,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"mean reward of the first/last 10 steps: {first:.3f} -> {last:.3f} "
           f"({len(history)} steps, "
           f"{time.perf_counter() - t_start:.0f}s in all)")
+    print(time_split(history[-10:]))
     print(f"reward curve: {out / 'reward_curve.png'}")
     print(f"final checkpoint: {checkpoint}")
     algo.stop()

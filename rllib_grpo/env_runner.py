@@ -27,6 +27,7 @@ from ray.rllib.utils.metrics import (
 )
 
 from rllib_grpo.algos import overlong_penalty
+from rllib_grpo.lora import AdapterMerger, is_lora_payload
 from rllib_grpo.models import load_tokenizer, resolve_model
 from rllib_grpo.recipes import ValidationSample
 from rllib_grpo.rollout import RolloutBatch, build_rollout_batch
@@ -56,9 +57,12 @@ def make_text_env(config: Any, tokenizer: Any, seed: int) -> gym.Env:
 
 
 def engine_options(config: Any) -> dict[str, Any]:
-    """Sampler options: ``sampler_config``, with a colocated vLLM engine's GPU memory
-    share defaulting to the GPU fraction this env runner reserved from Ray."""
+    """Sampler options: ``sampler_config``, with a vLLM engine's GPU memory share from
+    ``sampler_memory_fraction``, else (colocated) the GPU fraction this env runner
+    reserved from Ray."""
     options = dict(config.sampler_config)
+    if config.sampler != "hf" and config.sampler_memory_fraction is not None:
+        options["gpu_memory_utilization"] = config.sampler_memory_fraction
     gpus = config.num_gpus_per_env_runner
     if config.sampler != "hf" and 0 < gpus < 1:
         options.setdefault("gpu_memory_utilization", round(0.9 * gpus, 3))
@@ -221,7 +225,7 @@ class TextEnvRunner(EnvRunner, Checkpointable):
                 module_state = module_state.get(DEFAULT_MODULE_ID, module_state)
                 if isinstance(module_state, ray.ObjectRef):
                     module_state = ray.get(module_state)
-                self.last_weight_sync = self.sampler.load_weights(module_state)
+                self.last_weight_sync = self._load_weights(module_state)
                 self.metrics.log_value("weight_sync/bytes", self.last_weight_sync.get(
                     "bytes", 0), reduce="mean", window=1)
                 self.metrics.log_value("timing_s/load_weights", self.last_weight_sync.get(
@@ -237,6 +241,15 @@ class TextEnvRunner(EnvRunner, Checkpointable):
                 self.sampler.seeds.calls = state["rng"]["sampler_calls"]
         if NUM_ENV_STEPS_SAMPLED_LIFETIME in state:
             self.num_env_steps_sampled_lifetime = state[NUM_ENV_STEPS_SAMPLED_LIFETIME]
+
+    def _load_weights(self, module_state: Any) -> dict[str, Any]:
+        """A full HF state dict, or a LoRA sync merged here (`rllib_grpo.lora.AdapterMerger`)."""
+        if not is_lora_payload(module_state):
+            return self.sampler.load_weights(module_state)
+        if getattr(self, "_lora_merger", None) is None:
+            self._lora_merger = AdapterMerger(resolve_model(self.config.model_path),
+                                              self.config.model_dtype)
+        return self._lora_merger.apply(self.sampler, module_state)
 
     def get_state(self, components=None, *, not_components=None, **kwargs) -> dict[str, Any]:
         """Data position and RNG state, so a restored run continues the same prompts."""

@@ -13,6 +13,8 @@ from typing import Any
 import torch
 
 from rllib_grpo.algos import ADV_ESTIMATORS, AGG_MODES, POLICY_LOSSES, kl_penalty
+from rllib_grpo.lora import LORA_SYNC_MODES
+from rllib_grpo.memory import memory_lines
 
 GROUP_ESTIMATORS = frozenset(
     {"grpo", "rloo", "grpo_passk", "opo", "reinforce_plus_plus_baseline", "gpg"}
@@ -146,9 +148,34 @@ def _check_recipes(c: Any) -> list[str]:
     return errors
 
 
+def _check_lora_and_memory(c: Any) -> list[str]:
+    errors = []
+    if c.lora_rank < 0:
+        errors.append(f"lora_rank={c.lora_rank} must be >= 0 (0 = full fine-tuning).")
+    if c.lora_rank > 0:
+        if c.lora_alpha <= 0:
+            errors.append(f"lora_alpha={c.lora_alpha} must be > 0 (the adapter's scale is "
+                          "lora_alpha / lora_rank).")
+        if not 0 <= c.lora_dropout < 1:
+            errors.append(f"lora_dropout={c.lora_dropout} must be in [0, 1).")
+        if c.lora_sync not in LORA_SYNC_MODES:
+            errors.append(f"lora_sync={c.lora_sync!r} is unknown; use one of: "
+                          f"{', '.join(LORA_SYNC_MODES)}.")
+        if c.fsdp and c.num_learners >= 2:
+            errors.append(f"lora_rank={c.lora_rank} with FSDP sharding over {c.num_learners} "
+                          "learners is not supported yet; set fsdp=False (each learner holds "
+                          "the frozen base and DDP averages the small adapter's gradients).")
+    fraction = c.sampler_memory_fraction
+    if fraction is not None and not 0 < fraction <= 1:
+        errors.append(f"sampler_memory_fraction={fraction} must be in (0, 1] (a share of "
+                      "the GPU's memory, vLLM's gpu_memory_utilization).")
+    return errors
+
+
 def find_errors(c: Any) -> list[str]:
     """Settings that cannot run, each naming the field and the fix."""
-    return _check_names(c) + _check_sizes(c) + _check_algorithm(c) + _check_recipes(c)
+    return (_check_names(c) + _check_sizes(c) + _check_algorithm(c) + _check_recipes(c)
+            + _check_lora_and_memory(c))
 
 
 def find_pitfalls(c: Any) -> list[str]:
@@ -184,6 +211,7 @@ def find_pitfalls(c: Any) -> list[str]:
     if c.adv_estimator == "remax" and c.group_size > 1:
         pitfalls.append("remax uses a greedy baseline per prompt, not the group: group_size "
                         f"{c.group_size} only adds samples (one extra greedy generation per prompt).")
+    pitfalls += _lora_and_memory_pitfalls(c)
     if c.top_p < 1.0 or c.top_k > 0:
         pitfalls.append(
             f"top_p={c.top_p}, top_k={c.top_k}: the trainer's log-probs ignore the sampling "
@@ -191,6 +219,29 @@ def find_pitfalls(c: Any) -> list[str]:
             "training/rollout_probs_diff_mean or keep top_p=1, top_k=-1."
         )
     return pitfalls
+
+
+def _lora_and_memory_pitfalls(c: Any) -> list[str]:
+    pitfalls = []
+    lr = getattr(c, "lr", None)
+    lr = lr if isinstance(lr, int | float) else None
+    if c.lora_rank > 0 and lr is not None and lr < 1e-5:
+        pitfalls.append(f"lr={lr} with LoRA: an adapter usually needs a learning rate about an "
+                        "order of magnitude above full fine-tuning (verl's LoRA guide); try "
+                        f"{lr * 10:g}.")
+    if c.ref_param_offload and (c.lora_rank > 0 or not (c.use_kl_loss or c.use_kl_in_reward)):
+        why = ("the reference is the policy with its adapter disabled" if c.lora_rank > 0
+               else "no KL term is on, so no reference model is loaded")
+        pitfalls.append(f"ref_param_offload=True does nothing: {why}.")
+    return pitfalls
+
+
+def _lora_line(c: Any) -> str:
+    if c.lora_rank <= 0:
+        return "LoRA: off (full fine-tuning)"
+    return (f"LoRA: rank {c.lora_rank}, alpha {c.lora_alpha} (scale {c.lora_alpha / c.lora_rank:g})"
+            f", targets {c.lora_target_modules}; reference = the policy with the adapter "
+            f"disabled; sync: full weights once, then {c.lora_sync}")
 
 
 def _agg_effect(mode: str) -> str:
@@ -254,7 +305,9 @@ def explain_config(c: Any) -> str:
         f"{c.clip_ratio_high or c.clip_ratio}], dual clip {c.clip_ratio_c}",
         f"loss aggregation:              {c.loss_agg_mode}: {_agg_effect(c.loss_agg_mode)}",
         _kl_line(c),
+        _lora_line(c),
     ]
+    lines += memory_lines(c)
     errors, pitfalls = find_errors(c), find_pitfalls(c)
     for title, items in (("ERRORS", errors), ("PITFALLS", pitfalls)):
         if items:

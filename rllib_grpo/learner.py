@@ -35,6 +35,7 @@ from rllib_grpo.algos import (
     policy_loss,
 )
 from rllib_grpo.batching import num_micro_batches_for_budget, split_fixed, split_token_budget
+from rllib_grpo.memory import offload_optimizer_states
 from rllib_grpo.module import response_log_probs
 
 logger = logging.getLogger(__name__)
@@ -90,6 +91,8 @@ class GRPOLearner(TorchLearner):
         optimizer = torch.optim.AdamW(
             params, lr=1e-3, betas=tuple(config.betas), weight_decay=config.weight_decay
         )
+        if config.optimizer_offload:  # AdamW states in host memory between steps
+            offload_optimizer_states(optimizer)
         self.register_optimizer(
             module_id=module_id, optimizer=optimizer, params=params,
             lr_or_lr_schedule=self._lr_schedule(config),
@@ -206,7 +209,7 @@ class GRPOLearner(TorchLearner):
         beta = self.kl_ctrl.value
         per_seq = (kld * mask).sum(-1) / mask.sum(-1).clamp(min=1)
         # The controller must see the KL of the whole step, so sum over learners.
-        totals = _all_reduce(torch.stack([per_seq.sum(), torch.tensor(float(len(per_seq)))]))
+        totals = _all_reduce(torch.stack([per_seq.sum(), per_seq.new_tensor(float(len(per_seq)))]))
         current_kl = (totals[0] / totals[1].clamp(min=1)).item()
         self.kl_ctrl.update(current_kl, n_steps=int(totals[1].item()))
         self._log("actor/reward_kl_penalty", current_kl)
@@ -242,7 +245,8 @@ class GRPOLearner(TorchLearner):
         lengths = (minibatch["prompt_mask"].sum(-1) + minibatch["response_mask"].sum(-1))
         num = num_micro_batches_for_budget(lengths.tolist(), c.max_tokens_per_micro_batch)
         # Every learner must run the same number of forward/backward passes.
-        num = int(_all_reduce(torch.tensor(num), dist.ReduceOp.MAX).item())
+        # On the learner's device: NCCL (GPU learners) reduces no CPU tensors.
+        num = int(_all_reduce(torch.tensor(num, device=self._device), dist.ReduceOp.MAX).item())
         return split_token_budget(lengths.tolist(), num)
 
     def _uncompiled_update(self, batch: dict, **kwargs: Any):

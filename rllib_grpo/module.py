@@ -8,13 +8,17 @@ Its forward returns the response tokens' log-probs at the sampling temperature
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 from ray.rllib.core.rl_module.apis import InferenceOnlyAPI
 from ray.rllib.core.rl_module.torch import TorchRLModule
+from torch.distributed.fsdp import FSDPModule
 
+from rllib_grpo import lora
 from rllib_grpo.algos import entropy_from_logits, logprobs_from_logits
+from rllib_grpo.memory import HostOffloaded
 from rllib_grpo.models import load_causal_lm, resolve_model
 
 
@@ -55,7 +59,9 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
     """RLModule around a Hugging Face causal LM (policy + optional frozen reference).
 
     ``model_config`` keys: ``model`` (path / id / builtin name), ``dtype``,
-    ``gradient_checkpointing``, ``temperature``, ``use_reference``.
+    ``gradient_checkpointing``, ``temperature``, ``use_reference``, ``lora_*`` (LoRA
+    through peft, `rllib_grpo.lora`: the reference is then the policy with its adapter
+    disabled) and ``ref_param_offload`` (the reference kept in host memory).
     """
 
     def setup(self) -> None:
@@ -66,11 +72,20 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
             path, dtype=cfg.get("dtype", "float32"),
             gradient_checkpointing=cfg.get("gradient_checkpointing", False),
         )
+        self.lora = lora.LoRASettings.from_model_config(cfg)
+        self._lora_synced = False  # the first sync of a LoRA policy sends the base weights too
+        if self.lora is not None:
+            self.lm = lora.wrap_with_lora(self.lm, self.lora)
         self.ref_lm = None
-        if cfg.get("use_reference") and not self.inference_only:
-            self.ref_lm = load_causal_lm(path, dtype=cfg.get("dtype", "float32"))
-            self.ref_lm.requires_grad_(False)
-            self.ref_lm.eval()
+        self._host_ref: HostOffloaded | None = None  # not a submodule: .to(device) skips it
+        if cfg.get("use_reference") and not self.inference_only and self.lora is None:
+            ref_lm = load_causal_lm(path, dtype=cfg.get("dtype", "float32"))
+            ref_lm.requires_grad_(False)
+            ref_lm.eval()
+            if cfg.get("ref_param_offload"):
+                self._host_ref = HostOffloaded(ref_lm)
+            else:
+                self.ref_lm = ref_lm
 
     def get_non_inference_attributes(self) -> list[str]:
         return ["ref_lm"]
@@ -87,15 +102,60 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
     @torch.no_grad()
     def reference_log_probs(self, batch: dict[str, Any]) -> torch.Tensor:
         """Response log-probs under the frozen reference model, (B, R)."""
+        if self.lora is not None:  # verl's ref_in_actor: the base model is the reference
+            with self.lm.disable_adapter():
+                return response_log_probs(self.lm, batch, self.temperature)["log_probs"]
+        if self._host_ref is not None:
+            with self._host_ref.on(batch["prompt_ids"].device) as ref_lm:
+                return response_log_probs(ref_lm, batch, self.temperature)["log_probs"]
         if self.ref_lm is None:
             raise RuntimeError("No reference model: set use_kl_loss or use_kl_in_reward.")
         return response_log_probs(self.ref_lm, batch, self.temperature)["log_probs"]
 
     # bf16-safe state: RLlib's default converts to numpy, which has no bfloat16.
+    # Always the full HF state dict: an FSDP-sharded `lm` (rllib_grpo.fsdp) is gathered
+    # to rank 0 (other ranks get {}), so both calls are collective there.
+    # With LoRA: a weight sync (inference_only) gets a `lora.LoRAPayload`, a checkpoint
+    # the adapter alone (`lora.adapter_checkpoint`).
     def get_state(self, components=None, *, not_components=None, inference_only=False, **kw):
+        if self.lora is not None:
+            return self._lora_state(inference_only)
+        if isinstance(self.lm, FSDPModule):
+            from rllib_grpo.fsdp import gather_full_state_dict
+
+            return gather_full_state_dict(self.lm)
         return {k: v.detach().cpu().clone() for k, v in self.lm.state_dict().items()}
 
     def set_state(self, state: dict[str, torch.Tensor]) -> None:
+        if self.lora is not None or lora.is_adapter_checkpoint(state):
+            return self._set_lora_state(state)
+        if isinstance(self.lm, FSDPModule):
+            from rllib_grpo.fsdp import load_full_state_dict
+
+            return load_full_state_dict(self.lm, state)
         self.lm.load_state_dict(
             {k: torch.as_tensor(v) for k, v in state.items()}, strict=True
         )
+
+    # ---------------------------------------------------------------- LoRA
+    def _lora_state(self, for_sync: bool) -> Any:
+        if not for_sync:
+            return lora.adapter_checkpoint(self.lm, self.lora, self.model_config["model"])
+        payload = lora.sync_payload(self.lm, self.lora, first=not self._lora_synced)
+        self._lora_synced = True
+        return payload
+
+    def _set_lora_state(self, state: dict[str, Any]) -> None:
+        if self.lora is None or not lora.is_adapter_checkpoint(state):
+            raise ValueError("A LoRA adapter checkpoint loads into a module with the same "
+                             "lora_rank > 0 (and a full state dict into one without LoRA).")
+        lora.load_adapter_checkpoint(self.lm, state, self.model_config["model"])
+
+    def save_to_path(self, path=None, *, state=None, filesystem=None, use_msgpack=False) -> str:
+        """RLlib's checkpoint; with LoRA also the adapter in PEFT's format (``adapter/``)."""
+        path = super().save_to_path(path, state=state, filesystem=filesystem,
+                                    use_msgpack=use_msgpack)
+        local = filesystem is None or type(filesystem).__name__ == "LocalFileSystem"
+        if self.lora is not None and local:
+            lora.write_peft_adapter(state or self.get_state(), Path(path, lora.ADAPTER_DIR))
+        return path

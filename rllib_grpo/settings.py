@@ -205,12 +205,50 @@ class GRPOSettings:
         "memory (FSDP2 CPUOffloadPolicy); the optimizer steps on the CPU.",
         _ACTOR + "fsdp_config.offload_policy")
 
+    # --- LoRA and memory ------------------------------------------------------------
+    lora_rank: int = knob(
+        0, "rank", "LoRA rank through peft (0 = off, full fine-tuning). With LoRA only the "
+        "adapter trains, the reference is the policy with the adapter disabled (no second "
+        "copy of the weights) and checkpoints hold the adapter alone.",
+        "actor_rollout_ref.model.lora_rank")
+    lora_alpha: float = knob(
+        16, "scalar", "LoRA alpha: the adapter's update is scaled by lora_alpha / lora_rank.",
+        "actor_rollout_ref.model.lora_alpha")
+    lora_target_modules: str | list = knob(
+        "all-linear", "module names", "Layers that get an adapter: 'all-linear' (every linear "
+        "layer but the output head) or a list of names such as ['q_proj', 'v_proj'].",
+        "actor_rollout_ref.model.target_modules")
+    lora_dropout: float = knob(
+        0.0, "probability", "Dropout on the adapter's input, in the training forward only.")
+    lora_sync: str = knob(
+        "adapter", "mode", "What reaches the samplers after the first full sync: 'adapter' "
+        "(the A and B matrices; each env runner merges W + B@A*alpha/r into its own copy) or "
+        "'merged' (the learner sends the merged weights of the adapted layers).")
+    ref_param_offload: bool = knob(
+        False, "flag", "Keep the reference model in host memory and move it to the learner's "
+        "device for each forward (a no-op on CPU learners and with LoRA).",
+        "actor_rollout_ref.ref.fsdp_config.param_offload")
+    optimizer_offload: bool = knob(
+        False, "flag", "Keep AdamW's states in host memory between optimizer steps "
+        "(verl actor.fsdp_config.optimizer_offload): moved to the device for the step, back "
+        "after it (rllib_grpo.memory.offload_optimizer_states; not yet called by the learner, "
+        "see explain). A no-op on CPU.")
+    sampler_memory_fraction: float | None = knob(
+        None, "fraction of GPU memory", "GPU memory the vLLM engine may take (weights + KV "
+        "cache), vLLM's gpu_memory_utilization; None = sampler_config's value, else 0.9 x the "
+        "env runner's GPU share when fractional, else vLLM's default.",
+        _ROLLOUT + "gpu_memory_utilization")
+
     # --- reporting ------------------------------------------------------------------
     log_completions_every: int = knob(
         0, "training steps", "Write sampled completions to TensorBoard every N steps (0 = off).")
     warn_no_signal_after: int = knob(
         3, "training steps", "Warn when most groups carry no signal for this many steps.")
 
+
+# Settings the RLModule receives in its model_config (LoRA and memory levers).
+MODULE_SETTINGS = ("lora_rank", "lora_alpha", "lora_target_modules", "lora_dropout", "lora_sync",
+                   "ref_param_offload")
 
 SETTINGS_FIELDS: dict[str, dataclasses.Field] = {
     f.name: f for f in dataclasses.fields(GRPOSettings)

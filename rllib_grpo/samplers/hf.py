@@ -65,10 +65,15 @@ class HFSampler:
                 samples += self._generate_rows(rows[start : start + chunk], config, stop_ids)
         return [samples[i * n : (i + 1) * n] for i in range(len(prompts))]
 
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, float]:
-        """Copy a full HF-named state dict into the model; a tied ``lm_head.weight`` may be left out."""
+    def load_weights(
+        self, state_dict: Mapping[str, torch.Tensor], *, partial: bool = False
+    ) -> dict[str, float]:
+        """Copy a full HF-named state dict into the model; a tied ``lm_head.weight`` may be left out.
+
+        ``partial=True`` (the LoRA sync's merged layers) copies a subset and keeps the rest.
+        """
         start = time.perf_counter()
-        _check_state_dict_keys(self.model, state_dict)
+        _check_state_dict_keys(self.model, state_dict, partial=partial)
         self.model.load_state_dict(dict(state_dict), strict=False)
         return {"bytes": state_dict_bytes(state_dict), "seconds": time.perf_counter() - start}
 
@@ -165,9 +170,11 @@ def _seeded_rng(seed: int, device: torch.device) -> Iterator[None]:
         yield
 
 
-def _check_state_dict_keys(model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor]) -> None:
+def _check_state_dict_keys(
+    model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor], partial: bool = False
+) -> None:
     expected = set(model.state_dict())
-    missing = expected - set(state_dict) - _tied_aliases(model, set(state_dict))
+    missing = set() if partial else expected - set(state_dict) - _tied_aliases(model, set(state_dict))
     unexpected = set(state_dict) - expected
     if missing or unexpected:
         raise KeyError(

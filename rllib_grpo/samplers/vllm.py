@@ -28,6 +28,10 @@ from rllib_grpo.samplers.base import CallSeeds, Sample, SamplingParams, state_di
 logger = logging.getLogger(__name__)
 
 EMBED_KEY, LM_HEAD_KEY = "model.embed_tokens.weight", "lm_head.weight"
+# HF modules that vLLM fuses into one layer (llama/qwen/mistral families).  A partial
+# reload must give every tensor of a layer it touches: vLLM refills the rest with garbage.
+FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload"
 
 
 class VLLMSampler:
@@ -110,21 +114,27 @@ class VLLMSampler:
         outputs = self.llm.generate(requests, per_prompt_params, use_tqdm=False)
         return [_samples(output, copies) for output in outputs]
 
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, float]:
+    def load_weights(
+        self, state_dict: Mapping[str, torch.Tensor], *, partial: bool = False
+    ) -> dict[str, float]:
         """Reload every weight in place from an HF-named state dict, then drop cached prefixes.
 
         A tied ``lm_head.weight`` is added from the embeddings when missing:
-        vLLM otherwise keeps the old head silently.
+        vLLM otherwise keeps the old head silently.  ``partial=True`` (the LoRA
+        sync's merged layers) reloads a subset and keeps the other layers; every
+        tensor of each (fused) layer it touches must be given.
         """
         start = time.perf_counter()
         weights = self._with_lm_head(state_dict)
-        self._check_keys(weights)
-        if self.weights_through_files:
-            self._reload_from_file(weights)
-        else:
-            self.llm.collective_rpc(
-                "reload_weights", kwargs={"weights_iterator": list(weights.items())}
-            )
+        self._check_keys(weights, partial=partial)
+        # A partial reload makes vLLM warn about every layer it keeps: expected here.
+        with _logger_level(RELOAD_LOGGER, logging.ERROR) if partial else contextlib.nullcontext():
+            if self.weights_through_files:
+                self._reload_from_file(weights)
+            else:
+                self.llm.collective_rpc(
+                    "reload_weights", kwargs={"weights_iterator": list(weights.items())}
+                )
         # Cached KV blocks were computed by the old weights.
         self.llm.reset_prefix_cache()
         return {"bytes": state_dict_bytes(state_dict), "seconds": time.perf_counter() - start}
@@ -187,17 +197,49 @@ class VLLMSampler:
             weights[LM_HEAD_KEY] = weights[EMBED_KEY]
         return weights
 
-    def _check_keys(self, weights: Mapping[str, torch.Tensor]) -> None:
-        """vLLM keeps any weight it is not given; refuse a partial or foreign state dict."""
+    def _check_keys(self, weights: Mapping[str, torch.Tensor], partial: bool = False) -> None:
+        """vLLM keeps any weight it is not given; refuse a partial (unless ``partial``: then
+        an incomplete fused layer) or foreign state dict."""
         if not self._checkpoint_keys:  # a hub id: nothing on disk to compare with
             return
-        missing = self._checkpoint_keys - set(weights)
+        required = self._checkpoint_keys
+        if partial:
+            touched = fused_closure({module_of(k) for k in weights})
+            required = {k for k in required if module_of(k) in touched}
+        missing = required - set(weights)
         unexpected = set(weights) - self._checkpoint_keys - {LM_HEAD_KEY}
         if missing or unexpected:
             raise KeyError(
                 f"state dict does not match the checkpoint: missing {sorted(missing)}, "
                 f"unexpected {sorted(unexpected)}"
             )
+
+
+def module_of(key: str) -> str:
+    """``model.layers.0.self_attn.q_proj.weight`` -> ``model.layers.0.self_attn.q_proj``."""
+    return key.rpartition(".")[0]
+
+
+def fused_closure(modules: set[str]) -> set[str]:
+    """``modules`` plus their fused siblings (``...q_proj`` brings ``...k_proj``, ``...v_proj``)."""
+    out = set(modules)
+    for name in modules:
+        parent, _, leaf = name.rpartition(".")
+        for group in FUSED_GROUPS:
+            if leaf in group:
+                out |= {f"{parent}.{sibling}" if parent else sibling for sibling in group}
+    return out
+
+
+@contextlib.contextmanager
+def _logger_level(name: str, level: int) -> Iterator[None]:
+    log = logging.getLogger(name)
+    old = log.level
+    log.setLevel(level)
+    try:
+        yield
+    finally:
+        log.setLevel(old)
 
 
 @contextlib.contextmanager

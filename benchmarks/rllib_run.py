@@ -1,0 +1,282 @@
+"""The measured run: `GRPOConfig().build_algo().train()` with its phases timed.
+
+The learner and the env runner live in this (the driver) process
+(``num_learners=0``, ``num_env_runners=0``), so the phases the framework does not
+log itself are timed by wrapping the functions that do them (probes), without
+changing the project's code:
+
+* generation: the sampler's ``generate``;  reward: ``TextEnvRunner._score``;
+* old_log_prob: `response_log_probs` as the learner calls it in ``_prepare``;
+* ref: ``CausalLMRLModule.reference_log_probs``;  adv: the rest of ``_prepare``;
+* update: ``GRPOLearner._uncompiled_update`` (forward, backward, optimizer step);
+* weight_sync: ``EnvRunnerGroup.sync_weights`` (the algorithm's ``timing_s/update_weights``);
+* the driver overhead is the rest of ``train()``; its parts come from probes on
+  ``GRPO._sample_groups``, ``LearnerGroup.update`` and ``GRPO.training_step``.
+
+The algorithm's own ``timing_s/*`` values are kept beside the probes' (``framework/...``;
+``timing_s/sample`` is a moving average, not the last value).  Where the learner logs ``timing_s/old_log_prob``, ``timing_s/ref`` or
+``timing_s/adv`` itself, those values are reported beside the probes'.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from benchmarks.common import Timer, Workload, maybe_profiled, peak_memory_mb, token_counts
+
+logger = logging.getLogger(__name__)
+FRAMEWORK_TIMINGS = ("sample", "update_actor", "update_weights", "step")
+LEARNER_TIMINGS = ("old_log_prob", "ref", "adv")
+
+
+class Probes:
+    """Wraps functions so that each call adds its duration to a phase of a `Timer`."""
+
+    def __init__(self, timer: Timer) -> None:
+        self.timer = timer
+        self.missing: list[str] = []
+        self._undo: list[Callable[[], None]] = []
+
+    def wrap(self, owner: Any, name: str, phase: str) -> None:
+        """Time every call of ``owner.name`` (a class, instance or module attribute)."""
+        original = getattr(owner, name, None)
+        if original is None:
+            self.missing.append(f"{getattr(owner, '__name__', owner)}.{name}")
+            return
+        timer = self.timer
+
+        @functools.wraps(original)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = timer.now()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                timer.add(phase, timer.now() - start)
+
+        is_own = name in getattr(owner, "__dict__", {})
+        setattr(owner, name, timed)
+        self._undo.append(lambda: setattr(owner, name, original) if is_own
+                          else delattr(owner, name))
+
+    def install_learner(self) -> None:
+        """Probes on the learner side (classes and module functions; before the build)."""
+        from rllib_grpo import learner, module
+        from rllib_grpo.env_runner import TextEnvRunner
+
+        self.wrap(learner, "response_log_probs", "old_log_prob")
+        self.wrap(module.CausalLMRLModule, "reference_log_probs", "ref")
+        self.wrap(learner.GRPOLearner, "_prepare", "prepare")
+        self.wrap(learner.GRPOLearner, "_uncompiled_update", "update")
+        self.wrap(TextEnvRunner, "_score", "reward")
+
+    def install_driver(self, algo: Any) -> None:
+        """Probes on the built algorithm: sampler, sampling, update, weight sync, step."""
+        self.wrap(algo.env_runner.sampler, "generate", "generation")
+        self.wrap(algo, "_sample_groups", "sample")
+        self.wrap(algo.learner_group, "update", "update_actor")
+        self.wrap(algo.env_runner_group, "sync_weights", "update_weights")
+        self.wrap(algo, "training_step", "step")
+
+    def remove(self) -> None:
+        for undo in reversed(self._undo):
+            undo()
+        self._undo.clear()
+
+
+def skip_sync_clone() -> None:
+    """Experiment: the proposed ``CausalLMRLModule.get_state`` that does not clone for a sync.
+
+    A weight sync (``inference_only=True``) hands the tensors to a consumer that copies
+    them at once (``load_state_dict``, vLLM's ``reload_weights``, ``ray.put``), so the
+    clone is a third copy of the weights per iteration.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    from rllib_grpo.module import CausalLMRLModule
+
+    original = CausalLMRLModule.get_state
+
+    def get_state(self, components=None, *, not_components=None, inference_only=False, **kw):
+        if inference_only and getattr(self, "lora", None) is None and not isinstance(
+                self.lm, FSDPModule):
+            return {k: v.detach().cpu() for k, v in self.lm.state_dict().items()}
+        return original(self, components, not_components=not_components,
+                        inference_only=inference_only, **kw)
+
+    CausalLMRLModule.get_state = get_state
+
+
+def use_local_weight_sync(algo: Any) -> None:
+    """Experiment: sync weights the way the proposed ``GRPO._sync_weights`` does.
+
+    With no remote env runner, the learner's module state goes straight to the local
+    env runner; RLlib's ``EnvRunnerGroup.sync_weights`` first ``ray.put``s it into the
+    object store, where nothing reads it (see benchmarks/README.md).
+    """
+    from ray.rllib.core import (
+        COMPONENT_LEARNER,
+        COMPONENT_RL_MODULE,
+        DEFAULT_MODULE_ID,
+    )
+    from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
+
+    group, learner_group = algo.env_runner_group, algo.learner_group
+    rllib_sync = group.sync_weights
+
+    def sync_weights(*args: Any, **kwargs: Any) -> None:
+        if group.num_remote_env_runners() or group.local_env_runner is None:
+            return rllib_sync(*args, **kwargs)
+        state = learner_group.get_state(
+            components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}/{DEFAULT_MODULE_ID}",
+            inference_only=True,
+        )[COMPONENT_LEARNER]
+        group.local_env_runner.set_state(
+            {k: v for k, v in state.items() if k in (COMPONENT_RL_MODULE, WEIGHTS_SEQ_NO)})
+
+    group.sync_weights = sync_weights
+
+
+def build_config(w: Workload) -> Any:
+    """The GRPOConfig of the workload: local learner and env runner, fixed sizes."""
+    from rllib_grpo.config import GRPOConfig
+
+    config = (
+        GRPOConfig()
+        .environment("rllib_grpo/Arithmetic-v0", env_config={"max_operand": w.max_operand})
+        .training(
+            model_path=w.model_dir, prompts_per_step=w.prompts, group_size=w.group_size,
+            max_prompt_length=w.max_prompt_length, max_response_length=w.response_length,
+            micro_batch_size_per_learner=w.micro_batch_size, use_kl_loss=w.kl, lr=w.lr,
+            sampler=w.sampler, model_dtype=w.dtype, sampler_config=w.engine_options(),
+        )
+        .env_runners(num_env_runners=0)
+        .debugging(seed=w.seed)
+    )
+    if w.device != "cpu":
+        config.learners(num_learners=0, num_gpus_per_learner=1)
+    return config
+
+
+def init_ray(w: Workload) -> None:
+    import ray
+
+    ray.init(num_cpus=max(2, os.cpu_count() or 2), num_gpus=0 if w.device == "cpu" else 1,
+             object_store_memory=(500 if w.device == "cpu" else 4000) * 1024**2,
+             include_dashboard=False, log_to_driver=False, configure_logging=False)
+
+
+def run_rllib(w: Workload) -> dict[str, Any]:
+    """Build the algorithm, warm up, then time ``w.iterations`` calls of ``train()``."""
+    import ray
+    import torch
+
+    torch.set_num_threads(w.threads)
+    timer = Timer(w.device)
+    start = time.perf_counter()
+    init_ray(w)
+    ray_init_s = time.perf_counter() - start
+    if "no-sync-clone" in w.experiments:
+        skip_sync_clone()
+    probes = Probes(timer)
+    probes.install_learner()
+    start = time.perf_counter()
+    algo = build_config(w).build_algo()
+    build_s = time.perf_counter() - start
+    if "local-weight-sync" in w.experiments:
+        use_local_weight_sync(algo)
+    probes.install_driver(algo)
+    torch.set_num_threads(w.threads)  # whatever the build did
+    try:
+        for _ in range(w.warmup):
+            algo.train()
+        with maybe_profiled(w.profile_dir, "rllib"):
+            records = [_timed_train(algo, timer) for _ in range(w.iterations)]
+        memory = {**peak_memory_mb(), "ray_processes_rss_mb": ray_processes_rss_mb()}
+        params = _num_parameters(algo)
+    finally:
+        probes.remove()
+        algo.stop()
+        ray.shutdown()
+    return {"records": records, "setup_s": ray_init_s + build_s, "ray_init_s": ray_init_s,
+            "build_algo_s": build_s, "torch_threads": torch.get_num_threads(),
+            "probes_missing": probes.missing, **params, **memory}
+
+
+def _timed_train(algo: Any, timer: Timer) -> dict[str, float]:
+    timer.reset()
+    start = timer.now()
+    result = algo.train()
+    wall = timer.now() - start
+    return phase_record(result, timer, wall, algo.last_rollout)
+
+
+def phase_record(result: dict, timer: Timer, wall: float, rollout: Any) -> dict[str, float]:
+    """Per-phase seconds of one ``train()`` call, the overhead's parts, and token counts."""
+    framework = {k: float(result.get(f"timing_s/{k}", 0.0)) for k in FRAMEWORK_TIMINGS}
+    learner_logged = _learner_timings(result)
+    probed = {k: timer.get(k) for k in FRAMEWORK_TIMINGS}
+    record = {
+        "generation": timer.get("generation"),
+        "reward": timer.get("reward"),
+        "old_log_prob": timer.get("old_log_prob"),
+        "ref": timer.get("ref"),
+        "adv": timer.get("prepare") - timer.get("old_log_prob") - timer.get("ref"),
+        "update": timer.get("update"),
+        "weight_sync": probed["update_weights"],
+    }
+    record["driver_overhead"] = wall - sum(record.values())
+    record.update(
+        sampling_other=probed["sample"] - record["generation"] - record["reward"],
+        learner_other=probed["update_actor"] - timer.get("prepare") - record["update"],
+        step_other=probed["step"] - probed["sample"] - probed["update_actor"]
+        - probed["update_weights"],
+        train_other=wall - probed["step"],
+        iteration=wall,
+    )
+    record.update({f"framework/timing_s/{k}": v for k, v in framework.items()})
+    record.update({f"learner/timing_s/{k}": v for k, v in learner_logged.items()})
+    # Sampler and learner agree only if the weight sync worked (a check on experiments).
+    record["rollout_log_probs_diff_max"] = float(
+        result.get("training/rollout_log_probs_diff_max", float("nan")))
+    record.update(token_counts(rollout.prompt_lengths, rollout.response_lengths,
+                               rollout.prompt_ids.shape[1], rollout.response_ids.shape[1]))
+    return record
+
+
+def _learner_timings(result: dict) -> dict[str, float]:
+    """``timing_s/old_log_prob``/``ref``/``adv`` where the learner logs them (optional):
+    at the top level of the result or under ``learners/default_policy``."""
+    learner = result.get("learners", {}).get("default_policy", {})
+    found = {}
+    for key in LEARNER_TIMINGS:
+        name = f"timing_s/{key}"
+        value = result.get(name, learner.get(name))
+        if value is not None:
+            found[key] = float(value)
+    return found
+
+
+def _num_parameters(algo: Any) -> dict[str, int]:
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    lm = algo.learner_group._learner.module[DEFAULT_MODULE_ID].unwrapped().lm
+    return {"params": lm.num_parameters(),
+            "non_embedding_params": lm.num_parameters(exclude_embeddings=True)}
+
+
+def ray_processes_rss_mb() -> float:
+    """RSS of the processes Ray started beside the driver (GCS, raylet, workers), MiB."""
+    import psutil
+
+    total = 0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            total += child.memory_info().rss
+        except psutil.Error:
+            continue
+    return total / 2**20

@@ -1,0 +1,196 @@
+"""From command-line pieces to an `Experiment` and a built (not yet running) config.
+
+`assemble` merges the experiment file, ``--config``, ``key=value`` overrides and
+flags, with every key checked (`rllib_grpo.cli_config.translate`);
+`build_config` turns the experiment into the algorithm's `AlgorithmConfig`;
+`resolve_stop` turns verl's ``trainer.total_epochs`` into iterations.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from rllib_grpo.cli_config import (
+    DICT_FIELDS,
+    VERL_TO_RUN,
+    ConfigError,
+    Experiment,
+    Translated,
+    experiment_from_yaml,
+    is_grid,
+    load_yaml_file,
+    parse_json_option,
+    parse_overrides,
+    translate,
+)
+
+
+def known_algorithms() -> list[str]:
+    """GRPO and RLlib's built-in algorithm names."""
+    from ray.rllib.algorithms.registry import ALGORITHMS
+
+    return ["GRPO", *sorted(ALGORITHMS)]
+
+
+def resolve_algo(name: str) -> type:
+    """The Algorithm class Tune knows under ``name`` (GRPO or an RLlib built-in)."""
+    from ray.rllib.algorithms.algorithm import Algorithm
+    from ray.tune.registry import get_trainable_cls
+
+    import rllib_grpo.algorithm  # noqa: F401  (registers "GRPO" with Tune)
+
+    try:
+        cls = get_trainable_cls(name)
+    except Exception as err:  # TuneError, or a built-in's import error
+        raise ConfigError(f"--algo {name!r}: unknown algorithm ({err}); known: "
+                          f"{', '.join(known_algorithms())}") from None
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+        raise ConfigError(f"--algo {name!r} is a Tune trainable but not an RLlib Algorithm")
+    return cls
+
+
+def default_config(algo: str) -> Any:
+    """A fresh default config of the algorithm."""
+    if algo == "GRPO":
+        from rllib_grpo.config import GRPOConfig
+
+        return GRPOConfig()
+    return resolve_algo(algo).get_default_config()
+
+
+def assemble(
+    file: str | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    *,
+    config_json: str | None = None,
+    stop_json: str | None = None,
+    algo: str | None = None,
+    env: str | None = None,
+    name: str | None = None,
+    storage_path: str | None = None,
+    checkpoint_freq: int | None = None,
+    num_samples: int | None = None,
+) -> Experiment:
+    """One experiment from a YAML file, ``--config`` JSON, overrides and flags (in that order)."""
+    if file:
+        exp, file_config = experiment_from_yaml(load_yaml_file(file), str(file))
+    else:
+        exp, file_config = Experiment(), {}
+    exp.algo = algo or exp.algo
+    if exp.algo != "GRPO":
+        resolve_algo(exp.algo)
+    sources = [(file_config, str(file)), (parse_json_option(config_json, "--config"), "--config"),
+               (parse_overrides(list(overrides)), "override")]
+    for raw, source in sources:
+        _merge(exp, translate(raw, exp.algo, source))
+    exp.env = env or exp.config.pop("env", None) or exp.env
+    exp.stop.update(parse_json_option(stop_json, "--stop"))
+    _check_stop(exp.stop)
+    exp.name = name or exp.name
+    exp.storage_path = storage_path or exp.storage_path
+    exp.checkpoint_freq = exp.checkpoint_freq if checkpoint_freq is None else checkpoint_freq
+    exp.num_samples = exp.num_samples if num_samples is None else num_samples
+    return exp
+
+
+def _merge(exp: Experiment, t: Translated) -> None:
+    for key, value in t.config.items():
+        if key in DICT_FIELDS and isinstance(value, dict):
+            value = {**(exp.config.get(key) or {}), **value}
+        exp.config[key] = value
+    exp.ignored += [k for k in t.ignored if k not in exp.ignored]
+    exp.mapped += t.mapped
+    run = t.run
+    if "trainer.total_training_steps" in run:
+        exp.stop["training_iteration"] = _run_int(run, "trainer.total_training_steps")
+    if "trainer.total_epochs" in run:
+        exp.total_epochs = _run_int(run, "trainer.total_epochs")
+    if "trainer.save_freq" in run:
+        exp.checkpoint_freq = max(0, _run_int(run, "trainer.save_freq"))
+    exp.name = run.get("trainer.experiment_name", exp.name)
+    exp.storage_path = run.get("trainer.default_local_dir", exp.storage_path)
+    exp.mapped += [f"{k} -> {VERL_TO_RUN[k]}" for k in run]
+
+
+def _run_int(run: dict[str, Any], key: str) -> int:
+    value = run[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{key}={value!r}: expected an integer")
+    return value
+
+
+def _check_stop(stop: dict[str, Any]) -> None:
+    for key, value in stop.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"stop {key!r}={value!r}: expected a number")
+
+
+def grid_points(exp: Experiment) -> list[dict[str, Any]]:
+    """The concrete settings of every grid-search point (one point without a grid)."""
+    keys = [k for k, v in exp.config.items() if is_grid(v)]
+    choices = [exp.config[k]["grid_search"] for k in keys]
+    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*choices)]
+
+
+def build_config(exp: Experiment, point: dict[str, Any] | None = None) -> Any:
+    """The algorithm's config with the experiment's env and settings (not validated);
+    ``point`` replaces grid searches with one of their values."""
+    config = default_config(exp.algo)
+    if exp.env:
+        config.environment(exp.env)
+    try:
+        config.update_from_dict({**exp.config, **(point or {})})
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"config: {err}") from None
+    return config
+
+
+def config_errors(exp: Experiment) -> list[str]:
+    """GRPO's setting errors at every grid point (each names the field and the fix);
+    none for other algorithms."""
+    if exp.algo != "GRPO":
+        return []
+    from rllib_grpo.explain import find_errors
+
+    errors: list[str] = []
+    for point in grid_points(exp):
+        where = f" (at {point})" if point else ""
+        errors += [e + where for e in find_errors(build_config(exp, point))
+                   if e + where not in errors]
+    return errors
+
+
+def resolve_stop(exp: Experiment, config: Any) -> dict[str, Any]:
+    """The Tune stop criteria, with ``trainer.total_epochs`` turned into iterations."""
+    stop = dict(exp.stop)
+    if exp.total_epochs is not None and "training_iteration" not in stop:
+        stop["training_iteration"] = epochs_to_iterations(config, exp.total_epochs)
+    return stop
+
+
+def count_prompts(config: Any) -> int:
+    """How many prompts the config's env serves (it is built without a tokenizer)."""
+    import gymnasium as gym
+
+    try:
+        kwargs = {**dict(config.env_config), "seed": 0}
+        env = gym.make(config.env, disable_env_checker=True, **kwargs).unwrapped
+        return int(env.num_prompts)
+    except Exception as err:  # any failure to build the env: say which
+        raise ConfigError(f"cannot count the prompts of {config.env!r} "
+                          f"({type(err).__name__}: {err})") from None
+
+
+def epochs_to_iterations(config: Any, epochs: int) -> int:
+    """verl's step count: ``epochs x (prompts // prompts_per_step)`` (at least 1)."""
+    per_step = config.prompts_per_step
+    if is_grid(per_step):
+        raise ConfigError("trainer.total_epochs with a grid search over prompts_per_step: "
+                          "set trainer.total_training_steps or --stop instead")
+    try:
+        num_prompts = count_prompts(config)
+    except ConfigError as err:
+        raise ConfigError(f"trainer.total_epochs: {err}; set trainer.total_training_steps "
+                          "or --stop instead") from None
+    return max(1, epochs * (num_prompts // per_step))

@@ -1,0 +1,391 @@
+"""Experiments for `rllib train` and `rllib-grpo explain`: files, flags and verl's keys.
+
+Sources, later ones winning: the experiment YAML (RLlib's classic Tune shape
+``<name>: {run, env, stop, config, ...}``, or a bare config mapping), ``--config``
+JSON, then trailing ``key=value`` overrides (values parsed as YAML scalars).
+Every key is checked before anything is built (RLlib's `update_from_dict` would
+silently set an unknown one): a GRPO setting, a verl dotted name from
+`VERL_ALIASES`, a verl key handled here (`VERL_IGNORED`, `VERL_IGNORED_AT`,
+`VERL_TO_RUN`, `VERL_TO_SUB_KEY`), or an attribute of the algorithm's fresh
+config.  Any other verl key is refused by name.  No Ray is started here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rllib_grpo.settings import SETTINGS_FIELDS, VERL_ALIASES
+
+
+class ConfigError(ValueError):
+    """Bad user input; the command line prints it as one line and exits 2."""
+
+
+# Top-level sections of verl's config: a dotted key under one of them is a verl key.
+VERL_ROOTS = ("algorithm", "actor_rollout_ref", "data", "trainer", "critic", "reward_model",
+              "reward", "custom_reward_function", "ray_init", "ray_kwargs", "global_profiler")
+_AR = "actor_rollout_ref."
+_LOGPROB_CHUNKS = ("chunking of a no-grad log-prob forward pass: the values do not depend on it "
+                   "(the learner chunks it by micro_batch_size_per_learner)")
+
+# verl keys accepted at any value because they change nothing here: key -> why.
+VERL_IGNORED: dict[str, str] = {
+    "trainer.logger": "picks verl's loggers (console/wandb); Tune always writes TensorBoard, "
+                      "JSON and CSV",
+    "trainer.project_name": "the wandb project name; names nothing here",
+    "trainer.balance_batch": "verl reorders trajectories for equal GPU work: it changes which "
+                             "trajectories share a mini-batch, not the objective, advantages or "
+                             "expected update",
+    _AR + "model.use_remove_padding": "padding-free packing is a speed path; padded batches with "
+                                      "attention masks give the same log-probs",
+    _AR + "rollout.mode": "verl's rollout server mode; a step's samples all come from one weight "
+                          "version either way",
+    _AR + "rollout.log_prob_micro_batch_size_per_gpu": _LOGPROB_CHUNKS,
+    _AR + "rollout.log_prob_max_token_len_per_gpu": _LOGPROB_CHUNKS,
+    _AR + "rollout.log_prob_use_dynamic_bsz": _LOGPROB_CHUNKS,
+    _AR + "ref.log_prob_micro_batch_size_per_gpu": _LOGPROB_CHUNKS,
+    _AR + "ref.log_prob_max_token_len_per_gpu": _LOGPROB_CHUNKS,
+    _AR + "ref.log_prob_use_dynamic_bsz": _LOGPROB_CHUNKS,
+}
+# verl keys accepted only at the value that is what rllib-grpo does: key -> (value, why).
+VERL_IGNORED_AT: dict[str, tuple[Any, str]] = {
+    "trainer.critic_warmup": (0, "GRPO has no critic"),
+    "trainer.val_before_train": (False, "validation runs every val_every steps only"),
+    _AR + "rollout.tensor_model_parallel_size": (1, "one sampler engine per env runner"),
+    _AR + "actor.ulysses_sequence_parallel_size": (1, "no sequence parallelism"),
+    _AR + "actor.fsdp_config.param_offload": (False, "the actor's weights stay on the device"),
+    _AR + "actor.fsdp_config.optimizer_offload": (False, "the optimizer states stay on the "
+                                                         "device (see optimizer_offload)"),
+}
+# verl keys that set how the experiment runs (Tune), not the algorithm config.
+VERL_TO_RUN: dict[str, str] = {
+    "trainer.total_training_steps": "stop training_iteration",
+    "trainer.total_epochs": "stop training_iteration = epochs x (prompts // prompts_per_step)",
+    "trainer.save_freq": "checkpoint frequency (training steps; -1 = none)",
+    "trainer.experiment_name": "Tune experiment name",
+    "trainer.default_local_dir": "Tune storage path",
+    "trainer.n_gpus_per_node": "num_learners = n_gpus_per_node x nnodes, 1 GPU each",
+    "trainer.nnodes": "num_learners = n_gpus_per_node x nnodes, 1 GPU each",
+}
+# verl keys that set one entry of a dict-valued config field: key -> (field, entry).
+VERL_TO_SUB_KEY: dict[str, tuple[str, str]] = {
+    "data.train_files": ("env_config", "path"),
+    "data.val_files": ("val_env_config", "path"),
+    _AR + "rollout.enforce_eager": ("sampler_config", "enforce_eager"),
+}
+# RLlib fields that GRPO derives from its own settings.
+GRPO_DERIVED = {
+    "train_batch_size": "prompts_per_step x group_size",
+    "train_batch_size_per_learner": "prompts_per_step x group_size / num_learners",
+    "minibatch_size": "prompts_per_minibatch x group_size",
+}
+# RLlib's `update_from_dict` renames these; classic configs use them.
+RLLIB_SPECIAL_KEYS = {"callbacks", "create_env_on_driver", "custom_eval_function", "framework",
+                      "input", "lambda", "num_cpus_for_driver", "num_workers", "multiagent"}
+EXPERIMENT_KEYS = {"run", "env", "stop", "config", "checkpoint_config", "checkpoint_freq",
+                   "checkpoint_at_end", "storage_path", "local_dir", "num_samples", "name"}
+CHECKPOINT_KEYS = {"checkpoint_frequency", "checkpoint_at_end", "num_to_keep"}
+DICT_FIELDS = ("env_config", "sampler_config", "val_env_config")
+VERL_GPUS_PER_NODE, VERL_NNODES = 8, 1  # verl's defaults
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML with YAML 1.2 floats: ``1e-6`` is a number, not a string."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\d[\d_]*(?:\.\d*)?|\.\d+)[eE][-+]?\d+$"),
+    list("-+0123456789."),
+)
+
+
+@dataclasses.dataclass
+class Experiment:
+    """One Tune experiment: what to run, its config (canonical keys) and how to run it."""
+
+    name: str | None = None
+    algo: str = "GRPO"
+    env: str | None = None
+    config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    stop: dict[str, Any] = dataclasses.field(default_factory=dict)
+    total_epochs: int | None = None
+    checkpoint_freq: int = 0
+    checkpoint_at_end: bool = True
+    num_to_keep: int | None = None
+    storage_path: str | None = None
+    num_samples: int = 1
+    ignored: list[str] = dataclasses.field(default_factory=list)
+    mapped: list[str] = dataclasses.field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------- parsing
+def parse_scalar(text: str) -> Any:
+    """A command-line value as a YAML scalar or flow collection (``True``, ``1e-6``, ``[a,b]``)."""
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError:
+        return text
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``["a.b=1", "+c=x"]`` -> ``{"a.b": 1, "c": "x"}`` (Hydra's ``+``/``++`` prefixes allowed)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.lstrip("+").strip()
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} is not key=value")
+        if key.startswith("~"):
+            raise ConfigError(f"override {item!r}: deleting keys (~) is not supported")
+        out[key] = parse_scalar(value)
+    return out
+
+
+def parse_json_option(text: str | None, option: str) -> dict[str, Any]:
+    """The JSON object of ``--config``/``--stop``; errors name the option."""
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{option}: invalid JSON ({err.msg} at column {err.colno})") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{option}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def load_yaml_file(path: str | Path) -> dict[str, Any]:
+    """A YAML mapping from ``path``; errors name the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file")
+    try:
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{path}{where}: invalid YAML ({problem})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top, got {type(data).__name__}")
+    return data
+
+
+def flatten_verl(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested verl sections (``actor_rollout_ref: {rollout: {n: 5}}``) -> dotted keys."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and name.split(".")[0] in VERL_ROOTS:
+            flat.update(flatten_verl(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
+# ----------------------------------------------------------------------------- experiment files
+def experiment_from_yaml(data: Mapping[str, Any], source: str) -> tuple[Experiment, dict]:
+    """An experiment (without its config) and its raw config from a YAML mapping."""
+    if _is_classic(data):
+        (name, spec), = data.items()
+    else:  # a bare config mapping
+        name, spec = None, {"config": dict(data)}
+    unknown = sorted(set(spec) - EXPERIMENT_KEYS)
+    if unknown:
+        raise ConfigError(f"{source}: unknown experiment key {unknown[0]!r}; "
+                          f"use {', '.join(sorted(EXPERIMENT_KEYS))}")
+    for key in ("stop", "config", "checkpoint_config"):
+        if not isinstance(spec.get(key) or {}, Mapping):
+            raise ConfigError(f"{source}: {key!r} must be a mapping")
+    exp = Experiment(name=spec.get("name", name), algo=str(spec.get("run", "GRPO")),
+                     env=spec.get("env"), stop=dict(spec.get("stop") or {}))
+    exp.num_samples = _int(spec, "num_samples", 1, source)
+    exp.storage_path = spec.get("storage_path", spec.get("local_dir"))
+    exp.checkpoint_freq = _int(spec, "checkpoint_freq", 0, source)
+    exp.checkpoint_at_end = bool(spec.get("checkpoint_at_end", True))
+    _apply_checkpoint_config(exp, spec.get("checkpoint_config") or {}, source)
+    return exp, dict(spec.get("config") or {})
+
+
+def _int(spec: Mapping[str, Any], key: str, default: int, source: str) -> int:
+    value = spec.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{source}: {key}={value!r}: expected an integer")
+    return value
+
+
+def _is_classic(data: Mapping[str, Any]) -> bool:
+    if len(data) != 1:
+        return False
+    (spec,) = data.values()
+    return isinstance(spec, Mapping) and bool({"run", "config", "stop", "env"} & set(spec))
+
+
+def _apply_checkpoint_config(exp: Experiment, spec: Mapping[str, Any], source: str) -> None:
+    unknown = sorted(set(spec) - CHECKPOINT_KEYS)
+    if unknown:
+        raise ConfigError(f"{source}: unknown checkpoint_config key {unknown[0]!r}")
+    exp.checkpoint_freq = _int(spec, "checkpoint_frequency", exp.checkpoint_freq, source)
+    exp.checkpoint_at_end = bool(spec.get("checkpoint_at_end", exp.checkpoint_at_end))
+    exp.num_to_keep = _int(spec, "num_to_keep", 0, source) or None
+
+
+# ----------------------------------------------------------------------------- keys
+@functools.cache
+def known_config_keys(algo: str) -> frozenset[str]:
+    """Every attribute of the algorithm's fresh config, plus RLlib's special spellings."""
+    from rllib_grpo.cli_build import default_config
+
+    config = default_config(algo)
+    return frozenset(set(vars(config)) | set(config.to_dict()) | RLLIB_SPECIAL_KEYS)
+
+
+@functools.cache
+def property_keys(algo: str) -> dict[str, str]:
+    """Public properties stored in a private attribute (``model_config`` ->
+    ``_model_config``), as RLlib's own `to_dict`/`update_from_dict` spell them."""
+    from rllib_grpo.cli_build import default_config
+
+    config = default_config(algo)
+    cls, attrs = type(config), vars(config)
+    return {name: "_" + name for name in dir(cls)
+            if isinstance(getattr(cls, name, None), property) and "_" + name in attrs}
+
+
+def is_verl_key(key: str) -> bool:
+    return "." in key and key.split(".")[0] in VERL_ROOTS
+
+
+@dataclasses.dataclass
+class Translated:
+    """One source's keys in canonical form."""
+
+    config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    run: dict[str, Any] = dataclasses.field(default_factory=dict)
+    ignored: list[str] = dataclasses.field(default_factory=list)
+    mapped: list[str] = dataclasses.field(default_factory=list)
+    origin: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def translate(raw: Mapping[str, Any], algo: str, source: str) -> Translated:
+    """Check every key of one source and translate verl's names to ours.
+
+    A verl name in `VERL_ALIASES` (a real mapping) wins over the tables here.
+    """
+    out = Translated()
+    known = known_config_keys(algo)
+    for key, value in flatten_verl(raw).items():
+        if is_verl_key(key) and algo != "GRPO":
+            raise ConfigError(f"{source}: verl key {key!r} only applies to --algo GRPO")
+        if key in VERL_ALIASES:
+            _set(out, VERL_ALIASES[key], check_type(key, VERL_ALIASES[key], value), key, source)
+        elif is_verl_key(key):
+            _translate_verl_key(out, key, value, known, source)
+        elif algo == "GRPO" and key in GRPO_DERIVED:
+            raise ConfigError(f"{source}: {key!r} is derived for GRPO ({GRPO_DERIVED[key]}); "
+                              "set prompts_per_step / prompts_per_minibatch / group_size")
+        elif key in known:
+            _set(out, key, check_type(key, key, value), key, source)
+        elif key in property_keys(algo):
+            _set(out, property_keys(algo)[key], value, key, source)
+        else:
+            raise ConfigError(f"{source}: unknown config key {key!r} for {algo}")
+    _resources_from_verl(out, source)
+    return out
+
+
+def _translate_verl_key(out: Translated, key: str, value: Any, known: frozenset[str],
+                        source: str) -> None:
+    if key in VERL_IGNORED:
+        out.ignored.append(key)
+    elif key in VERL_IGNORED_AT:
+        _ignore_at(out, key, value, source)
+    elif key in VERL_TO_RUN:
+        out.run[key] = value
+    elif key in VERL_TO_SUB_KEY and VERL_TO_SUB_KEY[key][0] in known:
+        field, entry = VERL_TO_SUB_KEY[key]
+        _set(out, field, {entry: value}, key, source)
+        out.mapped.append(f"{key} -> {field}.{entry}")
+    else:
+        raise ConfigError(f"{source}: verl key {key!r} has no rllib-grpo equivalent yet")
+
+
+def _ignore_at(out: Translated, key: str, value: Any, source: str) -> None:
+    expected, why = VERL_IGNORED_AT[key]
+    if value != expected:
+        raise ConfigError(f"{source}: verl key {key!r}={value!r} has no rllib-grpo equivalent "
+                          f"yet (only {expected!r} is accepted: {why})")
+    out.ignored.append(key)
+
+
+def _set(out: Translated, name: str, value: Any, key: str, source: str) -> None:
+    """Set one canonical field; two spellings of it in one source must agree (dict fields
+    such as env_config merge entry by entry)."""
+    current = out.config.get(name)
+    if name in DICT_FIELDS and isinstance(value, Mapping) and isinstance(current, Mapping):
+        for entry, item in value.items():
+            if entry in current and current[entry] != item:
+                raise ConfigError(f"{source}: {key!r} sets {name}.{entry}={item!r} but it is "
+                                  f"already {current[entry]!r}")
+        out.config[name] = {**current, **value}
+        return
+    if name in out.config and out.origin[name] != key and current != value:
+        raise ConfigError(f"{source}: {key!r} and {out.origin[name]!r} both set {name} "
+                          f"({value!r} vs {current!r})")
+    out.config[name] = value
+    out.origin[name] = key
+
+
+def _resources_from_verl(out: Translated, source: str) -> None:
+    gpus, nodes = (out.run.pop(k, None) for k in ("trainer.n_gpus_per_node", "trainer.nnodes"))
+    if gpus is None and nodes is None:
+        return
+    total = int(VERL_GPUS_PER_NODE if gpus is None else gpus) * int(
+        VERL_NNODES if nodes is None else nodes)
+    _set(out, "num_learners", total, "trainer.n_gpus_per_node", source)
+    _set(out, "num_gpus_per_learner", 1 if total else 0, "trainer.n_gpus_per_node", source)
+    out.mapped.append(f"trainer.n_gpus_per_node x trainer.nnodes -> num_learners={total}, "
+                      f"num_gpus_per_learner={1 if total else 0}")
+
+
+_TYPE_CHECKS = {
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "float": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "bool": lambda v: isinstance(v, bool),
+    "str": lambda v: isinstance(v, str),
+    "dict": lambda v: isinstance(v, Mapping),
+    "tuple": lambda v: isinstance(v, list | tuple),
+    "list": lambda v: isinstance(v, list | tuple),
+    "None": lambda v: v is None,
+}
+
+
+def is_grid(value: Any) -> bool:
+    """A Tune grid search, ``{"grid_search": [...]}`` (classic experiment files use it)."""
+    return isinstance(value, Mapping) and set(value) == {"grid_search"} and isinstance(
+        value["grid_search"], list)
+
+
+def check_type(key: str, name: str, value: Any) -> Any:
+    """Check a GRPO setting's value against its declared type (lists become tuples).
+
+    A grid search is checked point by point.
+    """
+    field = SETTINGS_FIELDS.get(name)
+    if is_grid(value):
+        return {"grid_search": [check_type(key, name, v) for v in value["grid_search"]]}
+    if field is None:
+        return value
+    allowed = [t.strip() for t in str(field.type).split("|")]
+    if not any(_TYPE_CHECKS.get(t, lambda v: True)(value) for t in allowed):
+        raise ConfigError(f"{key}={value!r}: expected {' or '.join(allowed)}")
+    return tuple(value) if "tuple" in allowed and isinstance(value, list) else value

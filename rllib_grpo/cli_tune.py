@@ -1,0 +1,121 @@
+"""Ray Tune hooks of `rllib train`: a progress line per iteration, and sampled
+completions in TensorBoard.
+
+Tune's TensorBoard logger writes numbers only, so completions take two small hooks:
+
+* `add_completions` (an RLlib ``on_train_result`` callable, in the trial's
+  process): every ``log_completions_every`` iterations it puts a markdown table of
+  the last rollout's prompts, responses and rewards into the result under
+  ``"completions"``;
+* `CompletionsTBXCallback` (a Tune callback, on the driver): writes that text
+  with tensorboardX into the trial's log folder, next to Tune's own event file.
+
+`install_completions(config)` adds the first to a GRPO config; pass the second
+to ``tune.RunConfig(callbacks=[...])``.  `rllib train` does both.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ray import tune
+
+from rllib_grpo.tensorboard import completions_table
+
+COMPLETIONS_KEY = "completions"
+COMPLETIONS_TAG = "completions"
+COMPLETIONS_ROWS = 16
+# (label, result key) shown on each progress line when present.
+PROGRESS_KEYS = (
+    ("reward", "critic/score/mean"),
+    ("kl", "actor/kl_loss"),
+    ("resp_len", "response_length/mean"),
+    ("return", "env_runners/episode_return_mean"),
+)
+
+
+def progress_line(result: dict[str, Any], trial_name: str = "") -> str:
+    """One line per iteration: the step, the main metrics found and the step's time."""
+    parts = [f"{trial_name + ' ' if trial_name else ''}iter {result.get('training_iteration')}"]
+    for label, key in PROGRESS_KEYS:
+        value = _lookup(result, key)
+        if isinstance(value, int | float) and not math.isnan(value):
+            parts.append(f"{label} {value:.4g}")
+    parts.append(f"{result.get('time_this_iter_s', float('nan')):.1f}s")
+    return "  ".join(parts)
+
+
+def _lookup(result: dict[str, Any], key: str) -> Any:
+    if key in result:
+        return result[key]
+    node: Any = result
+    for part in key.split("/"):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+class ProgressPrinter(tune.Callback):
+    """Prints `progress_line` for every result (trial names only with several trials)."""
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,
+                        **info: Any) -> None:
+        name = str(trial) if len(trials) > 1 else ""
+        print(progress_line(result, name), flush=True)
+
+
+def add_completions(*, algorithm: Any, result: dict, **kwargs: Any) -> None:
+    """RLlib ``on_train_result`` hook: the completions table into ``result`` every N steps."""
+    every = int(getattr(algorithm.config, "log_completions_every", 0) or 0)
+    rollout = getattr(algorithm, "last_rollout", None)
+    iteration = int(result.get("training_iteration", 0))
+    if every <= 0 or rollout is None or not rollout.infos or iteration % every:
+        return
+    result[COMPLETIONS_KEY] = completions_table(rollout.infos, limit=COMPLETIONS_ROWS)
+
+
+def install_completions(config: Any) -> Any:
+    """Add `add_completions` to the config's ``on_train_result`` callables (idempotent)."""
+    existing = config.callbacks_on_train_result
+    hooks = list(existing) if isinstance(existing, list | tuple) else (
+        [] if existing is None else [existing])
+    if add_completions not in hooks:
+        config.callbacks(on_train_result=[*hooks, add_completions])
+    return config
+
+
+class CompletionsTBXCallback(tune.Callback):
+    """Writes ``result["completions"]`` as TensorBoard text into each trial's folder."""
+
+    def __init__(self) -> None:
+        self._writers: dict[str, Any] = {}  # trial folder -> SummaryWriter
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,
+                        **info: Any) -> None:
+        text = result.get(COMPLETIONS_KEY)
+        if not text:
+            return
+        folder = str(trial.local_path)
+        writer = self._writers.get(folder)
+        if writer is None:
+            from tensorboardX import SummaryWriter
+
+            writer = SummaryWriter(folder, filename_suffix=".completions")
+            self._writers[folder] = writer
+        writer.add_text(COMPLETIONS_TAG, text, int(result.get("training_iteration", iteration)))
+        writer.flush()
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._close(trial)
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._close(trial)
+
+    def on_experiment_end(self, trials: list, **info: Any) -> None:
+        for folder in list(self._writers):
+            self._writers.pop(folder).close()
+
+    def _close(self, trial: Any) -> None:
+        writer = self._writers.pop(str(trial.local_path), None)
+        if writer is not None:
+            writer.close()

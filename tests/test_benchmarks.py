@@ -1,0 +1,60 @@
+"""The benchmark harness on the tiny model: every phase reported, times that add up.
+
+Sanity checks only, no speed thresholds: CI machines are shared and noisy.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.common import OVERHEAD_PARTS, PHASES
+from benchmarks.harness import main
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("bench") / "tiny.json"
+    code = main(["--model", "builtin:tiny", "--prompts", "4", "--group-size", "4",
+                 "--response-length", "8", "--iterations", "2", "--warmup", "1",
+                 "--sampler", "hf", "--json", str(out)])
+    assert code == 0
+    return json.loads(out.read_text())
+
+
+@pytest.mark.timeout(180)
+def test_every_phase_is_timed_and_positive(report):
+    for run in ("rllib", "direct"):
+        records = report[run]["records"]
+        assert len(records) == 2
+        for record in records:
+            assert set(PHASES) <= set(record)
+            assert record["iteration"] > 0
+    rllib = report["rllib"]["records"]
+    for record in rllib:
+        for phase in PHASES:  # the KL loss is on, so the reference forward runs too
+            assert record[phase] > 0, phase
+        assert set(OVERHEAD_PARTS) <= set(record)
+    assert report["rllib"]["probes_missing"] == []
+
+
+def test_phases_add_up_to_at_most_the_iteration(report):
+    for run in ("rllib", "direct"):
+        for record in report[run]["records"]:
+            listed = sum(record[p] for p in PHASES if p != "driver_overhead")
+            assert listed <= record["iteration"]
+            total = sum(record[p] for p in PHASES)
+            assert total == pytest.approx(record["iteration"], rel=1e-9)
+    for record in report["rllib"]["records"]:
+        parts = sum(record[p] for p in OVERHEAD_PARTS)
+        assert parts == pytest.approx(record["driver_overhead"], abs=1e-6)
+
+
+def test_responses_run_to_the_fixed_length_and_overhead_is_sane(report):
+    for run in ("rllib", "direct"):
+        assert report[run]["mean"]["mean_response_length"] == 8
+        assert report[run]["mean"]["tokens_per_s/generation"] > 0
+        assert report[run]["peak_rss_mb"] > 0
+    assert report["framework_overhead"] > 0.5
+    assert report["rllib"]["params"] == report["direct"]["params"] > 0
