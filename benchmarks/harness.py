@@ -133,9 +133,10 @@ def run_rounds(roles: list[str], w: Workload, rounds: int, verbose: bool = False
         for role in roles:
             if wait_for_load is not None:
                 wait_until_load_below(wait_for_load)
-            print(f"round {index + 1}/{rounds}: {role} run (load {load_average():.2f}) ...",
+            load = load_average()
+            print(f"round {index + 1}/{rounds}: {role} run (load {load:.2f}) ...",
                   file=sys.stderr, flush=True)
-            result = run_role(role, w, verbose=verbose)
+            result = {**run_role(role, w, verbose=verbose), "load_at_start": [load]}
             runs[role] = result if role not in runs else _pooled(runs[role], result)
     return runs
 
@@ -143,6 +144,7 @@ def run_rounds(roles: list[str], w: Workload, rounds: int, verbose: bool = False
 def _pooled(first: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
     pooled = dict(first)
     pooled["records"] = first["records"] + later["records"]
+    pooled["load_at_start"] = first["load_at_start"] + later["load_at_start"]
     for key in ("peak_rss_mb", "ray_processes_rss_mb", "peak_cuda_mb"):
         if key in first:
             pooled[key] = max(first[key], later[key])
@@ -152,7 +154,11 @@ def _pooled(first: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
 def wait_until_load_below(limit: float, max_wait_s: float = 600.0) -> None:
     """Sleep until the 1-minute load average is below ``limit`` (or ``max_wait_s`` passed)."""
     deadline = time.monotonic() + max_wait_s
-    while load_average() >= limit and time.monotonic() < deadline:
+    while load_average() >= limit:
+        if time.monotonic() > deadline:
+            print(f"load still {load_average():.2f} after {max_wait_s:.0f} s: running anyway",
+                  file=sys.stderr, flush=True)
+            return
         time.sleep(5)
 
 
@@ -259,8 +265,15 @@ def format_table(report: dict) -> str:
                      f"(without the reward phase: {report['framework_overhead_excl_reward']:.2f}x;"
                      f" medians: {report['framework_overhead_median']:.2f}x)")
     lines.append(f"load average (1 min) before/after: {report['load_average_1min']['before']:.2f}"
-                 f" / {report['load_average_1min']['after']:.2f} on {report['cpu_count']} CPUs")
+                 f" / {report['load_average_1min']['after']:.2f} on {report['cpu_count']} CPUs"
+                 + _loads_at_start(report))
     return "\n".join(lines)
+
+
+def _loads_at_start(report: dict) -> str:
+    parts = [f"{role} " + "/".join(f"{x:.2f}" for x in report[role]["load_at_start"])
+             for role in ROLES if "load_at_start" in report.get(role, {})]
+    return f"; at each run's start: {', '.join(parts)}" if parts else ""
 
 
 def _header(w: dict, run: dict, mean: dict) -> str:

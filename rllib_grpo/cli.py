@@ -72,8 +72,8 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", help="experiment name (a folder under the storage path)")
     p.add_argument("--num-samples", type=int, metavar="N", help="trials to run (default 1)")
     p.add_argument("--ray-address", metavar="ADDR",
-                   help="connect to this Ray cluster ('auto' for the local one) instead of "
-                        "starting Ray in this process")
+                   help="connect to this Ray cluster ('auto': $RAY_ADDRESS or the one `ray "
+                        "start` launched here); default: start a new local Ray")
     p.add_argument("--num-cpus", type=int, metavar="N",
                    help="CPUs of the Ray started here (default: all)")
     p.add_argument("--num-gpus", type=int, metavar="N",
@@ -227,11 +227,16 @@ def _init_ray(args: argparse.Namespace) -> bool:
     if ray.is_initialized():
         return False
     if args.ray_address:
+        sized = [f for f in ("num_cpus", "num_gpus", "object_store_memory") if getattr(args, f)]
+        if sized:
+            raise ConfigError(f"--{sized[0].replace('_', '-')} sizes a Ray started here; it "
+                              "cannot be used with --ray-address")
         ray.init(address=args.ray_address)
-    else:  # workers inherit the environment: keep vLLM's per-step INFO lines out
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-        ray.init(num_cpus=args.num_cpus, num_gpus=args.num_gpus,
-                 object_store_memory=args.object_store_memory, include_dashboard=False)
+        return True
+    # A new local Ray, even when RAY_ADDRESS is set or a `ray start` cluster runs here.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # workers inherit it
+    ray.init(address="local", num_cpus=args.num_cpus, num_gpus=args.num_gpus,
+             object_store_memory=args.object_store_memory, include_dashboard=False)
     return True
 
 

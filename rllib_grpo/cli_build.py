@@ -9,6 +9,7 @@ flags, with every key checked (`rllib_grpo.cli_config.translate`);
 from __future__ import annotations
 
 import itertools
+import warnings
 from typing import Any
 
 from rllib_grpo.cli_config import (
@@ -41,7 +42,9 @@ def resolve_algo(name: str) -> type:
     import rllib_grpo.algorithm  # noqa: F401  (registers "GRPO" with Tune)
 
     try:
-        cls = get_trainable_cls(name)
+        with warnings.catch_warnings():  # registering RLlib's built-ins warns about gym spaces
+            warnings.simplefilter("ignore")
+            cls = get_trainable_cls(name)
     except Exception as err:  # TuneError, or a built-in's import error
         raise ConfigError(f"--algo {name!r}: unknown algorithm ({err}); known: "
                           f"{', '.join(known_algorithms())}") from None

@@ -185,7 +185,7 @@ def flatten_verl(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in config.items():
         name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and name.split(".")[0] in VERL_ROOTS:
+        if isinstance(value, Mapping) and name.split(".")[0] in VERL_ROOTS and not is_grid(value):
             flat.update(flatten_verl(value, name + "."))
         else:
             flat[name] = value

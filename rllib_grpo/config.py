@@ -98,8 +98,12 @@ class GRPOConfig(AlgorithmConfig):
 
     # ---------------------------------------------------------------- RLlib plumbing
     def get_default_learner_class(self) -> type:
-        """`GRPOLearner`; its FSDP2 subclass when >= 2 learners shard the model (`fsdp`)."""
-        if self.fsdp and self.num_learners >= 2:
+        """`GRPOLearner`; its FSDP2 subclass when >= 2 learners shard the model (`fsdp`).
+
+        LoRA runs keep RLlib's DDP: only the small adapter trains, and the adapter
+        state/sync code reads unsharded weights.
+        """
+        if self.fsdp and self.num_learners >= 2 and not getattr(self, "lora_rank", 0):
             from rllib_grpo.fsdp import FSDPGRPOLearner
 
             return FSDPGRPOLearner

@@ -19,6 +19,11 @@ torch process group (gloo on CPU, NCCL on GPU).  Here:
   k-th mini-batch is its share of the global k-th mini-batch) and runs state
   gathers and checkpoint saves on *all* learners: RLlib's own group asks learner
   0 alone, which would hang in the collective gather.
+* `save_sharded_checkpoint` / `load_sharded_checkpoint` additionally write and
+  read `torch.distributed.checkpoint` files (each learner its own shards, no
+  gather), loadable into any number of learners.
+
+LoRA runs keep DDP (`GRPOConfig.get_default_learner_class`).
 """
 
 from __future__ import annotations

@@ -124,7 +124,12 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
             from rllib_grpo.fsdp import gather_full_state_dict
 
             return gather_full_state_dict(self.lm)
-        return {k: v.detach().cpu().clone() for k, v in self.lm.state_dict().items()}
+        state = {k: v.detach().cpu() for k, v in self.lm.state_dict().items()}
+        if inference_only:
+            # A weight sync: every consumer (load_state_dict, vLLM's reload_weights,
+            # ray.put) copies at once, so a clone would be a third copy per step.
+            return state
+        return {k: v.clone() for k, v in state.items()}  # a snapshot (checkpoints, tests)
 
     def set_state(self, state: dict[str, torch.Tensor]) -> None:
         if self.lora is not None or lora.is_adapter_checkpoint(state):

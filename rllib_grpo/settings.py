@@ -192,7 +192,8 @@ class GRPOSettings:
     # --- FSDP -----------------------------------------------------------------------
     fsdp: bool = knob(
         True, "flag", "With num_learners >= 2, shard the model over the learners with FSDP2 "
-        "(per decoder layer); False = RLlib's DDP (a full replica per learner).")
+        "(per decoder layer); False = RLlib's DDP (a full replica per learner). LoRA runs "
+        "(lora_rank > 0) always use DDP.")
     fsdp_param_dtype: str = knob(
         "auto", "dtype", "FSDP2 compute/all-gather dtype of the parameters: auto (bfloat16 on "
         "GPU learners, the model dtype on CPU, which keeps CPU runs exact) | model | bfloat16 "

@@ -141,6 +141,8 @@ def test_grid_search_is_checked_point_by_point():
     assert config_errors(exp) == []
     bad = assemble(config_json=json.dumps({**TINY, "group_size": {"grid_search": [1, 4]}}))
     assert "at {'group_size': 1}" in config_errors(bad)[0]
+    verl = assemble(overrides=["actor_rollout_ref.rollout.n={grid_search: [2, 4]}"])
+    assert grid_points(verl) == [{"group_size": 2}, {"group_size": 4}]
 
 
 def test_builtin_algorithms_resolve_by_name():
@@ -182,6 +184,11 @@ def test_help_documents_every_option(capsys):
         assert option in text, option
 
 
+def _assert_one_error_line(err: str, needle: str) -> None:
+    errors = [line for line in err.splitlines() if line.startswith("rllib: error:")]
+    assert len(errors) == 1 and needle in errors[0], err
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["--config", "{bad"], "--config: invalid JSON"),
     (["--stop", "[1]"], "--stop: expected a JSON object"),
@@ -198,11 +205,11 @@ def test_help_documents_every_option(capsys):
     (["group_size=1"], "group_size=1"),
     (["oops"], "unexpected argument 'oops'"),
     (["file", "/no/such.yaml"], "/no/such.yaml: no such file"),
+    (["--ray-address", "auto", "--num-cpus", "2"], "--num-cpus sizes a Ray started here"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(argv, needle, capsys):
     assert main(["train", *argv]) == 2
-    err = capsys.readouterr().err
-    assert needle in err and err.count("\n") == 1, err
+    _assert_one_error_line(capsys.readouterr().err, needle)
 
 
 @pytest.mark.parametrize("text, needle", [
@@ -215,8 +222,7 @@ def test_bad_input_is_one_line_and_exit_code_2(argv, needle, capsys):
 ])
 def test_bad_yaml_files_exit_2_naming_the_problem(tmp_path, text, needle, capsys):
     assert main(["train", "file", _yaml(tmp_path, text)]) == 2
-    err = capsys.readouterr().err
-    assert needle in err and err.count("\n") == 1, err
+    _assert_one_error_line(capsys.readouterr().err, needle)
 
 
 # ----------------------------------------------------------------------------- subprocesses
