@@ -37,7 +37,7 @@ from benchmarks.common import (
 )
 
 ROLES = ("direct", "rllib")
-EXPERIMENTS = ("local-weight-sync", "no-sync-clone")
+EXPERIMENTS = ("old-weight-sync",)
 GPU_QWEN05B = {"model": "builtin:qwen05b-shape", "device": "cuda", "dtype": "bfloat16",
                "sampler": "vllm", "prompts": 64, "group_size": 8, "response_length": 256,
                "micro_batch_size": 64, "threads": 8}
@@ -72,9 +72,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="before each run, wait (up to 10 min) for the 1-minute load average "
                    "to fall below LOAD")
     p.add_argument("--experiment", action="append", choices=EXPERIMENTS, default=[],
-                   help="try a proposed framework change in the RLlib run (repeatable): "
-                   "local-weight-sync (no object store when there is no remote env runner), "
-                   "no-sync-clone (no clone of the weights for a sync)")
+                   help="patch the RLlib run at run time (repeatable): old-weight-sync (the "
+                   "weight sync before the fix: through the object store, with a clone)")
     p.add_argument("--json", default=None, help="write the report here")
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="cProfile the measured iterations of each run into DIR")

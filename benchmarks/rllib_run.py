@@ -9,7 +9,8 @@ changing the project's code:
 * old_log_prob: `response_log_probs` as the learner calls it in ``_prepare``;
 * ref: ``CausalLMRLModule.reference_log_probs``;  adv: the rest of ``_prepare``;
 * update: ``GRPOLearner._uncompiled_update`` (forward, backward, optimizer step);
-* weight_sync: ``EnvRunnerGroup.sync_weights`` (the algorithm's ``timing_s/update_weights``);
+* weight_sync: ``GRPO._sync_weights`` (or ``EnvRunnerGroup.sync_weights`` where GRPO has
+  none; the algorithm's ``timing_s/update_weights``);
 * the driver overhead is the rest of ``train()``; its parts come from probes on
   ``GRPO._sample_groups``, ``LearnerGroup.update`` and ``GRPO.training_step``.
 
@@ -79,7 +80,10 @@ class Probes:
         self.wrap(algo.env_runner.sampler, "generate", "generation")
         self.wrap(algo, "_sample_groups", "sample")
         self.wrap(algo.learner_group, "update", "update_actor")
-        self.wrap(algo.env_runner_group, "sync_weights", "update_weights")
+        if hasattr(algo, "_sync_weights"):  # GRPO's own sync (local runner: no object store)
+            self.wrap(algo, "_sync_weights", "update_weights")
+        else:
+            self.wrap(algo.env_runner_group, "sync_weights", "update_weights")
         self.wrap(algo, "training_step", "step")
 
     def remove(self) -> None:
@@ -88,57 +92,30 @@ class Probes:
         self._undo.clear()
 
 
-def skip_sync_clone() -> None:
-    """Experiment: the proposed ``CausalLMRLModule.get_state`` that does not clone for a sync.
+def use_old_weight_sync(algo: Any) -> None:
+    """Experiment: the weight sync as it was before the fix that the benchmark motivated.
 
-    A weight sync (``inference_only=True``) hands the tensors to a consumer that copies
-    them at once (``load_state_dict``, vLLM's ``reload_weights``, ``ray.put``), so the
-    clone is a third copy of the weights per iteration.
+    RLlib's ``EnvRunnerGroup.sync_weights`` (which ``ray.put``s the whole state into the
+    object store even with no remote env runner to read it) and a clone of every tensor
+    in ``CausalLMRLModule.get_state``; see benchmarks/README.md.
     """
-    from torch.distributed.fsdp import FSDPModule
+    from ray.rllib.core import DEFAULT_MODULE_ID
 
     from rllib_grpo.module import CausalLMRLModule
 
+    group, learner_group = algo.env_runner_group, algo.learner_group
+    algo._sync_weights = lambda: group.sync_weights(
+        from_worker_or_learner_group=learner_group, policies=[DEFAULT_MODULE_ID],
+        inference_only=True)
     original = CausalLMRLModule.get_state
 
-    def get_state(self, components=None, *, not_components=None, inference_only=False, **kw):
-        if inference_only and getattr(self, "lora", None) is None and not isinstance(
-                self.lm, FSDPModule):
-            return {k: v.detach().cpu() for k, v in self.lm.state_dict().items()}
-        return original(self, components, not_components=not_components,
-                        inference_only=inference_only, **kw)
+    def get_state(self, *args: Any, **kwargs: Any) -> Any:
+        state = original(self, *args, **kwargs)
+        if kwargs.get("inference_only") and isinstance(state, dict):
+            return {k: v.clone() if hasattr(v, "clone") else v for k, v in state.items()}
+        return state
 
     CausalLMRLModule.get_state = get_state
-
-
-def use_local_weight_sync(algo: Any) -> None:
-    """Experiment: sync weights the way the proposed ``GRPO._sync_weights`` does.
-
-    With no remote env runner, the learner's module state goes straight to the local
-    env runner; RLlib's ``EnvRunnerGroup.sync_weights`` first ``ray.put``s it into the
-    object store, where nothing reads it (see benchmarks/README.md).
-    """
-    from ray.rllib.core import (
-        COMPONENT_LEARNER,
-        COMPONENT_RL_MODULE,
-        DEFAULT_MODULE_ID,
-    )
-    from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
-
-    group, learner_group = algo.env_runner_group, algo.learner_group
-    rllib_sync = group.sync_weights
-
-    def sync_weights(*args: Any, **kwargs: Any) -> None:
-        if group.num_remote_env_runners() or group.local_env_runner is None:
-            return rllib_sync(*args, **kwargs)
-        state = learner_group.get_state(
-            components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}/{DEFAULT_MODULE_ID}",
-            inference_only=True,
-        )[COMPONENT_LEARNER]
-        group.local_env_runner.set_state(
-            {k: v for k, v in state.items() if k in (COMPONENT_RL_MODULE, WEIGHTS_SEQ_NO)})
-
-    group.sync_weights = sync_weights
 
 
 def build_config(w: Workload) -> Any:
@@ -180,15 +157,13 @@ def run_rllib(w: Workload) -> dict[str, Any]:
     start = time.perf_counter()
     init_ray(w)
     ray_init_s = time.perf_counter() - start
-    if "no-sync-clone" in w.experiments:
-        skip_sync_clone()
     probes = Probes(timer)
     probes.install_learner()
     start = time.perf_counter()
     algo = build_config(w).build_algo()
     build_s = time.perf_counter() - start
-    if "local-weight-sync" in w.experiments:
-        use_local_weight_sync(algo)
+    if "old-weight-sync" in w.experiments:
+        use_old_weight_sync(algo)
     probes.install_driver(algo)
     torch.set_num_threads(w.threads)  # whatever the build did
     try:

@@ -20,7 +20,9 @@ def main() -> None:
     parser.add_argument("--out", default="/tmp/rllib_grpo_python_api")
     args = parser.parse_args()
 
-    ray.init(num_cpus=2, object_store_memory=500 * 1024**2, include_dashboard=False)
+    # address="local": a new Ray for this run, even where a `ray start` cluster is up.
+    ray.init(address="local", num_cpus=2, object_store_memory=500 * 1024**2,
+             include_dashboard=False)
     config = (
         GRPOConfig()
         .environment("rllib_grpo/Arithmetic-v0", env_config={"max_operand": 4})

@@ -36,7 +36,9 @@ def main() -> None:
     parser.add_argument("--storage-path", default="/tmp/rllib_grpo_tune")
     args = parser.parse_args()
 
-    ray.init(num_cpus=2, object_store_memory=500 * 1024**2, include_dashboard=False)
+    # address="local": a new Ray for this run, even where a `ray start` cluster is up.
+    ray.init(address="local", num_cpus=2, object_store_memory=500 * 1024**2,
+             include_dashboard=False)
     tuner = tune.Tuner(
         "GRPO",
         param_space=sweep_config(args.model, args.sampler),

@@ -140,19 +140,25 @@ class GRPOLearner(TorchLearner):
     def _prepare(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         c, module = self.config, self.module[DEFAULT_MODULE_ID].unwrapped()
         mask = batch["response_mask"].float()
-        old, entropy, ref = [], [], []
-        for rows in split_fixed(len(mask), self._plan_micro_size(len(mask))):
-            micro = _select({k: batch[k] for k in FORWARD_COLUMNS}, rows)
+        old, entropy = torch.zeros_like(mask), torch.zeros_like(mask)
+        ref = torch.zeros_like(mask) if c.needs_reference else None
+        # The same micro-batches as the update (fixed size or token budget, same count on
+        # every learner: sharded forwards are collective).  Rows come back in place.
+        for rows in self._micro_batches(batch):
+            micro = _select({k: batch[k] for k in FORWARD_COLUMNS}, rows or [0])
             out = response_log_probs(module.lm, micro, c.temperature, with_entropy=True)
-            old.append(out["log_probs"])
-            entropy.append(out["entropy"])
-            if c.needs_reference:
-                ref.append(module.reference_log_probs(micro))
-        batch["old_log_probs"] = torch.cat(old)
-        if ref:
-            batch["ref_log_probs"] = torch.cat(ref)
+            ref_out = module.reference_log_probs(micro) if ref is not None else None
+            if not rows:  # an empty token-budget bin: the pass only keeps ranks in step
+                continue
+            index = torch.as_tensor(rows, device=mask.device)
+            old[index], entropy[index] = out["log_probs"], out["entropy"]
+            if ref is not None:
+                ref[index] = ref_out
+        batch["old_log_probs"] = old
+        if ref is not None:
+            batch["ref_log_probs"] = ref
         self._log_rollout_agreement(batch, mask)
-        self._log("actor/entropy", agg_loss(torch.cat(entropy), mask, c.loss_agg_mode,
+        self._log("actor/entropy", agg_loss(entropy, mask, c.loss_agg_mode,
                                             horizon=c.loss_horizon).item())
 
         token_scores = self._scores_to_tokens(batch["scores"].float(), mask)

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 
 import numpy as np
 import pytest
@@ -170,6 +171,16 @@ def test_two_fsdp_learners_match_one_learner(algos, case):
     _assert_same_update(one.learner_group, two.learner_group, case, initial)
 
 
+def _two_cpus_free(ray, timeout_s: float = 30.0) -> bool:
+    """Wait for learners shut down just before to hand their CPUs back."""
+    deadline = time.monotonic() + timeout_s
+    while ray.available_resources().get("CPU", 0) < 2:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
 @pytest.mark.slow
 def test_two_ddp_learners_match_one_learner(ray_session):
     """``fsdp=False``: RLlib's DDP wrapper, with the same group sharding and loss scaling."""
@@ -177,7 +188,7 @@ def test_two_ddp_learners_match_one_learner(ray_session):
 
     from rllib_grpo.config import TEXT_SPACE
 
-    if ray_session.available_resources().get("CPU", 0) < 2:
+    if not _two_cpus_free(ray_session):
         pytest.skip("the FSDP learners of the `algos` fixture hold both CPUs")
     spaces = {"default_policy": (TEXT_SPACE, TEXT_SPACE)}
     one = _config(0).build_learner_group(spaces=spaces)
@@ -197,7 +208,7 @@ def test_bf16_mixed_precision_and_cpu_offload_run_close_to_fp32(ray_session):
     and lands near the fp32 single learner (bf16 log-probs are good to ~1e-2)."""
     from rllib_grpo.config import TEXT_SPACE
 
-    if ray_session.available_resources().get("CPU", 0) < 2:
+    if not _two_cpus_free(ray_session):
         pytest.skip("the FSDP learners of the `algos` fixture hold both CPUs")
     spaces = {"default_policy": (TEXT_SPACE, TEXT_SPACE)}
     one = _config(0).build_learner_group(spaces=spaces)
