@@ -136,6 +136,29 @@ def peak_memory_mb() -> dict[str, float]:
     return out
 
 
+def cpu_seconds(include_children: bool = False) -> dict[str, float]:
+    """CPU seconds used so far by this process and, optionally, its child processes."""
+    import psutil
+
+    me = psutil.Process()
+    times = me.cpu_times()
+    out = {"driver_cpu_s": times.user + times.system}
+    if include_children:
+        total = 0.0
+        for child in me.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                child_times = child.cpu_times()
+                total += child_times.user + child_times.system
+        out["ray_processes_cpu_s"] = total
+    return out
+
+
+def cpu_per_iteration(before: dict[str, float], after: dict[str, float],
+                      iterations: int) -> dict[str, float]:
+    """CPU seconds per measured iteration, per entry of `cpu_seconds`."""
+    return {f"{k}_per_iteration": (after[k] - before[k]) / max(iterations, 1) for k in before}
+
+
 def mean_record(records: list[dict[str, float]]) -> dict[str, float]:
     """Key-wise mean of the per-iteration records."""
     keys = records[0].keys() if records else ()

@@ -17,7 +17,15 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import Timer, Workload, maybe_profiled, peak_memory_mb, token_counts
+from benchmarks.common import (
+    Timer,
+    Workload,
+    cpu_per_iteration,
+    cpu_seconds,
+    maybe_profiled,
+    peak_memory_mb,
+    token_counts,
+)
 from rllib_grpo.algos import agg_loss, compute_advantage, kl_penalty, policy_loss
 from rllib_grpo.batching import split_fixed
 from rllib_grpo.models import load_causal_lm, load_tokenizer
@@ -165,13 +173,15 @@ def run_direct(w: Workload) -> dict[str, Any]:
     for batch in batches[:w.warmup]:
         loop.iteration(batch, Timer(w.device))
     records = []
+    cpu_before = cpu_seconds()
     with maybe_profiled(w.profile_dir, "direct"):
         for batch in batches[w.warmup:]:
             records.append(_timed_iteration(loop, batch, timer))
+    cpu = cpu_per_iteration(cpu_before, cpu_seconds(), w.iterations)
     return {"records": records, "setup_s": setup_s, "torch_threads": torch.get_num_threads(),
             "params": loop.policy.num_parameters(),
             "non_embedding_params": loop.policy.num_parameters(exclude_embeddings=True),
-            **peak_memory_mb()}
+            **peak_memory_mb(), **cpu}
 
 
 def _timed_iteration(loop: DirectGRPO, prompts: list[list[int]], timer: Timer) -> dict[str, float]:

@@ -147,6 +147,10 @@ def _pooled(first: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
     for key in ("peak_rss_mb", "ray_processes_rss_mb", "peak_cuda_mb"):
         if key in first:
             pooled[key] = max(first[key], later[key])
+    rounds = len(first["load_at_start"])  # rounds pooled so far
+    for key in first:
+        if key.endswith("_per_iteration") and key in later:
+            pooled[key] = (first[key] * rounds + later[key]) / (rounds + 1)
     return pooled
 
 
@@ -297,7 +301,7 @@ def _memory_lines(report: dict) -> list[str]:
                      if "ray_processes_rss_mb" in run else "")
             cuda = f", peak CUDA {run['peak_cuda_mb']:.0f} MiB" if "peak_cuda_mb" in run else ""
             lines.append(f"{role}: peak RSS {run['peak_rss_mb']:.0f} MiB{extra}{cuda}; "
-                         f"set-up {run['setup_s']:.1f} s")
+                         f"set-up {run['setup_s']:.1f} s" + _cpu_text(run))
     return lines
 
 
@@ -341,6 +345,15 @@ def format_markdown_runs(reports: list[dict]) -> str:
         cells += [f"**{r['framework_overhead']:.2f}x**" if "framework_overhead" in r else "-", ""]
     lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _cpu_text(run: dict) -> str:
+    if "driver_cpu_s_per_iteration" not in run:
+        return ""
+    text = f"; CPU per iteration: this process {run['driver_cpu_s_per_iteration']:.3f} s"
+    if "ray_processes_cpu_s_per_iteration" in run:
+        text += f", Ray's other processes {run['ray_processes_cpu_s_per_iteration']:.3f} s"
+    return text
 
 
 def print_overhead_docs() -> str:

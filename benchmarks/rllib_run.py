@@ -28,7 +28,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from benchmarks.common import Timer, Workload, maybe_profiled, peak_memory_mb, token_counts
+from benchmarks.common import (
+    Timer,
+    Workload,
+    cpu_per_iteration,
+    cpu_seconds,
+    maybe_profiled,
+    peak_memory_mb,
+    token_counts,
+)
 
 logger = logging.getLogger(__name__)
 FRAMEWORK_TIMINGS = ("sample", "update_actor", "update_weights", "step")
@@ -169,8 +177,10 @@ def run_rllib(w: Workload) -> dict[str, Any]:
     try:
         for _ in range(w.warmup):
             algo.train()
+        cpu_before = cpu_seconds(include_children=True)
         with maybe_profiled(w.profile_dir, "rllib"):
             records = [_timed_train(algo, timer) for _ in range(w.iterations)]
+        cpu = cpu_per_iteration(cpu_before, cpu_seconds(include_children=True), w.iterations)
         memory = {**peak_memory_mb(), "ray_processes_rss_mb": ray_processes_rss_mb()}
         params = _num_parameters(algo)
     finally:
@@ -179,7 +189,7 @@ def run_rllib(w: Workload) -> dict[str, Any]:
         ray.shutdown()
     return {"records": records, "setup_s": ray_init_s + build_s, "ray_init_s": ray_init_s,
             "build_algo_s": build_s, "torch_threads": torch.get_num_threads(),
-            "probes_missing": probes.missing, **params, **memory}
+            "probes_missing": probes.missing, **params, **memory, **cpu}
 
 
 def _timed_train(algo: Any, timer: Timer) -> dict[str, float]:
