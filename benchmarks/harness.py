@@ -37,7 +37,7 @@ from benchmarks.common import (
 )
 
 ROLES = ("direct", "rllib")
-EXPERIMENTS = ("old-weight-sync",)
+EXPERIMENTS = ("old-weight-sync", "item-metrics")
 GPU_QWEN05B = {"model": "builtin:qwen05b-shape", "device": "cuda", "dtype": "bfloat16",
                "sampler": "vllm", "prompts": 64, "group_size": 8, "response_length": 256,
                "micro_batch_size": 64, "threads": 8}
@@ -73,7 +73,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "to fall below LOAD")
     p.add_argument("--experiment", action="append", choices=EXPERIMENTS, default=[],
                    help="patch the RLlib run at run time (repeatable): old-weight-sync (the "
-                   "weight sync before the fix: through the object store, with a clone)")
+                   "weight sync before the fix: through the object store, with a clone), "
+                   "item-metrics (the driver's per-step values as RLlib 'item' stats)")
     p.add_argument("--json", default=None, help="write the report here")
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="cProfile the measured iterations of each run into DIR")
@@ -82,6 +83,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="print the table of saved reports instead of running (several: "
                    "one Markdown table with a column pair per report)")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    p.add_argument("--labels", nargs="+", default=None,
+                   help="column labels of the reports given to --show (default: run 1, 2, ...)")
     p.add_argument("--role", choices=ROLES, help=argparse.SUPPRESS)
     p.add_argument("--workload", help=argparse.SUPPRESS)
     p.add_argument("--role-out", help=argparse.SUPPRESS)
@@ -340,13 +343,14 @@ def format_markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def format_markdown_runs(reports: list[dict]) -> str:
+def format_markdown_runs(reports: list[dict], labels: list[str] | None = None) -> str:
     """Several reports of one workload side by side: RLlib and plain-loop seconds per run."""
+    labels = labels or [f"run {i + 1}" for i in range(len(reports))]
     tables = [_table_rows(r.get("rllib", {}).get("mean"), r.get("direct", {}).get("mean"))
               for r in reports]
     header = ["phase"]
-    for index in range(len(reports)):
-        header += [f"RLlib, run {index + 1}", f"plain loop, run {index + 1}"]
+    for label in labels:
+        header += [f"RLlib, {label}", f"plain loop, {label}"]
     lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
     for row_index, row in enumerate(tables[0][1:], start=1):
         cells = [row[0].strip()]
@@ -359,10 +363,13 @@ def format_markdown_runs(reports: list[dict]) -> str:
             value = f"{r[role]['peak_rss_mb']:.0f}" if role in r else "-"
             cells += [value, ""] if role == "rllib" else ["", value]
         lines.append("| " + " | ".join(cells) + " |")
-    cells = ["**framework overhead**"]
-    for r in reports:
-        cells += [f"**{r['framework_overhead']:.2f}x**" if "framework_overhead" in r else "-", ""]
-    lines.append("| " + " | ".join(cells) + " |")
+    for key, label in (("framework_overhead", "**framework overhead**"),
+                       ("framework_overhead_phases", "overhead from framework-only phases")):
+        cells = [label]
+        for r in reports:
+            value = f"{r[key]:.2f}x" if key in r else "-"
+            cells += [f"**{value}**" if key == "framework_overhead" else value, ""]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -389,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.show:
         reports = [add_overheads(json.loads(Path(path).read_text())) for path in args.show]
         if len(reports) > 1:
-            print(format_markdown_runs(reports))
+            print(format_markdown_runs(reports, args.labels))
         else:
             print(format_markdown(reports[0]) if args.markdown else format_table(reports[0]))
         return 0

@@ -126,6 +126,21 @@ def use_old_weight_sync(algo: Any) -> None:
     CausalLMRLModule.get_state = get_state
 
 
+def use_item_metrics() -> None:
+    """Experiment: the driver logs its per-step values as RLlib ``item`` stats.
+
+    ``GRPO._log_value`` logs ~45 values per step with ``reduce="mean", window=1``, i.e. a
+    windowed mean (``np.nanmean``) of one value per key at every reduction; an ``item``
+    stat keeps the last value and needs no reduction.
+    """
+    from rllib_grpo.algorithm import GRPO
+
+    def _log_value(self, key: str, value: float) -> None:
+        self.metrics.log_value(key, float(value), reduce="item")
+
+    GRPO._log_value = _log_value
+
+
 def build_config(w: Workload) -> Any:
     """The GRPOConfig of the workload: local learner and env runner, fixed sizes."""
     from rllib_grpo.config import GRPOConfig
@@ -165,6 +180,8 @@ def run_rllib(w: Workload) -> dict[str, Any]:
     start = time.perf_counter()
     init_ray(w)
     ray_init_s = time.perf_counter() - start
+    if "item-metrics" in w.experiments:
+        use_item_metrics()
     probes = Probes(timer)
     probes.install_learner()
     start = time.perf_counter()
