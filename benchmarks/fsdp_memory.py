@@ -28,7 +28,6 @@ import ray  # noqa: E402
 from ray.rllib.core import DEFAULT_MODULE_ID  # noqa: E402
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch  # noqa: E402
 
-from rllib_grpo.config import TEXT_SPACE, GRPOConfig  # noqa: E402
 from rllib_grpo.models import (  # noqa: E402
     DEFAULT_ALPHABET,
     build_char_tokenizer,
@@ -36,6 +35,7 @@ from rllib_grpo.models import (  # noqa: E402
     register_builtin_model,
     resolve_model,
 )
+from rllib_grpo.rllib.config import TEXT_SPACE, GRPOConfig  # noqa: E402
 
 MODEL_PARAMS = {"hidden_size": 256, "num_layers": 8, "num_heads": 8, "num_kv_heads": 8,
                 "intermediate_size": 1536, "max_position_embeddings": 128, "seed": 0}

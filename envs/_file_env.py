@@ -6,8 +6,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, ClassVar
 
-from rllib_grpo.data import load_prompts
-from rllib_grpo.env import TextEnv
+from rllib_grpo.data.datasets import load_prompts
+from rllib_grpo.data.env import TextEnv
 
 
 def fixture_path(file_name: str) -> Path:
@@ -16,7 +16,7 @@ def fixture_path(file_name: str) -> Path:
 
 
 class FilePromptEnv(TextEnv):
-    """A :class:`~rllib_grpo.env.TextEnv` over ``path`` (verl or plain rows).
+    """A :class:`~rllib_grpo.data.env.TextEnv` over ``path`` (verl or plain rows).
 
     Rows without a ``data_source`` get :attr:`DATA_SOURCE`. With ``path=None`` the
     shipped :attr:`FIXTURE` is used (a few dozen rows, for smoke tests and demos).

@@ -12,8 +12,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from rllib_grpo.data import PromptDataset, PromptRecord
-from rllib_grpo.env import TextEnv
+from rllib_grpo.data.datasets import PromptDataset, PromptRecord
+from rllib_grpo.data.env import TextEnv
 from rllib_grpo.rewards._expr import evaluate_expression
 
 ARITHMETIC_ALPHABET = "0123456789+-*="
@@ -119,7 +119,7 @@ class ArithmeticEnv(TextEnv):
 
     ``seed`` fixes the shuffled order (None: random) and, unless ``data_seed``
     is given, the problems too (None: the problems of seed 0). Other keyword
-    arguments go to :class:`~rllib_grpo.env.TextEnv`.
+    arguments go to :class:`~rllib_grpo.data.env.TextEnv`.
     """
 
     def __init__(

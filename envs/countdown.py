@@ -13,8 +13,8 @@ import random
 from fractions import Fraction
 from typing import Any
 
-from rllib_grpo.data import PromptDataset, PromptRecord
-from rllib_grpo.env import TextEnv
+from rllib_grpo.data.datasets import PromptDataset, PromptRecord
+from rllib_grpo.data.env import TextEnv
 from rllib_grpo.envs.arithmetic import problem_seed
 
 DATA_SOURCE = "countdown"
@@ -76,7 +76,7 @@ class CountdownEnv(TextEnv):
 
     ``seed`` fixes the shuffled order (None: random) and, unless ``data_seed``
     is given, the problems too (None: the problems of seed 0). Other keyword
-    arguments go to :class:`~rllib_grpo.env.TextEnv`.
+    arguments go to :class:`~rllib_grpo.data.env.TextEnv`.
     """
 
     def __init__(

@@ -1,23 +1,25 @@
 """rllib-grpo: GRPO fine-tuning of language models as a first-class Ray RLlib algorithm.
 
-``import rllib_grpo`` registers the built-in text environments with gymnasium
-(cheap: no Ray, no transformers).  ``GRPO`` and ``GRPOConfig`` are imported
-lazily; importing them (or ``rllib_grpo.algorithm``) registers ``"GRPO"`` with
-Ray Tune.  When Ray is already imported, ``import rllib_grpo`` registers it at
-once.  Lazy imports keep ``import rllib_grpo.algos`` free of Ray and
-transformers.
+``import rllib_grpo`` registers the built-in text environments with gymnasium and
+makes ``"GRPO"`` known to Ray Tune in any import order (`rllib_grpo.registration`),
+both without importing Ray or transformers.  ``GRPO`` and ``GRPOConfig`` are imported
+lazily, so ``import rllib_grpo.algos`` stays free of Ray and transformers.
+
+Layers (lower never imports higher): ``algos`` (math) -> ``data``, ``rewards``, ``envs``
+-> ``models``, ``samplers`` -> ``rllib`` (RLlib glue) -> ``cli`` (entry points).
 """
 
 from __future__ import annotations
 
-import sys
 from typing import Any
+
+from rllib_grpo import registration as _registration
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "GRPO": "rllib_grpo.algorithm",
-    "GRPOConfig": "rllib_grpo.config",
+    "GRPO": "rllib_grpo.rllib.algorithm",
+    "GRPOConfig": "rllib_grpo.rllib.config",
 }
 
 
@@ -31,10 +33,11 @@ def __getattr__(name: str) -> Any:
 
 
 def register() -> None:
-    """Register ``"GRPO"`` with Ray Tune (idempotent)."""
-    from rllib_grpo.algorithm import register_grpo
+    """Register ``"GRPO"`` with Ray Tune now (idempotent); ``import rllib_grpo`` already
+    makes Tune find it on first lookup (`rllib_grpo.registration`)."""
+    from rllib_grpo.registration import register_now
 
-    register_grpo()
+    register_now("GRPO")
 
 
 def _register_envs() -> None:
@@ -46,6 +49,4 @@ def _register_envs() -> None:
 
 
 _register_envs()
-
-if "ray.tune" in sys.modules:  # Ray is loaded anyway: registering costs nothing extra
-    register()
+_registration.install()

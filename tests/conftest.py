@@ -28,7 +28,7 @@ def ray_session():
 
 def tiny_config(**training):
     """A fast GRPO config: tiny model, transformers sampler, local runner and learner."""
-    from rllib_grpo.config import GRPOConfig
+    from rllib_grpo.rllib.config import GRPOConfig
 
     settings = dict(model_path="builtin:tiny", prompts_per_step=4, group_size=4,
                     max_prompt_length=16, max_response_length=4, lr=1e-3, sampler="hf")

@@ -16,17 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from rllib_grpo.cli import build_parser, check_resources, main, split_positionals
-from rllib_grpo.cli_build import (
+from rllib_grpo.cli.algorithms import known_algorithms, resolve_algo
+from rllib_grpo.cli.build import (
     assemble,
     build_config,
     config_errors,
     grid_points,
-    known_algorithms,
-    resolve_algo,
     resolve_stop,
 )
-from rllib_grpo.cli_config import (
+from rllib_grpo.cli.experiment import (
     VERL_IGNORED,
     VERL_IGNORED_AT,
     VERL_TO_RUN,
@@ -34,7 +32,8 @@ from rllib_grpo.cli_config import (
     ConfigError,
     parse_scalar,
 )
-from rllib_grpo.settings import VERL_ALIASES
+from rllib_grpo.cli.main import build_parser, check_resources, main, split_positionals
+from rllib_grpo.rllib.settings import VERL_ALIASES
 from tests.test_tb_completions import read_text_summaries
 
 TINY = {"model_path": "builtin:tiny", "sampler": "hf", "prompts_per_step": 4, "group_size": 4,
@@ -227,7 +226,7 @@ def test_bad_yaml_files_exit_2_naming_the_problem(tmp_path, text, needle, capsys
 
 # ----------------------------------------------------------------------------- subprocesses
 def _start(args: list[str], cwd: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "rllib_grpo.cli", "train", *args, *RAY_LIMITS]
+    cmd = [sys.executable, "-m", "rllib_grpo.cli.main", "train", *args, *RAY_LIMITS]
     env = {**os.environ, "RAY_DEDUP_LOGS": "0", "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)

@@ -8,13 +8,13 @@ from tests.conftest import tiny_config
 
 
 def _errors(**training):
-    from rllib_grpo.explain import find_errors
+    from rllib_grpo.rllib.checks import find_errors
 
     return find_errors(tiny_config(**training))
 
 
 def test_defaults_follow_verl_grpo():
-    from rllib_grpo.config import GRPOConfig
+    from rllib_grpo.rllib.config import GRPOConfig
 
     c = GRPOConfig()
     assert (c.adv_estimator, c.loss_agg_mode, c.kl_loss_type) == ("grpo", "token-mean", "low_var_kl")
@@ -23,7 +23,7 @@ def test_defaults_follow_verl_grpo():
 
 
 def test_verl_dotted_names_set_the_same_fields():
-    from rllib_grpo.config import GRPOConfig
+    from rllib_grpo.rllib.config import GRPOConfig
 
     c = GRPOConfig().training(**{
         "actor_rollout_ref.rollout.n": 5,
@@ -81,8 +81,52 @@ def test_both_kl_allowed_explicitly():
 def test_uneven_learner_split_rejected():
     errors = _errors(prompts_per_step=3) + []
     assert errors == []  # one learner: anything goes
-    from rllib_grpo.explain import find_errors
+    from rllib_grpo.rllib.checks import find_errors
 
     c = tiny_config(prompts_per_step=3)
     c.num_learners = 2
     assert any("num_learners=2" in e for e in find_errors(c))
+
+
+def test_fields_are_declared_for_type_checkers():
+    import typing
+
+    from rllib_grpo.rllib.config import GRPOConfig
+    from rllib_grpo.rllib.settings import SETTINGS_FIELDS, GRPOSettings
+
+    assert issubclass(GRPOConfig, GRPOSettings)
+    hints = typing.get_type_hints(GRPOSettings)
+    assert set(SETTINGS_FIELDS) <= set(hints)
+    c, d = GRPOConfig(), GRPOConfig().training(lr=1e-3)
+    assert c != d or c is d  # RLlib's identity equality, not the settings dataclass's
+
+
+@pytest.mark.parametrize("field", ["train_batch_size", "train_batch_size_per_learner",
+                                   "minibatch_size"])
+def test_derived_fields_refused_from_python(field):
+    from rllib_grpo.rllib.config import GRPOConfig
+
+    with pytest.raises(ValueError, match=f"'{field}' is derived for GRPO"):
+        GRPOConfig().training(**{field: 64})
+
+
+def test_train_batch_size_per_learner_set_directly_is_refused():
+    from rllib_grpo.rllib.config import GRPOConfig
+
+    c = GRPOConfig().training(prompts_per_step=4, group_size=2)
+    assert c.train_batch_size_per_learner == 8
+    c.train_batch_size_per_learner = 8  # the derived value itself is harmless
+    with pytest.raises(ValueError, match="prompts_per_step"):
+        c.train_batch_size_per_learner = 64
+
+
+def test_configuration_doc_is_generated_from_settings():
+    from pathlib import Path
+
+    from rllib_grpo.rllib.settings import SETTINGS_FIELDS, configuration_doc
+
+    doc = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
+    assert doc.read_text() == configuration_doc(), (
+        "docs/configuration.md is stale: python -m rllib_grpo.rllib.settings > "
+        "docs/configuration.md")
+    assert all(f"| `{name}` |" in doc.read_text() for name in SETTINGS_FIELDS)

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rllib_grpo.data import (
+from rllib_grpo.data.datasets import (
     PromptDataset,
     PromptRecord,
     apply_length_limit,

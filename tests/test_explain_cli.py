@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rllib_grpo.cli import main
-from rllib_grpo.cli_build import assemble, build_config
+from rllib_grpo.cli.build import assemble, build_config
+from rllib_grpo.cli.main import main
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
 BIN = Path(sys.executable).parent
@@ -22,7 +22,7 @@ def no_model_builds(monkeypatch):
     seconds for smollm2-135m on a fresh cache); the plans and pitfalls tested here do not
     depend on it, so it reports "unavailable" instead."""
     try:
-        from rllib_grpo import memory
+        from rllib_grpo.rllib import memory
     except ImportError:  # no memory estimate in this version
         return
 

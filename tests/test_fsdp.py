@@ -161,7 +161,8 @@ def _assert_same_update(one, two, case: str, initial: dict[str, torch.Tensor]) -
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_two_fsdp_learners_match_one_learner(algos, case):
-    from rllib_grpo.fsdp import FSDPGRPOLearner, GRPOLearnerGroup
+    from rllib_grpo.rllib.fsdp import FSDPGRPOLearner
+    from rllib_grpo.rllib.learner_group import GRPOLearnerGroup
 
     one, two, initial = algos
     assert isinstance(two.learner_group, GRPOLearnerGroup)
@@ -186,7 +187,7 @@ def test_two_ddp_learners_match_one_learner(ray_session):
     """``fsdp=False``: RLlib's DDP wrapper, with the same group sharding and loss scaling."""
     from ray.rllib.core.rl_module.torch.torch_rl_module import TorchDDPRLModule
 
-    from rllib_grpo.config import TEXT_SPACE
+    from rllib_grpo.rllib.config import TEXT_SPACE
 
     if not _two_cpus_free(ray_session):
         pytest.skip("the FSDP learners of the `algos` fixture hold both CPUs")
@@ -206,7 +207,7 @@ def test_two_ddp_learners_match_one_learner(ray_session):
 def test_bf16_mixed_precision_and_cpu_offload_run_close_to_fp32(ray_session):
     """bf16 compute (fp32 master weights and reduce) with CPU offload: one update runs
     and lands near the fp32 single learner (bf16 log-probs are good to ~1e-2)."""
-    from rllib_grpo.config import TEXT_SPACE
+    from rllib_grpo.rllib.config import TEXT_SPACE
 
     if not _two_cpus_free(ray_session):
         pytest.skip("the FSDP learners of the `algos` fixture hold both CPUs")
@@ -268,7 +269,7 @@ def test_checkpoint_of_two_learners_restores_into_one_and_back(algos, tmp_path):
 
 
 def test_sharded_dcp_checkpoint_reshards_from_two_learners_to_one(algos, tmp_path):
-    from rllib_grpo.fsdp import load_sharded_checkpoint, save_sharded_checkpoint
+    from rllib_grpo.rllib.fsdp import load_sharded_checkpoint, save_sharded_checkpoint
 
     one, two, _ = algos
     two.train()  # Adam moments exist
@@ -287,7 +288,7 @@ def test_sharded_dcp_checkpoint_reshards_from_two_learners_to_one(algos, tmp_pat
 
 
 def test_shard_rows_gives_whole_groups_aligned_with_minibatches():
-    from rllib_grpo.fsdp import shard_rows
+    from rllib_grpo.rllib.learner_group import shard_rows
 
     groups = np.repeat([0, 1, 2, 3], 2)
     # Mini-batches of 2 groups: learner r takes group r of each -> its k-th local

@@ -24,7 +24,7 @@ def _learner_state(algo) -> dict[str, torch.Tensor]:
 
 
 def _flat(result: dict) -> dict:
-    from rllib_grpo.tensorboard import flatten
+    from rllib_grpo.cli.tensorboard import flatten
 
     return flatten(result)
 
@@ -66,7 +66,7 @@ def test_groups_share_a_prompt_and_rewards_match_info(ray_session):
 
 @pytest.mark.parametrize("num_env_runners", [0, 1])
 def test_checkpoint_round_trip_continues_identically(ray_session, tmp_path, num_env_runners):
-    from rllib_grpo.algorithm import GRPO
+    from rllib_grpo.rllib.algorithm import GRPO
 
     config = tiny_config(use_kl_in_reward=True, use_kl_loss=False, kl_ctrl_type="adaptive")
     config.env_runners(num_env_runners=num_env_runners,

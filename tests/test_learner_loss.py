@@ -42,8 +42,8 @@ def _fixed_batch(vocab: int, pad: int, seed: int = 0) -> dict[str, np.ndarray]:
 
 def _reference_step(lm, ref_lm, batch, c):
     from rllib_grpo.algos import agg_loss, compute_advantage, kl_penalty, policy_loss
-    from rllib_grpo.learner import GRPOLearner
-    from rllib_grpo.module import response_log_probs
+    from rllib_grpo.rllib.learner import GRPOLearner
+    from rllib_grpo.rllib.module import response_log_probs
 
     t = {k: torch.as_tensor(v) for k, v in batch.items()}
     mask = t["response_mask"]
@@ -73,7 +73,7 @@ def test_learner_update_matches_hand_built_step(agg_mode):
     from ray.rllib.core import DEFAULT_MODULE_ID
     from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
-    from rllib_grpo.config import TEXT_SPACE
+    from rllib_grpo.rllib.config import TEXT_SPACE
 
     c = tiny_config(prompts_per_step=2, group_size=4, micro_batch_size_per_learner=2,
                     use_kl_loss=True, kl_loss_coef=0.1, entropy_coeff=0.01,

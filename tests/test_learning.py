@@ -14,7 +14,7 @@ import numpy as np
 
 
 def test_demo_config_learns_arithmetic(ray_session):
-    from rllib_grpo.demo import demo_config
+    from rllib_grpo.cli.demo import demo_config
 
     algo = demo_config(seed=0, sampler="hf").build_algo()
     rewards = []

@@ -16,8 +16,8 @@ def _module(**training):
     """A learner-side `CausalLMRLModule` built from a tiny config (no Ray)."""
     from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
-    from rllib_grpo.config import TEXT_SPACE
-    from rllib_grpo.module import CausalLMRLModule
+    from rllib_grpo.rllib.config import TEXT_SPACE
+    from rllib_grpo.rllib.module import CausalLMRLModule
 
     config = tiny_config(**training)
     return RLModuleSpec(module_class=CausalLMRLModule, observation_space=TEXT_SPACE,
@@ -57,9 +57,9 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 def test_grpo_with_lora_trains_the_adapter_only_and_syncs_it(ray_session, tmp_path):
     from ray.rllib.core import DEFAULT_MODULE_ID
 
-    from rllib_grpo.algorithm import GRPO
-    from rllib_grpo.lora import base_state_dict
-    from rllib_grpo.module import response_log_probs
+    from rllib_grpo.models.lora import base_state_dict
+    from rllib_grpo.rllib.algorithm import GRPO
+    from rllib_grpo.rllib.module import response_log_probs
 
     algo = tiny_config(**LORA).build_algo()
     try:
@@ -129,7 +129,7 @@ def _check_restored(GRPO, path, adapter_before, batch, policy_lp) -> None:
     from peft import PeftModel
     from ray.rllib.core import DEFAULT_MODULE_ID
 
-    from rllib_grpo.module import response_log_probs
+    from rllib_grpo.rllib.module import response_log_probs
 
     module_dir = Path(path, "learner_group", "learner", "rl_module", DEFAULT_MODULE_ID)
     state = pickle.loads((module_dir / "module_state.pkl").read_bytes())
@@ -159,8 +159,8 @@ def _check_restored(GRPO, path, adapter_before, batch, policy_lp) -> None:
 # --------------------------------------------------------------------------- sync, no Ray
 @pytest.mark.parametrize("mode", ["adapter", "merged"])
 def test_sync_payloads_merge_into_the_hf_sampler(mode):
-    from rllib_grpo.lora import AdapterMerger
     from rllib_grpo.models import resolve_model
+    from rllib_grpo.models.lora import AdapterMerger
     from rllib_grpo.samplers import make_sampler
 
     module = _module(**LORA, lora_sync=mode, lora_target_modules=["q_proj", "down_proj"])
@@ -178,8 +178,8 @@ def test_sync_payloads_merge_into_the_hf_sampler(mode):
 
 
 def test_a_runner_without_the_first_sync_reads_its_base_from_disk():
-    from rllib_grpo.lora import AdapterMerger
     from rllib_grpo.models import resolve_model
+    from rllib_grpo.models.lora import AdapterMerger
     from rllib_grpo.samplers import make_sampler
 
     module = _module(**LORA)
@@ -194,8 +194,8 @@ def test_a_runner_without_the_first_sync_reads_its_base_from_disk():
 @pytest.mark.vllm
 def test_adapter_sync_into_vllm_matches_the_merged_policy():
     """vLLM-CPU repacks linear weights, so the check is on log-probs (1e-4, as for full syncs)."""
-    from rllib_grpo.lora import AdapterMerger
     from rllib_grpo.models import build_char_tokenizer, resolve_model
+    from rllib_grpo.models.lora import AdapterMerger
     from rllib_grpo.samplers import SamplingParams, make_sampler
     from rllib_grpo.samplers.base import max_log_prob_diff, mean_log_prob
 
@@ -242,7 +242,7 @@ def test_lora_dropout_only_in_the_training_forward():
     train = [module.forward_train(batch)["log_probs"] for _ in range(2)]  # RLlib: train mode
     assert not torch.equal(train[0], train[1])
     assert module.training  # as RLlib leaves it: the no-grad passes must still be exact
-    from rllib_grpo.module import response_log_probs
+    from rllib_grpo.rllib.module import response_log_probs
 
     with torch.no_grad():
         old = [response_log_probs(module.lm, batch, 1.0)["log_probs"] for _ in range(2)]
@@ -251,7 +251,7 @@ def test_lora_dropout_only_in_the_training_forward():
 
 
 def test_lora_settings_are_checked():
-    from rllib_grpo.explain import find_errors, find_pitfalls
+    from rllib_grpo.rllib.checks import find_errors, find_pitfalls
 
     def errors(**training):
         return " ".join(find_errors(tiny_config(**training)))

@@ -19,7 +19,7 @@ def num_params() -> int:
 
 
 def _estimate(config):
-    from rllib_grpo.memory import estimate_memory
+    from rllib_grpo.rllib.memory import estimate_memory
 
     return estimate_memory(config)
 
@@ -79,7 +79,7 @@ def test_explain_prints_the_table_or_why_not():
 
 
 def test_sampler_memory_fraction_sets_vllms_gpu_memory_utilization():
-    from rllib_grpo.env_runner import engine_options
+    from rllib_grpo.rllib.env_runner import engine_options
 
     config = tiny_config(sampler="vllm", sampler_memory_fraction=0.4,
                          sampler_config={"gpu_memory_utilization": 0.2})
@@ -89,7 +89,7 @@ def test_sampler_memory_fraction_sets_vllms_gpu_memory_utilization():
 
 
 def test_optimizer_offload_hooks_keep_the_step_exact():
-    from rllib_grpo.memory import offload_optimizer_states
+    from rllib_grpo.models.offload import offload_optimizer_states
 
     torch.manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(4, 4)) for _ in range(2)]
@@ -108,7 +108,7 @@ def test_optimizer_offload_hooks_keep_the_step_exact():
 def test_learner_installs_optimizer_offload_hooks():
     from ray.rllib.core import DEFAULT_MODULE_ID
 
-    from rllib_grpo.config import TEXT_SPACE
+    from rllib_grpo.rllib.config import TEXT_SPACE
     from tests.conftest import tiny_config
 
     learner = tiny_config(optimizer_offload=True).build_learner(

@@ -11,7 +11,7 @@ from tests.conftest import tiny_config
 
 
 def _batch(scores, group_size, accs=None):
-    from rllib_grpo.rollout import build_rollout_batch
+    from rllib_grpo.data.rollout import build_rollout_batch
 
     n = len(scores)
     accs = accs if accs is not None else [s > 0 for s in scores]
@@ -22,7 +22,7 @@ def _batch(scores, group_size, accs=None):
 
 
 def test_filter_groups_drops_flat_groups_and_counts_them():
-    from rllib_grpo.recipes import filter_groups
+    from rllib_grpo.data.recipes import filter_groups
 
     # groups: [1,1] all right, [0,0] all wrong, [1,0] mixed, [0,1] mixed
     batch = _batch([1, 1, 0, 0, 1, 0, 0, 1], 2)
@@ -33,8 +33,8 @@ def test_filter_groups_drops_flat_groups_and_counts_them():
 
 
 def test_dynamic_sampling_keeps_exactly_prompts_per_step_whole_groups():
-    from rllib_grpo.recipes import filter_groups, first_groups
-    from rllib_grpo.rollout import concat_rollouts
+    from rllib_grpo.data.recipes import filter_groups, first_groups
+    from rllib_grpo.data.rollout import concat_rollouts
 
     rng = np.random.default_rng(0)
     kept = []
@@ -50,7 +50,7 @@ def test_dynamic_sampling_keeps_exactly_prompts_per_step_whole_groups():
 
 
 def test_validation_metrics_mean_best_maj():
-    from rllib_grpo.recipes import ValidationSample, validation_metrics
+    from rllib_grpo.data.recipes import ValidationSample, validation_metrics
 
     samples = [  # prompt 0: preds 7,7,3 with acc 1,1,0 ; prompt 1: 2,5,5 with acc 1,0,0
         ValidationSample(0, "arithmetic", 1.0, 1.0, "7", True),
@@ -75,7 +75,7 @@ def test_overlong_penalty_formula():
 
 
 def _train(**training):
-    from rllib_grpo.tensorboard import flatten
+    from rllib_grpo.cli.tensorboard import flatten
 
     algo = tiny_config(**training).build_algo()
     try:

@@ -7,7 +7,7 @@ from tests.conftest import tiny_config
 
 
 def _bundles(config):
-    from rllib_grpo.algorithm import GRPO
+    from rllib_grpo.rllib.algorithm import GRPO
 
     return GRPO.default_resource_request(config).bundles
 
@@ -23,7 +23,7 @@ def test_env_runner_bundles_carry_the_engine_resources():
 
 
 def test_colocated_engine_takes_its_share_of_gpu_memory():
-    from rllib_grpo.env_runner import engine_options
+    from rllib_grpo.rllib.env_runner import engine_options
 
     config = tiny_config(sampler="vllm")
     config.env_runners(num_gpus_per_env_runner=0.4)

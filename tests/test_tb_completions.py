@@ -7,7 +7,7 @@ import struct
 from pathlib import Path
 from types import SimpleNamespace
 
-from rllib_grpo.cli_tune import (
+from rllib_grpo.cli.tune import (
     COMPLETIONS_KEY,
     COMPLETIONS_TAG,
     CompletionsTBXCallback,

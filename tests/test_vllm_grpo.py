@@ -12,8 +12,8 @@ pytestmark = pytest.mark.vllm
 
 
 def test_grpo_iterations_with_vllm_sampler(ray_session):
+    from rllib_grpo.cli.tensorboard import flatten
     from rllib_grpo.samplers.vllm import VLLMSampler
-    from rllib_grpo.tensorboard import flatten
 
     algo = tiny_config(sampler="vllm", lr=1e-2).build_algo()
     try:

@@ -29,6 +29,11 @@ GroupIds = Iterable[Hashable] | torch.Tensor
 ADV_ESTIMATORS: Registry[AdvantageFn] = Registry("advantage estimator")
 
 
+def needs_groups(estimator: str) -> bool:
+    """Whether ``estimator``'s baseline is the group (a group of one has no relative signal)."""
+    return bool(ADV_ESTIMATORS.meta(estimator).get("needs_groups"))
+
+
 def _groups(estimator: str, group_ids: GroupIds | None, scores: torch.Tensor):
     if group_ids is None:
         raise ValueError(
@@ -43,7 +48,7 @@ def _broadcast(scalars: torch.Tensor, response_mask: torch.Tensor, dtype: torch.
     return scalars.to(dtype).unsqueeze(-1) * response_mask.to(dtype)
 
 
-@ADV_ESTIMATORS.register("grpo")
+@ADV_ESTIMATORS.register("grpo", needs_groups=True)
 @torch.no_grad()
 def grpo_advantage(
     token_level_rewards: torch.Tensor,
@@ -72,7 +77,7 @@ def grpo_advantage(
     return advantages, advantages
 
 
-@ADV_ESTIMATORS.register("rloo")
+@ADV_ESTIMATORS.register("rloo", needs_groups=True)
 @torch.no_grad()
 def rloo_advantage(
     token_level_rewards: torch.Tensor,
@@ -97,7 +102,7 @@ def rloo_advantage(
     return advantages, advantages
 
 
-@ADV_ESTIMATORS.register("grpo_passk")
+@ADV_ESTIMATORS.register("grpo_passk", needs_groups=True)
 @torch.no_grad()
 def grpo_passk_advantage(
     token_level_rewards: torch.Tensor,
@@ -145,7 +150,7 @@ def grpo_passk_advantage(
     return advantages, advantages
 
 
-@ADV_ESTIMATORS.register("opo")
+@ADV_ESTIMATORS.register("opo", needs_groups=True)
 @torch.no_grad()
 def opo_advantage(
     token_level_rewards: torch.Tensor,
@@ -180,7 +185,7 @@ def opo_advantage(
     return advantages, advantages
 
 
-@ADV_ESTIMATORS.register("reinforce_plus_plus")
+@ADV_ESTIMATORS.register("reinforce_plus_plus", needs_groups=False)
 @torch.no_grad()
 def reinforce_plus_plus_advantage(
     token_level_rewards: torch.Tensor,
@@ -211,7 +216,7 @@ def reinforce_plus_plus_advantage(
     return advantages, returns
 
 
-@ADV_ESTIMATORS.register("reinforce_plus_plus_baseline")
+@ADV_ESTIMATORS.register("reinforce_plus_plus_baseline", needs_groups=True)
 @torch.no_grad()
 def reinforce_plus_plus_baseline_advantage(
     token_level_rewards: torch.Tensor,
@@ -234,7 +239,7 @@ def reinforce_plus_plus_baseline_advantage(
     return advantages, advantages
 
 
-@ADV_ESTIMATORS.register("remax")
+@ADV_ESTIMATORS.register("remax", needs_groups=False)
 @torch.no_grad()
 def remax_advantage(
     token_level_rewards: torch.Tensor,
@@ -263,7 +268,7 @@ def remax_advantage(
     return advantages, returns * mask
 
 
-@ADV_ESTIMATORS.register("gpg")
+@ADV_ESTIMATORS.register("gpg", needs_groups=True)
 @torch.no_grad()
 def gpg_advantage(
     token_level_rewards: torch.Tensor,

@@ -34,6 +34,15 @@ from rllib_grpo.algos.registry import Registry
 PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
 
 POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
+# Sequence-level losses ignore ``loss_agg_mode`` (verl): registered as their
+# ``forced_agg_mode`` so that `explain` reads it from the registry.
+SEQUENCE_LEVEL_AGG = "seq-mean-token-mean"
+
+
+def forced_agg_mode(name: str) -> str | None:
+    """The aggregation mode the policy loss ``name`` always uses, or None if it follows
+    ``loss_agg_mode``."""
+    return POLICY_LOSSES.meta(name).get("forced_agg_mode")
 
 AGG_KWARGS = ("dp_size", "global_num_tokens", "global_num_seqs", "horizon")
 
@@ -122,7 +131,7 @@ def vanilla_policy_loss(
     )
 
 
-@POLICY_LOSSES.register("gspo")
+@POLICY_LOSSES.register("gspo", forced_agg_mode=SEQUENCE_LEVEL_AGG)
 def gspo_policy_loss(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -153,7 +162,7 @@ def gspo_policy_loss(
     )
     pg_losses = torch.maximum(pg_losses1, pg_losses2)
     loss = agg_loss(
-        _weighted(pg_losses, rollout_is_weights), response_mask, "seq-mean-token-mean", **agg_kwargs
+        _weighted(pg_losses, rollout_is_weights), response_mask, SEQUENCE_LEVEL_AGG, **agg_kwargs
     )
     return loss, _metrics(
         pg_clipfrac=masked_mean((pg_losses2 > pg_losses1).float(), response_mask),
@@ -213,7 +222,7 @@ def gpg_policy_loss(
     return loss, {}
 
 
-@POLICY_LOSSES.register("sapo")
+@POLICY_LOSSES.register("sapo", forced_agg_mode=SEQUENCE_LEVEL_AGG)
 def sapo_policy_loss(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -241,7 +250,7 @@ def sapo_policy_loss(
     gates = torch.sigmoid(taus * (ratio - 1.0)) * (4.0 / taus)
     pg_losses = -gates * advantages
     loss = agg_loss(
-        _weighted(pg_losses, rollout_is_weights), response_mask, "seq-mean-token-mean", **agg_kwargs
+        _weighted(pg_losses, rollout_is_weights), response_mask, SEQUENCE_LEVEL_AGG, **agg_kwargs
     )
     return loss, _metrics(
         pg_clipfrac=0.0,

@@ -10,7 +10,8 @@ from collections.abc import Iterator, Mapping, Sequence
 import torch
 from transformers import GenerationConfig
 
-from rllib_grpo.models import load_causal_lm, load_tokenizer
+from rllib_grpo.models.loading import load_causal_lm
+from rllib_grpo.models.tokenizers import load_tokenizer
 from rllib_grpo.samplers.base import CallSeeds, Sample, SamplingParams, state_dict_bytes
 
 logger = logging.getLogger(__name__)

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rllib_grpo.models.weights import fused_closure, module_of
 from rllib_grpo.samplers.base import CallSeeds, Sample, SamplingParams, state_dict_bytes
 
 logger = logging.getLogger(__name__)
@@ -30,7 +31,6 @@ logger = logging.getLogger(__name__)
 EMBED_KEY, LM_HEAD_KEY = "model.embed_tokens.weight", "lm_head.weight"
 # HF modules that vLLM fuses into one layer (llama/qwen/mistral families).  A partial
 # reload must give every tensor of a layer it touches: vLLM refills the rest with garbage.
-FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 RELOAD_LOGGER = "vllm.model_executor.model_loader.reload"
 
 
@@ -213,22 +213,6 @@ class VLLMSampler:
                 f"state dict does not match the checkpoint: missing {sorted(missing)}, "
                 f"unexpected {sorted(unexpected)}"
             )
-
-
-def module_of(key: str) -> str:
-    """``model.layers.0.self_attn.q_proj.weight`` -> ``model.layers.0.self_attn.q_proj``."""
-    return key.rpartition(".")[0]
-
-
-def fused_closure(modules: set[str]) -> set[str]:
-    """``modules`` plus their fused siblings (``...q_proj`` brings ``...k_proj``, ``...v_proj``)."""
-    out = set(modules)
-    for name in modules:
-        parent, _, leaf = name.rpartition(".")
-        for group in FUSED_GROUPS:
-            if leaf in group:
-                out |= {f"{parent}.{sibling}" if parent else sibling for sibling in group}
-    return out
 
 
 @contextlib.contextmanager

@@ -25,9 +25,9 @@ _ACTOR = "actor_rollout_ref.actor."
 _ROLLOUT = "actor_rollout_ref.rollout."
 
 
-@dataclass
+@dataclass(eq=False, repr=False)  # GRPOConfig inherits these fields, not dataclass equality
 class GRPOSettings:
-    """GRPO settings with their units; `GRPOConfig` carries each as an attribute."""
+    """GRPO settings with their units; `GRPOConfig` inherits them as typed attributes."""
 
     # --- batch plan -----------------------------------------------------------------
     prompts_per_step: int = knob(
@@ -232,7 +232,7 @@ class GRPOSettings:
     optimizer_offload: bool = knob(
         False, "flag", "Keep AdamW's states in host memory between optimizer steps "
         "(verl actor.fsdp_config.optimizer_offload): moved to the device for the step, back "
-        "after it (rllib_grpo.memory.offload_optimizer_states; not yet called by the learner, "
+        "after it (rllib_grpo.rllib.memory.offload_optimizer_states; not yet called by the learner, "
         "see explain). A no-op on CPU.")
     sampler_memory_fraction: float | None = knob(
         None, "fraction of GPU memory", "GPU memory the vLLM engine may take (weights + KV "
@@ -271,6 +271,55 @@ VERL_ALIASES.update({
 })
 
 
+# RLlib fields that GRPO derives from its own settings (refused by name from Python and
+# from the command line), with the formula.
+DERIVED_FIELDS: dict[str, str] = {
+    "train_batch_size": "prompts_per_step x group_size",
+    "train_batch_size_per_learner": "prompts_per_step x group_size / num_learners",
+    "minibatch_size": "prompts_per_minibatch x group_size",
+}
+
+
+def derived_field_error(name: str) -> str:
+    """The message refusing the derived field ``name``."""
+    return (f"{name!r} is derived for GRPO ({DERIVED_FIELDS[name]}); set prompts_per_step, "
+            "prompts_per_minibatch or group_size instead.")
+
+
+def settings_table() -> str:
+    """Every GRPO setting as a Markdown table: name, type, default, unit, verl name, meaning."""
+    rows = ["| field | type | default | unit | verl | meaning |", "|---|---|---|---|---|---|"]
+    for name, f in SETTINGS_FIELDS.items():
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        verl = ", ".join(f"`{v}`" for v in f.metadata["verl"])
+        doc, kind = (str(text).replace("|", "\\|") for text in (f.metadata["doc"], f.type))
+        rows.append(f"| `{name}` | `{kind}` | `{default!r}` | {f.metadata['unit']} | {verl} "
+                    f"| {doc} |")
+    return "\n".join(rows) + "\n"
+
+
+CONFIGURATION_DOC_HEADER = """# Configuration: every GRPO field
+
+Generated from `rllib_grpo/rllib/settings.py` (the one source of truth) by
+`python -m rllib_grpo.rllib.settings > docs/configuration.md`; `tests/test_config.py`
+checks that this file is up to date.  `GRPOConfig` inherits these fields as typed
+attributes; `.training(...)` sets them (and RLlib's own: `lr`, `grad_clip`, `num_epochs`,
+...); the verl names are accepted as aliases in Python, YAML and on the command line.
+RLlib's `train_batch_size`, `train_batch_size_per_learner` and `minibatch_size` are derived
+from `prompts_per_step`, `prompts_per_minibatch` and `group_size` and refused by name.
+
+"""
+
+
+def configuration_doc() -> str:
+    """The text of ``docs/configuration.md``: a short header and `settings_table`."""
+    return CONFIGURATION_DOC_HEADER + settings_table()
+
+
 def defaults() -> dict[str, Any]:
     """Fresh default values of every GRPO setting."""
     return dataclasses.asdict(GRPOSettings())
+
+
+if __name__ == "__main__":
+    print(configuration_doc(), end="")

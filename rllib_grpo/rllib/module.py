@@ -14,12 +14,14 @@ from typing import Any
 import torch
 from ray.rllib.core.rl_module.apis import InferenceOnlyAPI
 from ray.rllib.core.rl_module.torch import TorchRLModule
+from ray.rllib.utils.annotations import override
 from torch.distributed.fsdp import FSDPModule
 
-from rllib_grpo import lora
 from rllib_grpo.algos import entropy_from_logits, logprobs_from_logits
-from rllib_grpo.memory import HostOffloaded
-from rllib_grpo.models import load_causal_lm, resolve_model
+from rllib_grpo.models import lora
+from rllib_grpo.models.loading import load_causal_lm
+from rllib_grpo.models.offload import HostOffloaded
+from rllib_grpo.models.registry import resolve_model
 
 
 def response_log_probs(
@@ -60,10 +62,11 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
 
     ``model_config`` keys: ``model`` (path / id / builtin name), ``dtype``,
     ``gradient_checkpointing``, ``temperature``, ``use_reference``, ``lora_*`` (LoRA
-    through peft, `rllib_grpo.lora`: the reference is then the policy with its adapter
+    through peft, `rllib_grpo.models.lora`: the reference is then the policy with its adapter
     disabled) and ``ref_param_offload`` (the reference kept in host memory).
     """
 
+    @override(TorchRLModule)
     def setup(self) -> None:
         cfg = self.model_config
         path = resolve_model(cfg["model"])
@@ -87,14 +90,17 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
             else:
                 self.ref_lm = ref_lm
 
+    @override(InferenceOnlyAPI)
     def get_non_inference_attributes(self) -> list[str]:
         return ["ref_lm"]
 
+    @override(TorchRLModule)
     def _forward_train(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, torch.Tensor]:
         return response_log_probs(
             self.lm, batch, self.temperature, with_entropy=kwargs.get("with_entropy", True)
         )
 
+    @override(TorchRLModule)
     def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, torch.Tensor]:
         with torch.no_grad():
             return response_log_probs(self.lm, batch, self.temperature, with_entropy=True)
@@ -113,15 +119,16 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
         return response_log_probs(self.ref_lm, batch, self.temperature)["log_probs"]
 
     # bf16-safe state: RLlib's default converts to numpy, which has no bfloat16.
-    # Always the full HF state dict: an FSDP-sharded `lm` (rllib_grpo.fsdp) is gathered
+    # Always the full HF state dict: an FSDP-sharded `lm` (rllib_grpo.rllib.fsdp) is gathered
     # to rank 0 (other ranks get {}), so both calls are collective there.
     # With LoRA: a weight sync (inference_only) gets a `lora.LoRAPayload`, a checkpoint
     # the adapter alone (`lora.adapter_checkpoint`).
+    @override(TorchRLModule)
     def get_state(self, components=None, *, not_components=None, inference_only=False, **kw):
         if self.lora is not None:
             return self._lora_state(inference_only)
         if isinstance(self.lm, FSDPModule):
-            from rllib_grpo.fsdp import gather_full_state_dict
+            from rllib_grpo.rllib.distributed import gather_full_state_dict
 
             return gather_full_state_dict(self.lm)
         state = {k: v.detach().cpu() for k, v in self.lm.state_dict().items()}
@@ -131,11 +138,12 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
             return state
         return {k: v.clone() for k, v in state.items()}  # a snapshot (checkpoints, tests)
 
+    @override(TorchRLModule)
     def set_state(self, state: dict[str, torch.Tensor]) -> None:
         if self.lora is not None or lora.is_adapter_checkpoint(state):
             return self._set_lora_state(state)
         if isinstance(self.lm, FSDPModule):
-            from rllib_grpo.fsdp import load_full_state_dict
+            from rllib_grpo.rllib.distributed import load_full_state_dict
 
             return load_full_state_dict(self.lm, state)
         self.lm.load_state_dict(
@@ -156,6 +164,7 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
                              "lora_rank > 0 (and a full state dict into one without LoRA).")
         lora.load_adapter_checkpoint(self.lm, state, self.model_config["model"])
 
+    @override(TorchRLModule)
     def save_to_path(self, path=None, *, state=None, filesystem=None, use_msgpack=False) -> str:
         """RLlib's checkpoint; with LoRA also the adapter in PEFT's format (``adapter/``)."""
         path = super().save_to_path(path, state=state, filesystem=filesystem,

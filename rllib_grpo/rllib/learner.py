@@ -14,6 +14,7 @@ Per training step each learner holds whole groups and, as in verl:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections import defaultdict
@@ -26,6 +27,7 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.core.learner.training_data import TrainingData
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+from ray.rllib.utils.annotations import override
 
 from rllib_grpo.algos import (
     agg_loss,
@@ -34,13 +36,14 @@ from rllib_grpo.algos import (
     kl_penalty,
     policy_loss,
 )
-from rllib_grpo.batching import num_micro_batches_for_budget, split_fixed, split_token_budget
-from rllib_grpo.memory import offload_optimizer_states
-from rllib_grpo.module import response_log_probs
+from rllib_grpo.data.batching import num_micro_batches_for_budget, split_fixed, split_token_budget
+from rllib_grpo.models.offload import offload_optimizer_states
+from rllib_grpo.rllib.distributed import all_reduce, world_size
+from rllib_grpo.rllib.module import response_log_probs
 
 logger = logging.getLogger(__name__)
 
-# Columns the learner reads from the rollout batch (see rllib_grpo.rollout.RolloutBatch).
+# Columns the learner reads from the rollout batch (see rllib_grpo.data.rollout.RolloutBatch).
 TENSOR_COLUMNS = (
     "prompt_ids", "prompt_mask", "response_ids", "response_mask", "rollout_log_probs",
     "scores", "group_index", "sample_mask", "reward_baselines", "truncated",
@@ -48,16 +51,6 @@ TENSOR_COLUMNS = (
 # Per-token rates from the policy loss, averaged over micro-batches by token count.
 RATE_METRICS = ("actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl")
 FORWARD_COLUMNS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
-
-
-def _world() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def _all_reduce(t: torch.Tensor, op: Any = None) -> torch.Tensor:
-    if _world() > 1:
-        dist.all_reduce(t, op=op or dist.ReduceOp.SUM)
-    return t
 
 
 def _select(batch: dict[str, torch.Tensor], rows: list[int] | torch.Tensor) -> dict:
@@ -73,11 +66,44 @@ def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
             f"{prefix}/min": values.min().item()}
 
 
+@dataclasses.dataclass(frozen=True)
+class MiniBatchTotals:
+    """Global counts of one mini-batch (all learners) that normalise every micro-batch's loss,
+    so the update does not depend on how the mini-batch was split (`rllib_grpo.algos.agg_loss`)."""
+
+    dp_size: int
+    global_num_tokens: float
+    global_num_seqs: float
+    horizon: float
+
+    def agg_kwargs(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+
+class StepMetrics:
+    """Values logged during one training step, averaged per key when flushed (every
+    mini-batch and micro-batch of the step adds to the same mean)."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, list[float]] = defaultdict(list)
+
+    def add(self, key: str, value: float) -> None:
+        self.values[key].append(float(value))
+
+    def flush(self, logger: Any, module_id: str) -> None:
+        """Log each key's mean to RLlib's metrics logger, then start over."""
+        for key, values in self.values.items():
+            logger.log_value((module_id, key), float(np.mean(values)), reduce="mean", window=1)
+        self.values.clear()
+
+
 class GRPOLearner(TorchLearner):
     """Learner computing verl's GRPO loss with globally normalised aggregation."""
 
+    @override(TorchLearner)
     def build(self) -> None:
         super().build()
+        self.step_metrics = StepMetrics()
         c = self.config
         self.kl_ctrl = get_kl_controller(
             c.kl_ctrl_type, kl_coef=c.kl_coef, target_kl=c.kl_target, horizon=c.kl_horizon
@@ -85,6 +111,7 @@ class GRPOLearner(TorchLearner):
         self.skipped_steps = 0
 
     # ------------------------------------------------------------------ optimizer
+    @override(TorchLearner)
     def configure_optimizers_for_module(self, module_id: str, config: Any = None) -> None:
         config = config or self.config
         params = [p for p in self._module[module_id].parameters() if p.requires_grad]
@@ -106,10 +133,11 @@ class GRPOLearner(TorchLearner):
         """
         if not config.lr_warmup_steps or isinstance(config.lr, list):
             return config.lr
-        per_step = config.prompts_per_step * config.group_size
+        per_step = config.batch_plan().trajectories_per_step
         return [[0, 0.0], [config.lr_warmup_steps * per_step, config.lr]]
 
     # ------------------------------------------------------------------ update
+    @override(TorchLearner)
     def update(self, batch=None, *, training_data: TrainingData | None = None,
                timesteps: dict | None = None, **kwargs: Any) -> Any:
         """Prepare advantages on this learner's whole groups, then run the mini-batches."""
@@ -121,7 +149,6 @@ class GRPOLearner(TorchLearner):
             k: torch.as_tensor(np.asarray(module_batch[k])).to(self._device)
             for k in TENSOR_COLUMNS if k in module_batch
         }
-        self._step_metrics: dict[str, list[float]] = defaultdict(list)
         prepared = self._prepare(tensors)
         plan = self.config.batch_plan()
         kwargs.update(
@@ -215,7 +242,7 @@ class GRPOLearner(TorchLearner):
         beta = self.kl_ctrl.value
         per_seq = (kld * mask).sum(-1) / mask.sum(-1).clamp(min=1)
         # The controller must see the KL of the whole step, so sum over learners.
-        totals = _all_reduce(torch.stack([per_seq.sum(), per_seq.new_tensor(float(len(per_seq)))]))
+        totals = all_reduce(torch.stack([per_seq.sum(), per_seq.new_tensor(float(len(per_seq)))]))
         current_kl = (totals[0] / totals[1].clamp(min=1)).item()
         self.kl_ctrl.update(current_kl, n_steps=int(totals[1].item()))
         self._log("actor/reward_kl_penalty", current_kl)
@@ -241,26 +268,30 @@ class GRPOLearner(TorchLearner):
             self._log("training/rollout_actor_probs_pearson_corr", corr.item())
 
     # ------------------------------------------------------------------ one mini-batch
-    def _plan_micro_size(self, num_rows: int) -> int:
-        return self.config.micro_batch_size_per_learner or max(1, num_rows)
-
     def _micro_batches(self, minibatch: dict[str, torch.Tensor]) -> list[list[int]]:
         c, n = self.config, len(minibatch["scores"])
         if not c.use_dynamic_bsz:
-            return split_fixed(n, self._plan_micro_size(n))
+            return split_fixed(n, self.config.batch_plan().micro_batch_size_per_learner or n)
         lengths = (minibatch["prompt_mask"].sum(-1) + minibatch["response_mask"].sum(-1))
         num = num_micro_batches_for_budget(lengths.tolist(), c.max_tokens_per_micro_batch)
         # Every learner must run the same number of forward/backward passes.
         # On the learner's device: NCCL (GPU learners) reduces no CPU tensors.
-        num = int(_all_reduce(torch.tensor(num, device=self._device), dist.ReduceOp.MAX).item())
+        num = int(all_reduce(torch.tensor(num, device=self._device), dist.ReduceOp.MAX).item())
         return split_token_budget(lengths.tolist(), num)
 
-    def _uncompiled_update(self, batch: dict, **kwargs: Any):
-        minibatch = batch[DEFAULT_MODULE_ID]
+    def _minibatch_totals(self, minibatch: dict[str, torch.Tensor]) -> MiniBatchTotals:
+        """The mini-batch's global token and sequence counts (all-reduced: collective)."""
         mask = minibatch.get("loss_mask", minibatch["response_mask"]).float()
-        counts = _all_reduce(torch.stack([mask.sum(), minibatch["sample_mask"].float().sum()]))
-        self._agg = {"dp_size": _world(), "global_num_tokens": counts[0].item(),
-                     "global_num_seqs": counts[1].item(), "horizon": self.config.loss_horizon}
+        counts = all_reduce(torch.stack([mask.sum(), minibatch["sample_mask"].float().sum()]))
+        return MiniBatchTotals(dp_size=world_size(), global_num_tokens=counts[0].item(),
+                               global_num_seqs=counts[1].item(),
+                               horizon=self.config.loss_horizon)
+
+    @override(TorchLearner)
+    def _uncompiled_update(self, batch: dict, **kwargs: Any):
+        """One mini-batch: micro-batches accumulate gradients, then one optimizer step."""
+        minibatch = batch[DEFAULT_MODULE_ID]
+        totals = self._minibatch_totals(minibatch)
         module = self.module[DEFAULT_MODULE_ID]
         for optim in self._optimizer_parameters:
             optim.zero_grad(set_to_none=True)
@@ -273,18 +304,24 @@ class GRPOLearner(TorchLearner):
             fwd = module.forward_train(
                 {k: micro[k] for k in FORWARD_COLUMNS}, with_entropy=self.config.entropy_coeff != 0
             )
-            loss = self.compute_loss_for_module(
-                module_id=DEFAULT_MODULE_ID, config=self.config, batch=micro, fwd_out=fwd)
+            loss, metrics = self._micro_batch_loss(micro, fwd, totals)
             loss.backward()
             total = total + loss.detach()
-            for key, value in self._micro_metrics.items():
+            for key, value in metrics.items():
                 sums[key] += value
         self._apply_step(sums, total)
         return {}, {DEFAULT_MODULE_ID: total}, {}
 
+    @override(TorchLearner)
     def compute_loss_for_module(self, *, module_id, config, batch, fwd_out) -> torch.Tensor:
-        """One micro-batch's share of the mini-batch loss (globally normalised)."""
-        c, agg = config, self._agg
+        """RLlib's hook: the loss of ``batch`` taken as a whole mini-batch."""
+        return self._micro_batch_loss(batch, fwd_out, self._minibatch_totals(batch))[0]
+
+    def _micro_batch_loss(self, batch: dict[str, torch.Tensor], fwd_out: dict[str, torch.Tensor],
+                          totals: MiniBatchTotals) -> tuple[torch.Tensor, dict[str, float]]:
+        """One micro-batch's share of the mini-batch loss (normalised by ``totals``), and its
+        metrics as partial sums (per-token rates weighted by the micro-batch's tokens)."""
+        c, agg = self.config, totals.agg_kwargs()
         mask = batch.get("loss_mask", batch["response_mask"]).float()
         log_prob = fwd_out["log_probs"]
         pg_loss, pg_metrics = policy_loss(
@@ -310,8 +347,7 @@ class GRPOLearner(TorchLearner):
             kl_loss = agg_loss(kld, mask, c.loss_agg_mode, **agg)
             loss = loss + c.kl_loss_coef * kl_loss
             metrics["actor/kl_loss"] = kl_loss.item()
-        self._micro_metrics = metrics
-        return loss
+        return loss, metrics
 
     def _apply_step(self, sums: dict[str, float], total: torch.Tensor) -> None:
         params = [p for group in self._optimizer_parameters for p in group.param_groups[0]["params"]]
@@ -340,16 +376,15 @@ class GRPOLearner(TorchLearner):
 
     # ------------------------------------------------------------------ metrics, state
     def _log(self, key: str, value: float) -> None:
-        self._step_metrics[key].append(float(value))
+        self.step_metrics.add(key, value)
 
     def _log_step_metrics(self) -> None:
-        for key, values in self._step_metrics.items():
-            self.metrics.log_value((DEFAULT_MODULE_ID, key), float(np.mean(values)),
-                                   reduce="mean", window=1)
+        self.step_metrics.flush(self.metrics, DEFAULT_MODULE_ID)
         if self.config.use_kl_in_reward:
             self.metrics.log_value((DEFAULT_MODULE_ID, "kl_ctrl_value"), self.kl_ctrl.value,
                                    reduce="mean", window=1)
 
+    @override(TorchLearner)
     def get_state(self, components=None, *, not_components=None, **kwargs):
         state = super().get_state(components, not_components=not_components, **kwargs)
         if components is None or "kl_ctrl" in (
@@ -357,6 +392,7 @@ class GRPOLearner(TorchLearner):
             state["kl_ctrl"] = self.kl_ctrl.state_dict()
         return state
 
+    @override(TorchLearner)
     def set_state(self, state: dict) -> None:
         super().set_state(state)
         if "kl_ctrl" in state:

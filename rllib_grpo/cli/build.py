@@ -1,7 +1,7 @@
 """From command-line pieces to an `Experiment` and a built (not yet running) config.
 
 `assemble` merges the experiment file, ``--config``, ``key=value`` overrides and
-flags, with every key checked (`rllib_grpo.cli_config.translate`);
+flags, with every key checked (`rllib_grpo.cli.experiment.translate`);
 `build_config` turns the experiment into the algorithm's `AlgorithmConfig`;
 `resolve_stop` turns verl's ``trainer.total_epochs`` into iterations.
 """
@@ -9,10 +9,10 @@ flags, with every key checked (`rllib_grpo.cli_config.translate`);
 from __future__ import annotations
 
 import itertools
-import warnings
 from typing import Any
 
-from rllib_grpo.cli_config import (
+from rllib_grpo.cli.algorithms import default_config, resolve_algo
+from rllib_grpo.cli.experiment import (
     DICT_FIELDS,
     VERL_TO_RUN,
     ConfigError,
@@ -25,41 +25,6 @@ from rllib_grpo.cli_config import (
     parse_overrides,
     translate,
 )
-
-
-def known_algorithms() -> list[str]:
-    """GRPO and RLlib's built-in algorithm names."""
-    from ray.rllib.algorithms.registry import ALGORITHMS
-
-    return ["GRPO", *sorted(ALGORITHMS)]
-
-
-def resolve_algo(name: str) -> type:
-    """The Algorithm class Tune knows under ``name`` (GRPO or an RLlib built-in)."""
-    from ray.rllib.algorithms.algorithm import Algorithm
-    from ray.tune.registry import get_trainable_cls
-
-    import rllib_grpo.algorithm  # noqa: F401  (registers "GRPO" with Tune)
-
-    try:
-        with warnings.catch_warnings():  # registering RLlib's built-ins warns about gym spaces
-            warnings.simplefilter("ignore")
-            cls = get_trainable_cls(name)
-    except Exception as err:  # TuneError, or a built-in's import error
-        raise ConfigError(f"--algo {name!r}: unknown algorithm ({err}); known: "
-                          f"{', '.join(known_algorithms())}") from None
-    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
-        raise ConfigError(f"--algo {name!r} is a Tune trainable but not an RLlib Algorithm")
-    return cls
-
-
-def default_config(algo: str) -> Any:
-    """A fresh default config of the algorithm."""
-    if algo == "GRPO":
-        from rllib_grpo.config import GRPOConfig
-
-        return GRPOConfig()
-    return resolve_algo(algo).get_default_config()
 
 
 def assemble(
@@ -154,7 +119,7 @@ def config_errors(exp: Experiment) -> list[str]:
     none for other algorithms."""
     if exp.algo != "GRPO":
         return []
-    from rllib_grpo.explain import find_errors
+    from rllib_grpo.rllib.checks import find_errors
 
     errors: list[str] = []
     for point in grid_points(exp):

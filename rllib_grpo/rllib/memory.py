@@ -34,8 +34,6 @@ cache of every sequence of a generation call at full length (capped by vLLM's
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,55 +43,6 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 ACTIVATION_VALUES = 17  # stored activations per token, per hidden unit, per layer
 VLLM_MAX_NUM_SEQS = 256  # vLLM's default max_num_seqs
 ADAPTER_BYTES = 4  # peft keeps adapters in fp32 (autocast_adapter_dtype)
-
-
-# --------------------------------------------------------------------------- levers
-class HostOffloaded:
-    """A frozen model kept in host memory, moved to a device for each use.
-
-    Not an ``nn.Module`` attribute of its owner on purpose: ``module.to(device)``
-    leaves it where it is.  On a CPU device nothing moves.
-    """
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model = model.to("cpu")
-
-    @contextlib.contextmanager
-    def on(self, device: torch.device | str) -> Iterator[torch.nn.Module]:
-        device = torch.device(device)
-        if device.type == "cpu":
-            yield self.model
-            return
-        self.model.to(device)
-        try:
-            yield self.model
-        finally:
-            self.model.to("cpu")
-
-
-def offload_optimizer_states(optimizer: torch.optim.Optimizer) -> list[Any]:
-    """Keep ``optimizer``'s states in host memory except during ``step()``.
-
-    Registers step pre/post hooks (verl's ``optimizer_offload``: states are loaded
-    before the update and offloaded after it).  Returns the hook handles.
-    """
-    def to_params(opt: torch.optim.Optimizer, *_: Any) -> None:
-        move_optimizer_states(opt, None)
-
-    def to_host(opt: torch.optim.Optimizer, *_: Any) -> None:
-        move_optimizer_states(opt, torch.device("cpu"))
-
-    return [optimizer.register_step_pre_hook(to_params),
-            optimizer.register_step_post_hook(to_host)]
-
-
-def move_optimizer_states(optimizer: torch.optim.Optimizer, device: torch.device | None) -> None:
-    """Move every state tensor (not Adam's ``step`` counter) to ``device`` (None: its param's)."""
-    for param, state in optimizer.state.items():
-        target = device or param.device
-        for key, value in state.items():
-            if key != "step" and torch.is_tensor(value) and value.device != target:
-                state[key] = value.to(target, non_blocking=True)
 
 
 # --------------------------------------------------------------------------- model shape
@@ -169,15 +118,14 @@ def micro_batch_tokens(c: Any) -> int:
     """Tokens of one learner micro-batch at full length (the activation/logit driver)."""
     if c.use_dynamic_bsz:
         return c.max_tokens_per_micro_batch
-    minibatch = (c.prompts_per_minibatch or c.prompts_per_step) * c.group_size
-    micro = c.micro_batch_size_per_learner or max(1, minibatch // max(1, c.num_learners))
+    micro = max(1, c.batch_plan().micro_batch_size_per_learner)
     return micro * (c.max_prompt_length + c.max_response_length)
 
 
 def learner_memory(c: Any, shape: ModelShape) -> tuple[dict[str, float], list[str]]:
     """Device bytes of one learner, by row, and notes."""
     dtype_bytes = DTYPE_BYTES[c.model_dtype]
-    learners = max(1, c.num_learners)
+    learners = c.batch_plan().num_learners
     shards = learners if (c.fsdp and learners >= 2) else 1
     host_shards = shards > 1 and c.fsdp_cpu_offload
     lora = c.lora_rank > 0
@@ -217,7 +165,7 @@ def sampler_memory(c: Any, shape: ModelShape) -> tuple[dict[str, float], list[st
     options = dict(c.sampler_config)
     dtype_bytes = DTYPE_BYTES.get(options.get("dtype") or c.model_dtype, 4)
     runners = max(1, c.num_env_runners)
-    seqs = -(-c.prompts_per_step * c.group_size // runners)
+    seqs = -(-c.batch_plan().trajectories_per_step // runners)
     if c.sampler != "hf":
         seqs = min(seqs, int(options.get("max_num_seqs", VLLM_MAX_NUM_SEQS)))
     elif options.get("max_batch_size"):
@@ -235,7 +183,7 @@ def sampler_memory(c: Any, shape: ModelShape) -> tuple[dict[str, float], list[st
 def estimate_memory(c: Any, shape: ModelShape | None = None) -> MemoryEstimate:
     """The memory estimate of a GRPO config (its model's shape is read unless given)."""
     if shape is None:
-        from rllib_grpo.models import resolve_model
+        from rllib_grpo.models.registry import resolve_model
 
         shape = model_shape(resolve_model(c.model_path), c.lora_rank, c.lora_target_modules)
     learner, learner_notes = learner_memory(c, shape)
@@ -258,7 +206,7 @@ def format_estimate(est: MemoryEstimate, c: Any) -> list[str]:
     lora = f", LoRA r={c.lora_rank}: {s.lora_params / 1e6:.3g}M trainable" if c.lora_rank else ""
     lines = [f"memory estimate: {s.num_params / 1e6:.3g}M params ({s.num_layers} layers x "
              f"{s.hidden_size} hidden, vocab {s.vocab_size}), {c.model_dtype}{lora}",
-             f"  per learner ({max(1, c.num_learners)} learner(s))"]
+             f"  per learner ({c.batch_plan().num_learners} learner(s))"]
     lines += [f"    {name:<22}{format_bytes(value):>12}" for name, value in est.learner.items()]
     lines.append(f"    {'total':<22}{format_bytes(est.learner_total):>12}")
     lines.append(f"  per sampler ({c.sampler})")

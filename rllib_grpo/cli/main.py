@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rllib_grpo.cli_config import ConfigError, Experiment
+from rllib_grpo.cli.experiment import ConfigError, Experiment
 
 TRAIN_EPILOG = """\
 sources, later ones winning: the experiment file, --config, KEY=VALUE overrides, flags.
@@ -136,7 +136,7 @@ def split_positionals(items: list[str], config_file: str | None) -> tuple[str | 
 def assemble_from_args(args: argparse.Namespace, file: str | None,
                        overrides: list[str]) -> Experiment:
     """The experiment the parsed arguments describe (keys checked, nothing built)."""
-    from rllib_grpo.cli_build import assemble
+    from rllib_grpo.cli.build import assemble
 
     train = args.command == "train"
     return assemble(
@@ -153,7 +153,7 @@ def key_report(exp: Experiment) -> list[str]:
     """Lines naming the verl keys that were mapped onto run settings or ignored."""
     lines = [f"verl key mapped: {line}" for line in exp.mapped]
     if exp.ignored:
-        lines.append("verl keys ignored (no effect here, see rllib_grpo.cli_config.VERL_IGNORED): "
+        lines.append("verl keys ignored (no effect here, see rllib_grpo.cli.experiment.VERL_IGNORED): "
                      + ", ".join(exp.ignored))
     return lines
 
@@ -173,7 +173,7 @@ def run_summary(exp: Experiment, config: Any, stop: dict[str, Any]) -> list[str]
 
 def train(args: argparse.Namespace, file: str | None, overrides: list[str]) -> int:
     """``rllib train``: check everything, then run the experiment through Tune."""
-    from rllib_grpo.cli_build import build_config, config_errors, resolve_stop
+    from rllib_grpo.cli.build import build_config, config_errors, resolve_stop
 
     exp = assemble_from_args(args, file, overrides)
     config = build_config(exp)
@@ -192,8 +192,8 @@ def run_tune(exp: Experiment, config: Any, stop: dict[str, Any],
     import ray
     from ray import tune
 
-    from rllib_grpo.cli_build import resolve_algo
-    from rllib_grpo.cli_tune import CompletionsTBXCallback, ProgressPrinter, install_completions
+    from rllib_grpo.cli.algorithms import resolve_algo
+    from rllib_grpo.cli.tune import CompletionsTBXCallback, ProgressPrinter, install_completions
 
     callbacks: list[Any] = [ProgressPrinter()]
     if getattr(config, "log_completions_every", 0):
@@ -280,7 +280,7 @@ def report_results(grid: Any) -> int:
 # ----------------------------------------------------------------------------- explain
 def describe_run(exp: Experiment, config: Any) -> list[str]:
     """The experiment around the config: env, stop, checkpoints, verl keys."""
-    from rllib_grpo.cli_build import count_prompts, resolve_stop
+    from rllib_grpo.cli.build import count_prompts, resolve_stop
 
     try:
         stop = str(resolve_stop(exp, config) or "none (runs until interrupted)")
@@ -305,8 +305,8 @@ def describe_run(exp: Experiment, config: Any) -> list[str]:
 
 def explain(args: argparse.Namespace, file: str | None, overrides: list[str]) -> int:
     """``rllib-grpo explain``: print the plan (per grid point); exit 1 on errors or pitfalls."""
-    from rllib_grpo.cli_build import build_config, grid_points
-    from rllib_grpo.explain import find_errors, find_pitfalls
+    from rllib_grpo.cli.build import build_config, grid_points
+    from rllib_grpo.rllib.checks import find_errors, find_pitfalls
 
     exp = assemble_from_args(args, file, overrides)
     if exp.algo != "GRPO":

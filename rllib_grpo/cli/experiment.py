@@ -22,12 +22,14 @@ from typing import Any
 
 import yaml
 
-from rllib_grpo.settings import SETTINGS_FIELDS, VERL_ALIASES
-
-
-class ConfigError(ValueError):
-    """Bad user input; the command line prints it as one line and exits 2."""
-
+from rllib_grpo.cli.algorithms import default_config
+from rllib_grpo.cli.errors import ConfigError
+from rllib_grpo.rllib.settings import (
+    DERIVED_FIELDS,
+    SETTINGS_FIELDS,
+    VERL_ALIASES,
+    derived_field_error,
+)
 
 # Top-level sections of verl's config: a dotted key under one of them is a verl key.
 VERL_ROOTS = ("algorithm", "actor_rollout_ref", "data", "trainer", "critic", "reward_model",
@@ -80,12 +82,6 @@ VERL_TO_SUB_KEY: dict[str, tuple[str, str]] = {
     "data.train_files": ("env_config", "path"),
     "data.val_files": ("val_env_config", "path"),
     _AR + "rollout.enforce_eager": ("sampler_config", "enforce_eager"),
-}
-# RLlib fields that GRPO derives from its own settings.
-GRPO_DERIVED = {
-    "train_batch_size": "prompts_per_step x group_size",
-    "train_batch_size_per_learner": "prompts_per_step x group_size / num_learners",
-    "minibatch_size": "prompts_per_minibatch x group_size",
 }
 # RLlib's `update_from_dict` renames these; classic configs use them.
 RLLIB_SPECIAL_KEYS = {"callbacks", "create_env_on_driver", "custom_eval_function", "framework",
@@ -243,8 +239,6 @@ def _apply_checkpoint_config(exp: Experiment, spec: Mapping[str, Any], source: s
 @functools.cache
 def known_config_keys(algo: str) -> frozenset[str]:
     """Every attribute of the algorithm's fresh config, plus RLlib's special spellings."""
-    from rllib_grpo.cli_build import default_config
-
     config = default_config(algo)
     return frozenset(set(vars(config)) | set(config.to_dict()) | RLLIB_SPECIAL_KEYS)
 
@@ -253,8 +247,6 @@ def known_config_keys(algo: str) -> frozenset[str]:
 def property_keys(algo: str) -> dict[str, str]:
     """Public properties stored in a private attribute (``model_config`` ->
     ``_model_config``), as RLlib's own `to_dict`/`update_from_dict` spell them."""
-    from rllib_grpo.cli_build import default_config
-
     config = default_config(algo)
     cls, attrs = type(config), vars(config)
     return {name: "_" + name for name in dir(cls)
@@ -290,9 +282,8 @@ def translate(raw: Mapping[str, Any], algo: str, source: str) -> Translated:
             _set(out, VERL_ALIASES[key], check_type(key, VERL_ALIASES[key], value), key, source)
         elif is_verl_key(key):
             _translate_verl_key(out, key, value, known, source)
-        elif algo == "GRPO" and key in GRPO_DERIVED:
-            raise ConfigError(f"{source}: {key!r} is derived for GRPO ({GRPO_DERIVED[key]}); "
-                              "set prompts_per_step / prompts_per_minibatch / group_size")
+        elif algo == "GRPO" and key in DERIVED_FIELDS:
+            raise ConfigError(f"{source}: {derived_field_error(key)}")
         elif key in known:
             _set(out, key, check_type(key, key, value), key, source)
         elif key in property_keys(algo):

@@ -1,7 +1,7 @@
 """`GRPOConfig`: RLlib's fluent `AlgorithmConfig` with every GRPO knob of verl.
 
 The GRPO-specific fields, their units and verl names live in
-`rllib_grpo.settings.GRPOSettings`; this class carries them as attributes, sets
+`rllib_grpo.rllib.settings.GRPOSettings`; this class carries them as attributes, sets
 them from `.training(...)`, resolves the batch plan, and validates it.
 
     config = (
@@ -20,14 +20,19 @@ from typing import Any
 import gymnasium as gym
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+from ray.rllib.utils.annotations import override
 
-from rllib_grpo import demo_model  # noqa: F401  (registers the "builtin:demo" model)
-from rllib_grpo.settings import MODULE_SETTINGS, SETTINGS_FIELDS, VERL_ALIASES, defaults
-
-# Estimators whose baseline is the group: a group of one has no relative signal.
-GROUP_ESTIMATORS = frozenset(
-    {"grpo", "rloo", "grpo_passk", "opo", "reinforce_plus_plus_baseline", "gpg"}
+from rllib_grpo.registration import trainable_class
+from rllib_grpo.rllib.settings import (
+    DERIVED_FIELDS,
+    MODULE_SETTINGS,
+    SETTINGS_FIELDS,
+    VERL_ALIASES,
+    GRPOSettings,
+    defaults,
+    derived_field_error,
 )
+
 TEXT_SPACE = gym.spaces.Text(max_length=1 << 16, charset="".join(map(chr, range(32, 127))) + "\n")
 
 
@@ -48,13 +53,19 @@ class BatchPlan:
     optimizer_steps_per_step: int
 
 
-class GRPOConfig(AlgorithmConfig):
-    """Configuration of the GRPO algorithm (see `rllib_grpo.settings` for every field)."""
+class GRPOConfig(AlgorithmConfig, GRPOSettings):
+    """Configuration of the GRPO algorithm.
+
+    Every GRPO field is declared (with its type, unit and doc) in `GRPOSettings`, which this
+    class inherits, so IDEs and type checkers see ``config.group_size`` and its siblings;
+    ``docs/configuration.md`` lists them all.  RLlib's own fields (``lr``, ``grad_clip``,
+    ``num_epochs``, ...) keep their meaning.  Fields derived from the batch plan
+    (`DERIVED_FIELDS`) are refused by name.
+    """
 
     def __init__(self, algo_class: type | None = None) -> None:
-        from rllib_grpo.algorithm import GRPO  # local: algorithm imports this module
-
-        super().__init__(algo_class=algo_class or GRPO)
+        # The algorithm class by its registered name: `GRPO` imports this module.
+        super().__init__(algo_class=algo_class or trainable_class("GRPO"))
         for name, value in defaults().items():
             setattr(self, name, value)
         # RLlib fields with GRPO/verl defaults.
@@ -67,7 +78,7 @@ class GRPOConfig(AlgorithmConfig):
         self.num_env_runners = 0
         self.observation_space = TEXT_SPACE
         self.action_space = TEXT_SPACE
-        from rllib_grpo.env_runner import TextEnvRunner
+        from rllib_grpo.rllib.env_runner import TextEnvRunner
 
         self.env_runner_cls = TextEnvRunner
         self.env = "rllib_grpo/Arithmetic-v0"
@@ -75,12 +86,15 @@ class GRPOConfig(AlgorithmConfig):
         self._dont_auto_sync_env_runner_states = True
 
     # ---------------------------------------------------------------- fluent setters
+    @override(AlgorithmConfig)
     def training(self, **kwargs: Any) -> GRPOConfig:
         """Set training fields: any GRPO setting (see `GRPOSettings`) or RLlib's own
         (`lr`, `grad_clip`, `num_epochs`, ...).  verl's dotted names are accepted too."""
         grpo_kwargs = {}
         for key in list(kwargs):
             name = VERL_ALIASES.get(key, key)
+            if name in DERIVED_FIELDS and kwargs[key] is not NotProvided:
+                raise ValueError(derived_field_error(name))
             if name in SETTINGS_FIELDS:
                 grpo_kwargs[name] = kwargs.pop(key)
             elif name != key:
@@ -91,12 +105,14 @@ class GRPOConfig(AlgorithmConfig):
                 setattr(self, name, value)
         return self
 
+    @override(AlgorithmConfig)
     def update_from_dict(self, config_dict: dict) -> GRPOConfig:
         """RLlib's `update_from_dict`, also accepting verl's dotted names."""
         translated = {VERL_ALIASES.get(k, k): v for k, v in config_dict.items()}
         return super().update_from_dict(translated)
 
     # ---------------------------------------------------------------- RLlib plumbing
+    @override(AlgorithmConfig)
     def get_default_learner_class(self) -> type:
         """`GRPOLearner`; its FSDP2 subclass when >= 2 learners shard the model (`fsdp`).
 
@@ -104,19 +120,20 @@ class GRPOConfig(AlgorithmConfig):
         state/sync code reads unsharded weights.
         """
         if self.fsdp and self.num_learners >= 2 and not getattr(self, "lora_rank", 0):
-            from rllib_grpo.fsdp import FSDPGRPOLearner
+            from rllib_grpo.rllib.fsdp import FSDPGRPOLearner
 
             return FSDPGRPOLearner
-        from rllib_grpo.learner import GRPOLearner
+        from rllib_grpo.rllib.learner import GRPOLearner
 
         return GRPOLearner
 
+    @override(AlgorithmConfig)
     def build_learner_group(self, *, env=None, spaces=None, rl_module_spec=None,
                             placement_group=None):
         """RLlib's learner group, or `GRPOLearnerGroup` for >= 2 GRPO learners: it shards
         by whole groups and gathers (FSDP) state on every learner, not learner 0 alone."""
-        from rllib_grpo.fsdp import GRPOLearnerGroup
-        from rllib_grpo.learner import GRPOLearner
+        from rllib_grpo.rllib.learner import GRPOLearner
+        from rllib_grpo.rllib.learner_group import GRPOLearnerGroup
 
         if self.num_learners < 2 or not issubclass(self.learner_class, GRPOLearner):
             return super().build_learner_group(env=env, spaces=spaces,
@@ -127,8 +144,9 @@ class GRPOConfig(AlgorithmConfig):
         return GRPOLearnerGroup(config=self.copy(), module_spec=rl_module_spec,
                                 placement_group=placement_group)
 
+    @override(AlgorithmConfig)
     def get_default_rl_module_spec(self) -> RLModuleSpec:
-        from rllib_grpo.module import CausalLMRLModule
+        from rllib_grpo.rllib.module import CausalLMRLModule
 
         return RLModuleSpec(module_class=CausalLMRLModule, model_config=self.module_config())
 
@@ -182,20 +200,23 @@ class GRPOConfig(AlgorithmConfig):
         return self.batch_plan().trajectories_per_learner
 
     @train_batch_size_per_learner.setter
-    def train_batch_size_per_learner(self, value: int) -> None:  # RLlib sets it; derived here
-        pass
+    def train_batch_size_per_learner(self, value: int | None) -> None:
+        # RLlib's own __init__ assigns None; anything else would be silently overridden.
+        if value is not None and value != self.batch_plan().trajectories_per_learner:
+            raise ValueError(derived_field_error("train_batch_size_per_learner"))
 
     def explain(self) -> str:
         """The resolved plan and every pitfall found, as text."""
-        from rllib_grpo.explain import explain_config
+        from rllib_grpo.rllib.explain import explain_config
 
         return explain_config(self)
 
     # ---------------------------------------------------------------- validation
+    @override(AlgorithmConfig)
     def validate(self) -> None:
         """Raise `ValueError` naming the field and the fix for any inconsistent setting."""
         super().validate()
-        from rllib_grpo.explain import find_errors
+        from rllib_grpo.rllib.checks import find_errors
 
         errors = find_errors(self)
         if errors:

@@ -18,6 +18,7 @@ import ray
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.env.env_runner import EnvRunner
+from ray.rllib.utils.annotations import override
 from ray.rllib.utils.checkpoints import Checkpointable
 from ray.rllib.utils.metrics import (
     NUM_ENV_STEPS_SAMPLED,
@@ -27,10 +28,11 @@ from ray.rllib.utils.metrics import (
 )
 
 from rllib_grpo.algos import overlong_penalty
-from rllib_grpo.lora import AdapterMerger, is_lora_payload
-from rllib_grpo.models import load_tokenizer, resolve_model
-from rllib_grpo.recipes import ValidationSample
-from rllib_grpo.rollout import RolloutBatch, build_rollout_batch
+from rllib_grpo.data.recipes import ValidationSample
+from rllib_grpo.data.rollout import RolloutBatch, build_rollout_batch
+from rllib_grpo.models.lora import AdapterMerger, is_lora_payload
+from rllib_grpo.models.registry import resolve_model
+from rllib_grpo.models.tokenizers import load_tokenizer
 from rllib_grpo.samplers import SamplingParams, make_sampler
 
 COMPONENT_RL_MODULE = "rl_module"
@@ -92,9 +94,11 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         self.last_weight_sync: dict[str, float] = {}
 
     # ------------------------------------------------------------------ EnvRunner API
+    @override(EnvRunner)
     def assert_healthy(self) -> None:
         assert self.env is not None and self.sampler is not None, "TextEnvRunner not set up"
 
+    @override(EnvRunner)
     def get_spaces(self) -> dict[str, tuple[gym.Space, gym.Space]]:
         spaces = (self.config.observation_space, self.config.action_space)
         return {"__env__": spaces, DEFAULT_MODULE_ID: spaces}
@@ -106,6 +110,7 @@ class TextEnvRunner(EnvRunner, Checkpointable):
             max_tokens=c.max_response_length,
         )
 
+    @override(EnvRunner)
     def sample(self, num_prompts: int | None = None, **kwargs: Any) -> RolloutBatch:
         """Sample ``num_prompts`` groups of ``group_size`` scored responses."""
         c = self.config
@@ -210,10 +215,12 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         m.log_value("timing_s/reward", t_reward, reduce="mean", window=1)
         self.num_env_steps_sampled_lifetime += num_trajectories
 
+    @override(EnvRunner)
     def get_metrics(self) -> dict:
         return self.metrics.reduce()
 
     # ------------------------------------------------------------------ weights and state
+    @override(Checkpointable)
     def set_state(self, state: dict[str, Any]) -> None:
         """Apply learner weights (``rl_module``) and/or a checkpointed runner state."""
         if COMPONENT_RL_MODULE in state:
@@ -243,7 +250,7 @@ class TextEnvRunner(EnvRunner, Checkpointable):
             self.num_env_steps_sampled_lifetime = state[NUM_ENV_STEPS_SAMPLED_LIFETIME]
 
     def _load_weights(self, module_state: Any) -> dict[str, Any]:
-        """A full HF state dict, or a LoRA sync merged here (`rllib_grpo.lora.AdapterMerger`)."""
+        """A full HF state dict, or a LoRA sync merged here (`rllib_grpo.models.lora.AdapterMerger`)."""
         if not is_lora_payload(module_state):
             return self.sampler.load_weights(module_state)
         if getattr(self, "_lora_merger", None) is None:
@@ -251,6 +258,7 @@ class TextEnvRunner(EnvRunner, Checkpointable):
                                               self.config.model_dtype)
         return self._lora_merger.apply(self.sampler, module_state)
 
+    @override(Checkpointable)
     def get_state(self, components=None, *, not_components=None, **kwargs) -> dict[str, Any]:
         """Data position and RNG state, so a restored run continues the same prompts."""
         rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
@@ -260,12 +268,15 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         return {"env": self.env.get_state(), "rng": rng, WEIGHTS_SEQ_NO: self._weights_seq_no,
                 NUM_ENV_STEPS_SAMPLED_LIFETIME: self.num_env_steps_sampled_lifetime}
 
+    @override(Checkpointable)
     def get_ctor_args_and_kwargs(self):
         return (), {"config": self.config}
 
+    @override(Checkpointable)
     def get_checkpointable_components(self):
         return []
 
+    @override(EnvRunner)
     def stop(self) -> None:
         if self.sampler is not None and hasattr(self.sampler, "close"):
             self.sampler.close()

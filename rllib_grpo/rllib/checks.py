@@ -1,40 +1,26 @@
-"""What a GRPO configuration will actually do, and the classic mistakes in it.
+"""The classic mistakes in a GRPO configuration.
 
 `find_errors` lists settings that cannot run (used by `GRPOConfig.validate`);
-`find_pitfalls` lists settings that run but probably not as intended; and
-`explain_config` prints the resolved batch plan with both.  The checks read the
-config's attributes only, so they work on any object carrying the GRPO fields.
+`find_pitfalls` lists settings that run but probably not as intended (printed by
+`explain`).  The checks read the config's attributes only, so they work on any
+object carrying the GRPO fields.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import torch
-
-from rllib_grpo.algos import ADV_ESTIMATORS, AGG_MODES, POLICY_LOSSES, kl_penalty
-from rllib_grpo.lora import LORA_SYNC_MODES
-from rllib_grpo.memory import memory_lines
-
-GROUP_ESTIMATORS = frozenset(
-    {"grpo", "rloo", "grpo_passk", "opo", "reinforce_plus_plus_baseline", "gpg"}
-)
-TRUNCATION_MODES = ("error", "left", "right", "middle")
-SAMPLERS = ("auto", "vllm", "hf")
-KL_CONTROLLERS = ("fixed", "adaptive")
-FILTER_METRICS = ("acc", "score", "seq_reward")
-# Losses that ignore loss_agg_mode (verl forces sequence-mean-token-mean for them).
-FORCED_AGG = {"gspo": "seq-mean-token-mean", "sapo": "seq-mean-token-mean"}
+from rllib_grpo.algos import ADV_ESTIMATORS, AGG_MODES, KL_CONTROLLERS, POLICY_LOSSES, kl_kinds
+from rllib_grpo.algos.advantages import needs_groups
+from rllib_grpo.algos.policy_losses import forced_agg_mode
+from rllib_grpo.data.datasets import TRUNCATION_MODES
+from rllib_grpo.data.recipes import FILTER_METRICS
+from rllib_grpo.models.lora import LORA_SYNC_MODES
+from rllib_grpo.samplers import SAMPLER_KINDS
 
 
-def _kl_kind_known(kind: str) -> bool:
-    try:
-        kl_penalty(torch.zeros(1), torch.zeros(1), kind)
-    except ValueError:
-        return False
-    except NotImplementedError:  # 'full' is a known name that verl never implemented
-        return False
-    return True
+def _is_group_estimator(c: Any) -> bool:
+    return c.adv_estimator in ADV_ESTIMATORS and needs_groups(c.adv_estimator)
 
 
 def _check_names(c: Any) -> list[str]:
@@ -44,15 +30,15 @@ def _check_names(c: Any) -> list[str]:
         ("policy_loss", c.policy_loss, POLICY_LOSSES.names()),
         ("loss_agg_mode", c.loss_agg_mode, tuple(AGG_MODES)),
         ("truncation", c.truncation, TRUNCATION_MODES),
-        ("sampler", c.sampler, SAMPLERS),
-        ("kl_ctrl_type", c.kl_ctrl_type, KL_CONTROLLERS),
+        ("sampler", c.sampler, SAMPLER_KINDS),
+        ("kl_ctrl_type", c.kl_ctrl_type, KL_CONTROLLERS.names()),
     ]
     for field, value, known in named:
         if value not in known:
             errors.append(f"{field}={value!r} is unknown; use one of: {', '.join(known)}.")
     for field in ("kl_loss_type", "kl_penalty"):
         value = getattr(c, field)
-        if not _kl_kind_known(value):
+        if value not in kl_kinds():
             errors.append(
                 f"{field}={value!r} is not a KL estimator; use kl/k1, abs, mse/k2, "
                 "low_var_kl/k3, or any of them with a '+' suffix."
@@ -62,19 +48,19 @@ def _check_names(c: Any) -> list[str]:
 
 def _check_sizes(c: Any) -> list[str]:
     errors = []
-    learners = max(1, c.num_learners)
     for field in ("prompts_per_step", "group_size", "max_prompt_length", "max_response_length"):
         if getattr(c, field) < 1:
             errors.append(f"{field}={getattr(c, field)} must be >= 1.")
     if errors:
         return errors
-    if c.group_size < 2 and c.adv_estimator in GROUP_ESTIMATORS:
+    if c.group_size < 2 and _is_group_estimator(c):
         errors.append(
             f"group_size={c.group_size} with adv_estimator={c.adv_estimator!r}: a group of one "
             "has no relative signal (its advantage is the raw reward or zero). Set "
             "group_size >= 2 (verl examples use 5; DAPO 16) or use a non-group estimator."
         )
-    mb = c.prompts_per_minibatch or c.prompts_per_step
+    plan = c.batch_plan()
+    mb, learners = plan.prompts_per_minibatch, plan.num_learners
     if mb > c.prompts_per_step or c.prompts_per_step % mb:
         errors.append(
             f"prompts_per_minibatch={mb} must divide prompts_per_step={c.prompts_per_step} "
@@ -87,7 +73,7 @@ def _check_sizes(c: Any) -> list[str]:
             "whole groups and takes the same number of steps; make prompts_per_step and "
             "prompts_per_minibatch multiples of num_learners."
         )
-    per_learner_mb = mb * c.group_size // learners
+    per_learner_mb = plan.trajectories_per_minibatch_per_learner
     micro = c.micro_batch_size_per_learner
     if not c.use_dynamic_bsz and micro is not None and (micro < 1 or per_learner_mb % micro):
         errors.append(
@@ -194,15 +180,16 @@ def find_pitfalls(c: Any) -> list[str]:
             "Dr.GRPO half-applied: loss_agg_mode='seq-mean-token-sum-norm' but "
             "norm_adv_by_std_in_grpo=True; Dr.GRPO also sets norm_adv_by_std_in_grpo=False."
         )
-    if 0 < c.temperature < 0.3 and c.adv_estimator in GROUP_ESTIMATORS:
+    if 0 < c.temperature < 0.3 and _is_group_estimator(c):
         pitfalls.append(
             f"temperature={c.temperature} is low for a group estimator: responses in a group "
             "will mostly be identical, so most groups carry no signal. Use ~1.0."
         )
-    if c.policy_loss in FORCED_AGG and c.loss_agg_mode != FORCED_AGG[c.policy_loss]:
+    forced = forced_agg_mode(c.policy_loss) if c.policy_loss in POLICY_LOSSES else None
+    if forced and c.loss_agg_mode != forced:
         pitfalls.append(
             f"policy_loss={c.policy_loss!r} always aggregates with "
-            f"{FORCED_AGG[c.policy_loss]!r}; loss_agg_mode={c.loss_agg_mode!r} only affects the "
+            f"{forced!r}; loss_agg_mode={c.loss_agg_mode!r} only affects the "
             "KL and entropy terms."
         )
     if c.filter_groups and c.group_size < 2:
@@ -234,85 +221,3 @@ def _lora_and_memory_pitfalls(c: Any) -> list[str]:
                else "no KL term is on, so no reference model is loaded")
         pitfalls.append(f"ref_param_offload=True does nothing: {why}.")
     return pitfalls
-
-
-def _lora_line(c: Any) -> str:
-    if c.lora_rank <= 0:
-        return "LoRA: off (full fine-tuning)"
-    return (f"LoRA: rank {c.lora_rank}, alpha {c.lora_alpha} (scale {c.lora_alpha / c.lora_rank:g})"
-            f", targets {c.lora_target_modules}; reference = the policy with the adapter "
-            f"disabled; sync: full weights once, then {c.lora_sync}")
-
-
-def _agg_effect(mode: str) -> str:
-    return {
-        "token-mean": "every token weighs the same: long responses get more total weight "
-        "than short ones (verl's default, DAPO).",
-        "token-sum": "tokens are summed: the loss scales with the batch's token count.",
-        "seq-mean-token-sum": "each response's token sum, averaged over responses: long "
-        "responses get proportionally larger gradients.",
-        "seq-mean-token-mean": "each response weighs the same whatever its length: tokens of "
-        "short responses weigh more (original GRPO).",
-        "seq-mean-token-sum-norm": "token sums averaged over responses and divided by a fixed "
-        "horizon: no length bias (Dr.GRPO).",
-    }.get(mode, "unknown mode")
-
-
-def _kl_line(c: Any) -> str:
-    if c.use_kl_loss and c.use_kl_in_reward:
-        return (f"KL: BOTH in the loss ({c.kl_loss_type}, coef {c.kl_loss_coef}) and in the "
-                f"reward ({c.kl_penalty}, {c.kl_ctrl_type} coef {c.kl_coef})")
-    if c.use_kl_loss:
-        return (f"KL: in the loss, {c.kl_loss_type} estimator, coefficient {c.kl_loss_coef}, "
-                f"aggregated with {c.loss_agg_mode}")
-    if c.use_kl_in_reward:
-        return (f"KL: in the reward, {c.kl_penalty} estimator, {c.kl_ctrl_type} controller "
-                f"(coef {c.kl_coef}), summed into the outcome before group normalisation")
-    return "KL: none (no reference model is loaded)"
-
-
-def explain_config(c: Any) -> str:
-    """A human-readable plan of what one training step does, with errors and pitfalls."""
-    learners = max(1, c.num_learners)
-    mb = c.prompts_per_minibatch or c.prompts_per_step
-    per_learner_mb = mb * c.group_size // learners
-    micro = c.micro_batch_size_per_learner or per_learner_mb
-    steps = (c.prompts_per_step // mb) * c.num_epochs if mb else 0
-    lines = [
-        f"model: {c.model_path} ({c.model_dtype})   sampler: {c.sampler}   "
-        f"temperature {c.temperature}, top_p {c.top_p}, top_k {c.top_k}",
-        f"prompts per step:              {c.prompts_per_step}",
-        f"trajectories per step:         {c.prompts_per_step * c.group_size} "
-        f"(= {c.prompts_per_step} prompts x group_size {c.group_size})",
-        f"mini-batch:                    {mb} prompts = {mb * c.group_size} trajectories "
-        f"({per_learner_mb} per learner on {learners} learner(s))",
-        f"optimizer steps per step:      {steps} (= {c.prompts_per_step // mb if mb else 0} "
-        f"mini-batches x {c.num_epochs} epoch(s))",
-    ]
-    if c.use_dynamic_bsz:
-        lines.append(f"micro-batches:                 token budget {c.max_tokens_per_micro_batch} "
-                     "tokens per micro-batch, same count on every learner")
-    else:
-        n_micro = per_learner_mb // micro if micro else 0
-        lines.append(f"micro-batches per mini-batch:  {n_micro} of {micro} trajectories "
-                     "per learner (gradient accumulation)")
-    lines += [
-        f"sequence budget:               prompt <= {c.max_prompt_length} tokens "
-        f"(truncation={c.truncation}), response <= {c.max_response_length} tokens",
-        f"advantage:                     {c.adv_estimator}"
-        + (" (Dr.GRPO: no std normalisation)" if not c.norm_adv_by_std_in_grpo else ""),
-        f"policy loss:                   {c.policy_loss}, clip [{c.clip_ratio_low or c.clip_ratio}, "
-        f"{c.clip_ratio_high or c.clip_ratio}], dual clip {c.clip_ratio_c}",
-        f"loss aggregation:              {c.loss_agg_mode}: {_agg_effect(c.loss_agg_mode)}",
-        _kl_line(c),
-        _lora_line(c),
-    ]
-    lines += memory_lines(c)
-    errors, pitfalls = find_errors(c), find_pitfalls(c)
-    for title, items in (("ERRORS", errors), ("PITFALLS", pitfalls)):
-        if items:
-            lines.append(f"{title}:")
-            lines += [f"  - {item}" for item in items]
-    if not errors and not pitfalls:
-        lines.append("No pitfalls found.")
-    return "\n".join(lines)

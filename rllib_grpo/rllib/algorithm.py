@@ -2,8 +2,8 @@
 
     sample groups -> update the policy on whole groups -> sync weights to the samplers
 
-Tensor math lives in the learner (`rllib_grpo.learner`) and `rllib_grpo.algos`;
-sampling and scoring in the env runners (`rllib_grpo.env_runner`).
+Tensor math lives in the learner (`rllib_grpo.rllib.learner`) and `rllib_grpo.algos`;
+sampling and scoring in the env runners (`rllib_grpo.rllib.env_runner`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+from ray.rllib.utils.annotations import override
 from ray.rllib.utils.metrics import (
     ENV_RUNNER_RESULTS,
     LEARNER_RESULTS,
@@ -24,9 +25,14 @@ from ray.rllib.utils.metrics import (
 )
 from ray.tune.registry import register_trainable
 
-from rllib_grpo.config import GRPOConfig
-from rllib_grpo.recipes import GroupFilterStats, filter_groups, first_groups, validation_metrics
-from rllib_grpo.rollout import RolloutBatch, concat_rollouts, data_metrics
+from rllib_grpo.data.recipes import (
+    GroupFilterStats,
+    filter_groups,
+    first_groups,
+    validation_metrics,
+)
+from rllib_grpo.data.rollout import RolloutBatch, concat_rollouts, data_metrics
+from rllib_grpo.rllib.config import GRPOConfig
 
 logger = logging.getLogger(__name__)
 REMOTE_RUNNERS = "remote_env_runners"
@@ -49,15 +55,18 @@ ACTOR_KEYS = (
 class GRPO(Algorithm):
     """Group Relative Policy Optimization for language models on RLlib's new API stack."""
 
+    @override(Algorithm)
     @classmethod
     def get_default_config(cls) -> GRPOConfig:
         return GRPOConfig()
 
+    @override(Algorithm)
     def setup(self, config: Any) -> None:
         super().setup(config)
         self._no_signal_streak = 0
         self.last_rollout: RolloutBatch | None = None
 
+    @override(Algorithm)
     def training_step(self) -> None:
         c = self.config
         t_step = time.perf_counter()
@@ -110,6 +119,7 @@ class GRPO(Algorithm):
             {k: v for k, v in state.items() if k in (COMPONENT_RL_MODULE, WEIGHTS_SEQ_NO)})
 
     # ------------------------------------------------------------------ checkpoints
+    @override(Algorithm)
     def get_state(self, components=None, *, not_components=None, **kwargs) -> dict:
         """RLlib's state plus the remote runners' data positions and RNG streams.
 
@@ -123,6 +133,7 @@ class GRPO(Algorithm):
                 lambda er: (er.worker_index, er.get_state()), local_env_runner=False)
         return state
 
+    @override(Algorithm)
     def set_state(self, state: dict) -> None:
         super().set_state(state)
         if REMOTE_RUNNERS in state and self.env_runner_group is not None:
@@ -251,9 +262,6 @@ def _split_evenly(total: int, parts: int) -> list[int]:
     return [base + (i < extra) for i in range(parts)]
 
 
-def register_grpo() -> None:
-    """Register ``"GRPO"`` as a Ray Tune trainable (idempotent)."""
-    register_trainable("GRPO", GRPO)
-
-
-register_grpo()
+# Importing the algorithm registers it, like RLlib's own; `rllib_grpo.registration` makes
+# ``"GRPO"`` resolvable before that.
+register_trainable("GRPO", GRPO)

@@ -34,8 +34,8 @@ from typing import Any
 
 import torch
 
-from rllib_grpo.samplers.vllm import fused_closure as sync_modules
-from rllib_grpo.samplers.vllm import module_of
+from rllib_grpo.models.weights import fused_closure as sync_modules
+from rllib_grpo.models.weights import module_of
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ PEFT_PREFIX = "base_model.model."  # peft's prefix before the HF names
 
 @dataclass(frozen=True)
 class LoRASettings:
-    """The LoRA knobs of `rllib_grpo.settings` (``lora_*``) as the module receives them."""
+    """The LoRA knobs of `rllib_grpo.rllib.settings` (``lora_*``) as the module receives them."""
 
     rank: int
     alpha: float = 16.0
@@ -226,7 +226,7 @@ class AdapterMerger:
             return
         logger.info("LoRA sync: no base copy of %d layers yet; reading them from %s",
                     len(modules), self.model_path)
-        from rllib_grpo.models import load_causal_lm
+        from rllib_grpo.models.loading import load_causal_lm
 
         state = load_causal_lm(self.model_path, dtype=self.dtype).state_dict()
         self.base.update({k: v for k, v in state.items() if module_of(k) in modules})

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rllib_grpo.rollout import RolloutBatch
+from rllib_grpo.data.rollout import RolloutBatch
 
 
 @dataclass
@@ -19,6 +19,10 @@ class GroupFilterStats:
     dropped_all_right: int = 0
     dropped_all_wrong: int = 0
     dropped_other: int = 0
+
+
+# Per-trajectory metrics dynamic sampling can filter on (verl's filter_groups.metric).
+FILTER_METRICS = ("acc", "score", "seq_reward")
 
 
 def filter_groups(batch: RolloutBatch, metric: str) -> tuple[RolloutBatch, GroupFilterStats]:

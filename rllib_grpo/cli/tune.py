@@ -21,7 +21,7 @@ from typing import Any
 
 from ray import tune
 
-from rllib_grpo.tensorboard import completions_table
+from rllib_grpo.cli.tensorboard import completions_table
 
 COMPLETIONS_KEY = "completions"
 COMPLETIONS_TAG = "completions"

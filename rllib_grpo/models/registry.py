@@ -1,0 +1,111 @@
+"""Built-in models by name: `register_builtin_model`, `resolve_model` and the on-disk cache.
+
+Everything here works offline: a built-in model is built in code once and
+cached on disk so that transformers, vLLM and every Ray worker load the same
+folder.  The modules that register the built-ins (`BUILTIN_MODULES`) are
+imported on first use, by name, so no module of this package has to be
+imported for its side effect.  No Ray in this module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rllib_grpo.models.loading import BuiltinBuilder, save_model_dir
+
+# Modules whose import registers built-in models; imported by name on first use.
+BUILTIN_MODULES = ("rllib_grpo.models.builtins", "rllib_grpo.models.demo")
+
+_BUILTINS: dict[str, tuple[BuiltinBuilder, dict[str, Any]]] = {}
+_loaded_builtin_modules = False
+
+
+def _load_builtin_modules() -> None:
+    global _loaded_builtin_modules
+    if not _loaded_builtin_modules:
+        _loaded_builtin_modules = True
+        for module in BUILTIN_MODULES:
+            importlib.import_module(module)
+
+
+def register_builtin_model(
+    name: str, builder_fn: BuiltinBuilder, *, params: Mapping[str, Any] | None = None
+) -> None:
+    """Make ``resolve_model(name)`` build a model with ``builder_fn(**params)``.
+
+    ``builder_fn`` returns ``(model, tokenizer)``; it runs once per distinct
+    ``params`` and the result is cached on disk under a hash of the name and
+    the params, so the params must include everything that changes the result
+    (seeds, steps, a version number).  Re-registering a name replaces it.
+    """
+    _BUILTINS[name] = (builder_fn, dict(params or {}))
+
+
+def builtin_model_names() -> list[str]:
+    """Names ``resolve_model`` builds itself."""
+    _load_builtin_modules()
+    return sorted(_BUILTINS)
+
+
+def default_cache_dir() -> Path:
+    """``$RLLIB_GRPO_MODEL_CACHE``, else ``~/.cache/rllib_grpo/models``."""
+    env = os.environ.get("RLLIB_GRPO_MODEL_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "rllib_grpo" / "models"
+
+
+def resolve_model(
+    name_or_path: str,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    builder_kwargs: Mapping[str, Any] | None = None,
+) -> str:
+    """Turn a model name into a local folder (or a hub id) that ``from_pretrained`` loads.
+
+    - a registered name (``"builtin:tiny"``, ``"smollm2-135m"``, what
+      ``register_builtin_model`` added): built once, cached in
+      ``cache_dir/<name>-<hash of params>``; ``builder_kwargs`` override the
+      registered params (and so change the hash);
+    - an existing local folder: returned as is;
+    - anything else: returned as is, taken for a Hugging Face hub id.
+    """
+    _load_builtin_modules()
+    if name_or_path in _BUILTINS:
+        builder_fn, params = _BUILTINS[name_or_path]
+        params = {**params, **(builder_kwargs or {})}
+        folder = Path(cache_dir or default_cache_dir()) / _cache_key(name_or_path, params)
+        if not folder.is_dir():
+            _build_atomically(builder_fn, params, folder)
+        return str(folder)
+    if builder_kwargs:
+        raise ValueError(f"builder_kwargs only apply to built-in models, not {name_or_path!r}")
+    return name_or_path
+
+
+def _cache_key(name: str, params: Mapping[str, Any]) -> str:
+    blob = json.dumps({"name": name, "params": params}, sort_keys=True, default=repr)
+    short_name = name.split(":")[-1].replace("/", "_")
+    return f"{short_name}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+
+
+def _build_atomically(builder_fn: BuiltinBuilder, params: dict[str, Any], folder: Path) -> None:
+    """Build into a scratch folder, then rename: concurrent workers never see half a model."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    scratch = tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent)
+    try:
+        model, tokenizer = builder_fn(**params)
+        save_model_dir(model, tokenizer, scratch)
+        os.rename(scratch, folder)
+    except OSError:
+        if not folder.is_dir():  # a lost race leaves the winner's folder: fine
+            raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+

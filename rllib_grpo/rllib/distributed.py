@@ -1,0 +1,164 @@
+"""torch.distributed helpers for the learners: world size and all-reduce, FSDP2 sharding of
+a causal LM, and full (unsharded) model/optimizer state dicts gathered from or loaded into
+shards.  Every function works with one process (no group) as with many."""
+
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from ray.rllib.utils.torch_utils import convert_to_torch_tensor
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
+
+
+def world_size() -> int:
+    """Processes in the default group (1 without one)."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def all_reduce(t: torch.Tensor, op: Any = None) -> torch.Tensor:
+    """In-place all-reduce (sum by default) over the learners; the identity for one."""
+    if world_size() > 1:
+        dist.all_reduce(t, op=op or dist.ReduceOp.SUM)
+    return t
+
+
+# Gather to rank 0, on the CPU: the other ranks get an empty dict (no copy of the model each).
+FULL_TO_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
+# Every rank passes the full state and keeps its own shard of it.
+FULL_ON_EVERY_RANK = StateDictOptions(full_state_dict=True, strict=True)
+
+
+# --------------------------------------------------------------------------- sharding
+DTYPES = {"model": None, "float32": torch.float32, "bfloat16": torch.bfloat16,
+          "float16": torch.float16}
+
+
+def _dtype(name: str | None) -> torch.dtype | None:
+    """A dtype setting; ``model``/None keeps the parameters' own dtype."""
+    if name is not None and name not in DTYPES:
+        raise ValueError(f"FSDP dtype {name!r} is not one of {sorted(DTYPES)} (or 'auto').")
+    return DTYPES.get(name)
+
+
+def mixed_precision_policy(config: Any, device: torch.device) -> MixedPrecisionPolicy:
+    """FSDP2 compute/reduce dtypes; ``auto`` is bf16 on GPUs and the model's dtype on CPU
+    (so that CPU runs are exact)."""
+    param = config.fsdp_param_dtype
+    if param == "auto":
+        param = "bfloat16" if device.type == "cuda" else None
+    return MixedPrecisionPolicy(param_dtype=_dtype(param),
+                                reduce_dtype=_dtype(config.fsdp_reduce_dtype))
+
+
+def offload_policy(config: Any) -> OffloadPolicy:
+    """Keep sharded parameters, gradients and optimizer states in host memory if asked."""
+    if config.fsdp_cpu_offload:
+        return CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+    return OffloadPolicy()
+
+
+def decoder_layers(lm: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks of a HF causal LM, one FSDP unit each.
+
+    HF names them in ``_no_split_modules``; else the longest ``ModuleList`` is taken.
+    """
+    names = set(getattr(lm, "_no_split_modules", None) or ())
+    layers = [m for m in lm.modules() if type(m).__name__ in names]
+    if layers:
+        return layers
+    lists = [m for m in lm.modules() if isinstance(m, torch.nn.ModuleList)]
+    return list(max(lists, key=len)) if lists else []
+
+
+def shard_causal_lm(lm: torch.nn.Module, mesh: DeviceMesh, mp_policy: MixedPrecisionPolicy,
+                    offload: OffloadPolicy) -> None:
+    """``fully_shard`` every decoder layer, then the HF model itself (the root).
+
+    The root must be the HF model, not the RLModule: RLlib calls
+    ``forward_train`` directly, which would bypass the root's forward hooks.
+    """
+    kwargs = {"mesh": mesh, "mp_policy": mp_policy, "offload_policy": offload}
+    for layer in decoder_layers(lm):
+        fully_shard(layer, **kwargs)
+    fully_shard(lm, **kwargs)
+
+
+def is_sharded(lm: torch.nn.Module) -> bool:
+    return isinstance(lm, FSDPModule)
+
+
+def rank() -> int:
+    return dist.get_rank() if world_size() > 1 else 0
+
+
+# --------------------------------------------------------------------------- state
+def gather_full_state_dict(lm: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Full HF state dict of a sharded model on rank 0 (CPU); ``{}`` elsewhere. Collective."""
+    return get_model_state_dict(lm, options=FULL_TO_RANK0)
+
+
+def load_full_state_dict(lm: torch.nn.Module, state: dict[str, Any]) -> None:
+    """Load a full HF state dict (given on every rank) into a sharded model. Collective."""
+    full = {k: torch.as_tensor(v) for k, v in state.items()}
+    set_model_state_dict(lm, full, options=FULL_ON_EVERY_RANK)
+
+
+def _param_fqns(module: torch.nn.Module, optim: torch.optim.Optimizer) -> list[str]:
+    """Names of the optimizer's parameters in its own (index) order."""
+    name_of = {id(p): name for name, p in module.named_parameters()}
+    return [name_of[id(p)] for group in optim.param_groups for p in group["params"]]
+
+
+def full_optimizer_state(module: torch.nn.Module, optim: torch.optim.Optimizer) -> dict:
+    """``optim.state_dict()`` of the unsharded model (rank 0; ``{}`` elsewhere). Collective.
+
+    Index-keyed like any torch optimizer, so a non-FSDP learner loads it as is.
+    """
+    if not optim.state:
+        # DCP would "initialise" the state by taking a zero-lr step (Adam's step count 1).
+        return optim.state_dict()
+    by_name = get_optimizer_state_dict(module, optim, options=FULL_TO_RANK0)
+    if not by_name:
+        return {}
+    order = [name for group in by_name["param_groups"] for name in group["params"]]
+    index = {name: i for i, name in enumerate(order)}
+    return {
+        "state": {index[name]: value for name, value in by_name["state"].items()},
+        "param_groups": [{**g, "params": [index[n] for n in g["params"]]}
+                         for g in by_name["param_groups"]],
+    }
+
+
+def load_full_optimizer_state(module: torch.nn.Module, optim: torch.optim.Optimizer,
+                              state: dict) -> None:
+    """Load an index-keyed full optimizer state (on every rank) into sharded parameters."""
+    if not state.get("state"):
+        optim.load_state_dict(state)  # nothing to shard: hyper-parameters only
+        return
+    names = _param_fqns(module, optim)
+    by_name = {
+        "state": {names[int(i)]: convert_to_torch_tensor(s, device="cpu")
+                  for i, s in state["state"].items()},
+        "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]}
+                         for g in state["param_groups"]],
+    }
+    set_optimizer_state_dict(module, optim, by_name, options=FULL_ON_EVERY_RANK)
+
+

@@ -1,0 +1,89 @@
+"""`explain_config`: what a GRPO configuration will actually do, as text: the resolved batch
+plan, the loss and KL set-up, the memory estimate, and every error and pitfall found."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rllib_grpo.rllib.checks import find_errors, find_pitfalls
+from rllib_grpo.rllib.memory import memory_lines
+
+
+def _lora_line(c: Any) -> str:
+    if c.lora_rank <= 0:
+        return "LoRA: off (full fine-tuning)"
+    return (f"LoRA: rank {c.lora_rank}, alpha {c.lora_alpha} (scale {c.lora_alpha / c.lora_rank:g})"
+            f", targets {c.lora_target_modules}; reference = the policy with the adapter "
+            f"disabled; sync: full weights once, then {c.lora_sync}")
+
+
+def _agg_effect(mode: str) -> str:
+    return {
+        "token-mean": "every token weighs the same: long responses get more total weight "
+        "than short ones (verl's default, DAPO).",
+        "token-sum": "tokens are summed: the loss scales with the batch's token count.",
+        "seq-mean-token-sum": "each response's token sum, averaged over responses: long "
+        "responses get proportionally larger gradients.",
+        "seq-mean-token-mean": "each response weighs the same whatever its length: tokens of "
+        "short responses weigh more (original GRPO).",
+        "seq-mean-token-sum-norm": "token sums averaged over responses and divided by a fixed "
+        "horizon: no length bias (Dr.GRPO).",
+    }.get(mode, "unknown mode")
+
+
+def _kl_line(c: Any) -> str:
+    if c.use_kl_loss and c.use_kl_in_reward:
+        return (f"KL: BOTH in the loss ({c.kl_loss_type}, coef {c.kl_loss_coef}) and in the "
+                f"reward ({c.kl_penalty}, {c.kl_ctrl_type} coef {c.kl_coef})")
+    if c.use_kl_loss:
+        return (f"KL: in the loss, {c.kl_loss_type} estimator, coefficient {c.kl_loss_coef}, "
+                f"aggregated with {c.loss_agg_mode}")
+    if c.use_kl_in_reward:
+        return (f"KL: in the reward, {c.kl_penalty} estimator, {c.kl_ctrl_type} controller "
+                f"(coef {c.kl_coef}), summed into the outcome before group normalisation")
+    return "KL: none (no reference model is loaded)"
+
+
+def explain_config(c: Any) -> str:
+    """A human-readable plan of what one training step does, with errors and pitfalls."""
+    plan = c.batch_plan()
+    lines = [
+        f"model: {c.model_path} ({c.model_dtype})   sampler: {c.sampler}   "
+        f"temperature {c.temperature}, top_p {c.top_p}, top_k {c.top_k}",
+        f"prompts per step:              {plan.prompts_per_step}",
+        f"trajectories per step:         {plan.trajectories_per_step} "
+        f"(= {plan.prompts_per_step} prompts x group_size {c.group_size})",
+        f"mini-batch:                    {plan.prompts_per_minibatch} prompts = "
+        f"{plan.trajectories_per_minibatch} trajectories "
+        f"({plan.trajectories_per_minibatch_per_learner} per learner on "
+        f"{plan.num_learners} learner(s))",
+        f"optimizer steps per step:      {plan.optimizer_steps_per_step} "
+        f"(= {plan.minibatches_per_epoch} mini-batches x {c.num_epochs} epoch(s))",
+    ]
+    if c.use_dynamic_bsz:
+        lines.append(f"micro-batches:                 token budget {c.max_tokens_per_micro_batch} "
+                     "tokens per micro-batch, same count on every learner")
+    else:
+        lines.append(f"micro-batches per mini-batch:  {plan.micro_batches_per_minibatch} of "
+                     f"{plan.micro_batch_size_per_learner} trajectories per learner "
+                     "(gradient accumulation)")
+    lines += [
+        f"sequence budget:               prompt <= {c.max_prompt_length} tokens "
+        f"(truncation={c.truncation}), response <= {c.max_response_length} tokens",
+        f"advantage:                     {c.adv_estimator}"
+        + (" (Dr.GRPO: no std normalisation)" if not c.norm_adv_by_std_in_grpo else ""),
+        f"policy loss:                   {c.policy_loss}, clip [{c.clip_ratio_low or c.clip_ratio}, "
+        f"{c.clip_ratio_high or c.clip_ratio}], dual clip {c.clip_ratio_c}",
+        f"loss aggregation:              {c.loss_agg_mode}: {_agg_effect(c.loss_agg_mode)}",
+        _kl_line(c),
+        _lora_line(c),
+    ]
+    lines += memory_lines(c)
+    errors, pitfalls = find_errors(c), find_pitfalls(c)
+    for title, items in (("ERRORS", errors), ("PITFALLS", pitfalls)):
+        if items:
+            lines.append(f"{title}:")
+            lines += [f"  - {item}" for item in items]
+    if not errors and not pitfalls:
+        lines.append("No pitfalls found.")
+    return "\n".join(lines)
