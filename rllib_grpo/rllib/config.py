@@ -65,7 +65,7 @@ class GRPOConfig(AlgorithmConfig, GRPOSettings):
 
     def __init__(self, algo_class: type | None = None) -> None:
         # The algorithm class by its registered name: `GRPO` imports this module.
-        super().__init__(algo_class=algo_class or trainable_class("GRPO"))
+        AlgorithmConfig.__init__(self, algo_class=algo_class or trainable_class("GRPO"))
         for name, value in defaults().items():
             setattr(self, name, value)
         # RLlib fields with GRPO/verl defaults.

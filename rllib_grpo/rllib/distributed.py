@@ -54,7 +54,7 @@ def _dtype(name: str | None) -> torch.dtype | None:
     """A dtype setting; ``model``/None keeps the parameters' own dtype."""
     if name is not None and name not in DTYPES:
         raise ValueError(f"FSDP dtype {name!r} is not one of {sorted(DTYPES)} (or 'auto').")
-    return DTYPES.get(name)
+    return DTYPES.get(name) if name is not None else None
 
 
 def mixed_precision_policy(config: Any, device: torch.device) -> MixedPrecisionPolicy:
@@ -84,7 +84,7 @@ def decoder_layers(lm: torch.nn.Module) -> list[torch.nn.Module]:
     if layers:
         return layers
     lists = [m for m in lm.modules() if isinstance(m, torch.nn.ModuleList)]
-    return list(max(lists, key=len)) if lists else []
+    return list(max(lists, key=lambda modules: len(list(modules)))) if lists else []
 
 
 def shard_causal_lm(lm: torch.nn.Module, mesh: DeviceMesh, mp_policy: MixedPrecisionPolicy,
@@ -94,7 +94,7 @@ def shard_causal_lm(lm: torch.nn.Module, mesh: DeviceMesh, mp_policy: MixedPreci
     The root must be the HF model, not the RLModule: RLlib calls
     ``forward_train`` directly, which would bypass the root's forward hooks.
     """
-    kwargs = {"mesh": mesh, "mp_policy": mp_policy, "offload_policy": offload}
+    kwargs: dict[str, Any] = {"mesh": mesh, "mp_policy": mp_policy, "offload_policy": offload}
     for layer in decoder_layers(lm):
         fully_shard(layer, **kwargs)
     fully_shard(lm, **kwargs)
@@ -111,12 +111,12 @@ def rank() -> int:
 # --------------------------------------------------------------------------- state
 def gather_full_state_dict(lm: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Full HF state dict of a sharded model on rank 0 (CPU); ``{}`` elsewhere. Collective."""
-    return get_model_state_dict(lm, options=FULL_TO_RANK0)
+    return get_model_state_dict(lm, options=FULL_TO_RANK0)  # type: ignore[return-value]
 
 
 def load_full_state_dict(lm: torch.nn.Module, state: dict[str, Any]) -> None:
     """Load a full HF state dict (given on every rank) into a sharded model. Collective."""
-    full = {k: torch.as_tensor(v) for k, v in state.items()}
+    full: dict[str, Any] = {k: torch.as_tensor(v) for k, v in state.items()}
     set_model_state_dict(lm, full, options=FULL_ON_EVERY_RANK)
 
 
@@ -134,7 +134,7 @@ def full_optimizer_state(module: torch.nn.Module, optim: torch.optim.Optimizer) 
     if not optim.state:
         # DCP would "initialise" the state by taking a zero-lr step (Adam's step count 1).
         return optim.state_dict()
-    by_name = get_optimizer_state_dict(module, optim, options=FULL_TO_RANK0)
+    by_name: Any = get_optimizer_state_dict(module, optim, options=FULL_TO_RANK0)
     if not by_name:
         return {}
     order = [name for group in by_name["param_groups"] for name in group["params"]]
@@ -153,7 +153,7 @@ def load_full_optimizer_state(module: torch.nn.Module, optim: torch.optim.Optimi
         optim.load_state_dict(state)  # nothing to shard: hyper-parameters only
         return
     names = _param_fqns(module, optim)
-    by_name = {
+    by_name: Any = {
         "state": {names[int(i)]: convert_to_torch_tensor(s, device="cpu")
                   for i, s in state["state"].items()},
         "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]}

@@ -76,7 +76,7 @@ class MiniBatchTotals:
     global_num_seqs: float
     horizon: float
 
-    def agg_kwargs(self) -> dict[str, float]:
+    def agg_kwargs(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
@@ -178,8 +178,9 @@ class GRPOLearner(TorchLearner):
             if not rows:  # an empty token-budget bin: the pass only keeps ranks in step
                 continue
             index = torch.as_tensor(rows, device=mask.device)
-            old[index], entropy[index] = out["log_probs"], out["entropy"]
-            if ref is not None:
+            old[index] = out["log_probs"]
+            entropy[index] = out["entropy"]
+            if ref is not None and ref_out is not None:
                 ref[index] = ref_out
         batch["old_log_probs"] = old
         if ref is not None:

@@ -83,7 +83,7 @@ def lora_param_count(model: torch.nn.Module, rank: int, target_modules: Any) -> 
     """``rank x (in + out)`` over the linear layers peft would adapt."""
     if rank <= 0:
         return 0
-    head = model.get_output_embeddings()
+    head = model.get_output_embeddings()  # type: ignore[operator]
     names = None if target_modules == "all-linear" else (
         {target_modules} if isinstance(target_modules, str) else set(target_modules))
     total = 0

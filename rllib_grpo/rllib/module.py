@@ -145,13 +145,14 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
         if isinstance(self.lm, FSDPModule):
             from rllib_grpo.rllib.distributed import load_full_state_dict
 
-            return load_full_state_dict(self.lm, state)
+            return load_full_state_dict(self.lm, state)  # type: ignore[arg-type]
         self.lm.load_state_dict(
             {k: torch.as_tensor(v) for k, v in state.items()}, strict=True
         )
 
     # ---------------------------------------------------------------- LoRA
     def _lora_state(self, for_sync: bool) -> Any:
+        assert self.lora is not None
         if not for_sync:
             return lora.adapter_checkpoint(self.lm, self.lora, self.model_config["model"])
         payload = lora.sync_payload(self.lm, self.lora, first=not self._lora_synced)

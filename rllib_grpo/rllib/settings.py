@@ -232,8 +232,8 @@ class GRPOSettings:
     optimizer_offload: bool = knob(
         False, "flag", "Keep AdamW's states in host memory between optimizer steps "
         "(verl actor.fsdp_config.optimizer_offload): moved to the device for the step, back "
-        "after it (rllib_grpo.rllib.memory.offload_optimizer_states; not yet called by the learner, "
-        "see explain). A no-op on CPU.")
+        "after it (step hooks from rllib_grpo.models.offload.offload_optimizer_states, installed "
+        "by the learner). A no-op on CPU.")
     sampler_memory_fraction: float | None = knob(
         None, "fraction of GPU memory", "GPU memory the vLLM engine may take (weights + KV "
         "cache), vLLM's gpu_memory_utilization; None = sampler_config's value, else 0.9 x the "
