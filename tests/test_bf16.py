@@ -119,6 +119,50 @@ def test_fsdp_mixed_precision_policy_follows_model_dtype():
     assert policy.param_dtype is None  # the shards' own (master) dtype
 
 
+def test_verl_precision_keys_map_with_verl_spellings():
+    from rllib_grpo.cli.build import assemble, build_config
+    from rllib_grpo.cli.experiment import ConfigError
+
+    actor = "actor_rollout_ref.actor.fsdp_config."
+    config = build_config(assemble(overrides=[
+        f"{actor}model_dtype=fp32", f"{actor}mixed_precision.param_dtype=bf16",
+        f"{actor}mixed_precision.reduce_dtype=fp32", f"{actor}mixed_precision.buffer_dtype=fp32",
+        "actor_rollout_ref.rollout.dtype=bf16"]))
+    assert (config.master_weights_dtype, config.model_dtype, config.fsdp_reduce_dtype) == (
+        "float32", "bfloat16", "float32")
+    assert config.sampler_dtype == "bfloat16" and config.sampler_config["dtype"] == "bfloat16"
+    pure = build_config(assemble(overrides=[f"{actor}model_dtype=bf16", "model_dtype=bf16"]))
+    assert pure.master_weights_dtype == "bfloat16" and "pure bf16" in pure.explain()
+    with pytest.raises(ConfigError, match="buffer_dtype"):
+        assemble(overrides=[f"{actor}mixed_precision.buffer_dtype=bf16"])
+
+
+def test_memory_estimate_counts_fp32_master_weights_and_bf16_compute():
+    from rllib_grpo.rllib.memory import ModelShape, estimate_memory
+
+    fp32, bf16 = estimate_memory(tiny_config()), estimate_memory(
+        tiny_config(model_dtype="bfloat16"))
+    n = fp32.shape.num_params
+    assert bf16.learner["weights"] == 4 * n and bf16.learner["gradients"] == 4 * n
+    assert bf16.learner["optimizer (AdamW)"] == 8 * n
+    assert bf16.learner["reference model"] == 2 * n  # frozen, forward only
+    assert bf16.learner["compute copy (bfloat16)"] == 2 * n  # autocast's cast weights
+    assert "compute copy (bfloat16)" not in fp32.learner
+    assert bf16.sampler["weights"] == 2 * n
+    assert bf16.learner["activations"] == fp32.learner["activations"] / 2
+    pure = estimate_memory(tiny_config(model_dtype="bfloat16", master_weights_dtype="bfloat16"))
+    assert pure.learner["optimizer (AdamW)"] == 4 * n and "compute copy (bfloat16)" not in pure.learner
+    # FSDP2 all-gathers one unit at a time: the root (embeddings) and ~2 decoder layers.
+    qwen05b = ModelShape(num_params=494_032_768, hidden_size=896, num_layers=24,
+                         vocab_size=151_936, num_kv_heads=2, head_dim=64)
+    root = 151_936 * 896
+    sharded = estimate_memory(tiny_config(model_dtype="bfloat16").learners(num_learners=2),
+                              qwen05b)
+    expected = 2 * (root + 2 * (qwen05b.num_params - root) / 24)
+    assert sharded.learner["compute copy (bfloat16)"] == pytest.approx(expected)
+    assert sharded.learner["weights"] == 4 * qwen05b.num_params / 2
+
+
 # --------------------------------------------------------------------------- eval mode
 def _dropout_model_dir(folder: Path) -> str:
     from transformers import AutoConfig, AutoModelForCausalLM
