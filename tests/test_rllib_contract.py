@@ -24,7 +24,7 @@ PRIVATE_RLLIB_NAMES = [
     ("ray.rllib.core.learner.torch.torch_learner", "TorchLearner",
      "_make_modules_ddp_if_necessary", ["self"], "rllib/fsdp.py: no DDP wrap under FSDP2"),
     ("ray.rllib.core.learner.torch.torch_learner", "TorchLearner", "_get_optimizer_state",
-     ["self"], "rllib/fsdp.py: full optimizer state from shards"),
+     ["self"], "rllib/learner.py: dtype-keeping optimizer state; rllib/fsdp.py: from shards"),
     ("ray.rllib.core.learner.torch.torch_learner", "TorchLearner", "_set_optimizer_state",
      ["self", "state"], "rllib/fsdp.py: load a full optimizer state into shards"),
     ("ray.rllib.core.rl_module.rl_module", "RLModule", "_forward_train",

@@ -28,7 +28,9 @@ from rllib_grpo.rllib.settings import (
     DERIVED_FIELDS,
     SETTINGS_FIELDS,
     VERL_ALIASES,
+    canonical_dtype,
     derived_field_error,
+    is_dtype_setting,
 )
 
 # Top-level sections of verl's config: a dotted key under one of them is a verl key.
@@ -66,6 +68,8 @@ VERL_IGNORED_AT: dict[str, tuple[Any, str]] = {
     _AR + "actor.fsdp_config.param_offload": (False, "the actor's weights stay on the device"),
     _AR + "actor.fsdp_config.optimizer_offload": (False, "the optimizer states stay on the "
                                                          "device (see optimizer_offload)"),
+    _AR + "actor.fsdp_config.mixed_precision.buffer_dtype": (
+        "float32", "buffers (rotary tables) stay in the fp32 master weights' dtype"),
 }
 # verl keys that set how the experiment runs (Tune), not the algorithm config.
 VERL_TO_RUN: dict[str, str] = {
@@ -82,6 +86,7 @@ VERL_TO_SUB_KEY: dict[str, tuple[str, str]] = {
     "data.train_files": ("env_config", "path"),
     "data.val_files": ("val_env_config", "path"),
     _AR + "rollout.enforce_eager": ("sampler_config", "enforce_eager"),
+    _AR + "rollout.dtype": ("sampler_config", "dtype"),  # the samplers' weight dtype
 }
 # RLlib's `update_from_dict` renames these; classic configs use them.
 RLLIB_SPECIAL_KEYS = {"callbacks", "create_env_on_driver", "custom_eval_function", "framework",
@@ -278,8 +283,11 @@ def translate(raw: Mapping[str, Any], algo: str, source: str) -> Translated:
     for key, value in flatten_verl(raw).items():
         if is_verl_key(key) and algo != "GRPO":
             raise ConfigError(f"{source}: verl key {key!r} only applies to --algo GRPO")
+        name = VERL_ALIASES.get(key, key)
+        if is_dtype_setting(name):  # verl spells dtypes bf16 / fp32
+            value = canonical_dtype(value)
         if key in VERL_ALIASES:
-            _set(out, VERL_ALIASES[key], check_type(key, VERL_ALIASES[key], value), key, source)
+            _set(out, name, check_type(key, name, value), key, source)
         elif is_verl_key(key):
             _translate_verl_key(out, key, value, known, source)
         elif algo == "GRPO" and key in DERIVED_FIELDS:
@@ -304,7 +312,8 @@ def _translate_verl_key(out: Translated, key: str, value: Any, known: frozenset[
         out.run[key] = value
     elif key in VERL_TO_SUB_KEY and VERL_TO_SUB_KEY[key][0] in known:
         field, entry = VERL_TO_SUB_KEY[key]
-        _set(out, field, {entry: value}, key, source)
+        _set(out, field, {entry: canonical_dtype(value) if entry == "dtype" else value}, key,
+             source)
         out.mapped.append(f"{key} -> {field}.{entry}")
     else:
         raise ConfigError(f"{source}: verl key {key!r} has no rllib-grpo equivalent yet")
@@ -312,6 +321,8 @@ def _translate_verl_key(out: Translated, key: str, value: Any, known: frozenset[
 
 def _ignore_at(out: Translated, key: str, value: Any, source: str) -> None:
     expected, why = VERL_IGNORED_AT[key]
+    if key.endswith("_dtype"):
+        value = canonical_dtype(value)
     if value != expected:
         raise ConfigError(f"{source}: verl key {key!r}={value!r} has no rllib-grpo equivalent "
                           f"yet (only {expected!r} is accepted: {why})")

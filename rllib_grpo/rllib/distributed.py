@@ -9,7 +9,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from ray.rllib.utils.torch_utils import convert_to_torch_tensor
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -25,6 +24,8 @@ from torch.distributed.fsdp import (
     OffloadPolicy,
     fully_shard,
 )
+
+from rllib_grpo.models.precision import as_torch_tensors, optimizer_state_for_load, tensors_to_cpu
 
 
 def world_size() -> int:
@@ -58,11 +59,14 @@ def _dtype(name: str | None) -> torch.dtype | None:
 
 
 def mixed_precision_policy(config: Any, device: torch.device) -> MixedPrecisionPolicy:
-    """FSDP2 compute/reduce dtypes; ``auto`` is bf16 on GPUs and the model's dtype on CPU
-    (so that CPU runs are exact)."""
+    """FSDP2 compute/reduce dtypes, verl's ``MixedPrecisionPolicy(param_dtype=bf16,
+    reduce_dtype=fp32)`` for ``model_dtype="bfloat16"``: the shards (master weights) and
+    AdamW states stay in ``master_weights_dtype``, each unit is all-gathered and computed in
+    the compute dtype, and gradients are reduce-scattered in fp32.  ``fsdp_param_dtype``
+    ``auto`` is ``model_dtype`` on every device."""
     param = config.fsdp_param_dtype
     if param == "auto":
-        param = "bfloat16" if device.type == "cuda" else None
+        param = config.model_dtype
     return MixedPrecisionPolicy(param_dtype=_dtype(param),
                                 reduce_dtype=_dtype(config.fsdp_reduce_dtype))
 
@@ -154,7 +158,7 @@ def load_full_optimizer_state(module: torch.nn.Module, optim: torch.optim.Optimi
         return
     names = _param_fqns(module, optim)
     by_name: Any = {
-        "state": {names[int(i)]: convert_to_torch_tensor(s, device="cpu")
+        "state": {names[int(i)]: as_torch_tensors(s)
                   for i, s in state["state"].items()},
         "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]}
                          for g in state["param_groups"]],
@@ -162,3 +166,26 @@ def load_full_optimizer_state(module: torch.nn.Module, optim: torch.optim.Optimi
     set_optimizer_state_dict(module, optim, by_name, options=FULL_ON_EVERY_RANK)
 
 
+
+
+# --------------------------------------------------------------------------- one learner's optimizers
+def optimizer_states(learner: Any) -> dict:
+    """Every optimizer's ``state_dict()`` as CPU torch tensors in their own dtype (RLlib's
+    layout: ``{name: {"module_id", "state"}}``).  RLlib's default converts to numpy, which
+    has no bfloat16, and reads every float back as float32."""
+    return {name: {"module_id": learner._optimizer_name_to_module[name],
+                   "state": tensors_to_cpu(optim.state_dict())}
+            for name, optim in learner._named_optimizers.items()}
+
+
+def load_optimizer_states(learner: Any, state: dict) -> None:
+    """Load `optimizer_states` (or RLlib's numpy ones) bit-exactly, building an optimizer
+    for a module that has none yet, as RLlib does."""
+    for name, entry in state.items():
+        module_id = entry["module_id"]
+        if name not in learner._named_optimizers and module_id in learner.module:
+            learner.configure_optimizers_for_module(
+                module_id=module_id, config=learner.config.get_config_for_module(module_id))
+        if name in learner._named_optimizers:
+            learner._named_optimizers[name].load_state_dict(
+                optimizer_state_for_load(entry["state"]))

@@ -63,6 +63,7 @@ def engine_options(config: Any) -> dict[str, Any]:
     ``sampler_memory_fraction``, else (colocated) the GPU fraction this env runner
     reserved from Ray."""
     options = dict(config.sampler_config)
+    options.pop("dtype", None)  # the sampler's dtype is config.sampler_dtype
     if config.sampler != "hf" and config.sampler_memory_fraction is not None:
         options["gpu_memory_utilization"] = config.sampler_memory_fraction
     gpus = config.num_gpus_per_env_runner
@@ -85,7 +86,7 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         self._val_env: gym.Env | None = None
         self._seed_base = seed
         self.sampler = make_sampler(
-            c.sampler, model_path=model_path, dtype=c.model_dtype, seed=seed,
+            c.sampler, model_path=model_path, dtype=c.sampler_dtype, seed=seed,
             **engine_options(c),
         )
         self._weights_seq_no = 0
@@ -255,7 +256,7 @@ class TextEnvRunner(EnvRunner, Checkpointable):
             return self.sampler.load_weights(module_state)
         if getattr(self, "_lora_merger", None) is None:
             self._lora_merger = AdapterMerger(resolve_model(self.config.model_path),
-                                              self.config.model_dtype)
+                                              self.config.sampler_dtype)
         return self._lora_merger.apply(self.sampler, module_state)
 
     @override(Checkpointable)

@@ -38,7 +38,12 @@ from rllib_grpo.algos import (
 )
 from rllib_grpo.data.batching import num_micro_batches_for_budget, split_fixed, split_token_budget
 from rllib_grpo.models.offload import offload_optimizer_states
-from rllib_grpo.rllib.distributed import all_reduce, world_size
+from rllib_grpo.rllib.distributed import (
+    all_reduce,
+    load_optimizer_states,
+    optimizer_states,
+    world_size,
+)
 from rllib_grpo.rllib.module import response_log_probs
 
 logger = logging.getLogger(__name__)
@@ -171,9 +176,12 @@ class GRPOLearner(TorchLearner):
         ref = torch.zeros_like(mask) if c.needs_reference else None
         # The same micro-batches as the update (fixed size or token budget, same count on
         # every learner: sharded forwards are collective).  Rows come back in place.
+        # Eval mode (no dropout) as verl's compute_log_prob; forward_train sets train() again.
+        module.eval()
         for rows in self._micro_batches(batch):
             micro = _select({k: batch[k] for k in FORWARD_COLUMNS}, rows or [0])
-            out = response_log_probs(module.lm, micro, c.temperature, with_entropy=True)
+            with module.autocast():
+                out = response_log_probs(module.lm, micro, c.temperature, with_entropy=True)
             ref_out = module.reference_log_probs(micro) if ref is not None else None
             if not rows:  # an empty token-budget bin: the pass only keeps ranks in step
                 continue
@@ -392,6 +400,16 @@ class GRPOLearner(TorchLearner):
                 [components] if isinstance(components, str) else components):
             state["kl_ctrl"] = self.kl_ctrl.state_dict()
         return state
+
+    # Optimizer state as torch tensors in their own dtype: RLlib's numpy round trip has no
+    # bfloat16 (save crashes) and reads every float back as float32.
+    @override(TorchLearner)
+    def _get_optimizer_state(self) -> dict:
+        return optimizer_states(self)
+
+    @override(TorchLearner)
+    def _set_optimizer_state(self, state: dict) -> None:
+        load_optimizer_states(self, state)
 
     @override(TorchLearner)
     def set_state(self, state: dict) -> None:
