@@ -141,6 +141,26 @@ class GRPO(Algorithm):
             self.env_runner_group.foreach_env_runner(
                 lambda er: er.set_state(by_index[er.worker_index]), local_env_runner=False)
 
+    def export_model(self, path: str, *, dtype: str | None = None, lora_mode: str = "merge",
+                     overwrite: bool = False) -> str:
+        """Write the current policy as a Hugging Face model folder; returns its path.
+
+        The learners' full state (gathered from every FSDP shard) goes through
+        `rllib_grpo.models.export.export_module_state`: safetensors shards, config,
+        generation config and the base model's tokenizer.  With LoRA the adapter is
+        merged (``lora_mode="merge"``) or written as a PEFT folder (``"adapter"``).
+        ``dtype`` None keeps the learner's.  For a checkpoint on disk use
+        ``rllib-grpo export`` (`rllib_grpo.cli.export.export_checkpoint`).
+        """
+        from rllib_grpo.models.export import export_module_state
+
+        state = self.learner_group.get_state(
+            components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}/{DEFAULT_MODULE_ID}",
+        )[COMPONENT_LEARNER][COMPONENT_RL_MODULE][DEFAULT_MODULE_ID]
+        c = self.config
+        return export_module_state(state, c.model_path, path, dtype=dtype, lora_mode=lora_mode,
+                                   base_dtype=c.model_dtype, overwrite=overwrite).path
+
     # ------------------------------------------------------------------ sampling
     def _sample_step(self) -> RolloutBatch:
         """One step's groups; with dynamic sampling (DAPO), only groups with a signal."""
