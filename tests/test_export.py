@@ -175,6 +175,21 @@ def test_lora_checkpoint_exports_a_peft_adapter(lora_run, tmp_path):
     assert diff <= 1e-6
 
 
+def test_eval_scores_a_checkpoint_on_the_env_it_trained_on(lora_run, tmp_path):
+    """No --env: the checkpoint's env, env_config and max_response_length; LoRA merged."""
+    from rllib_grpo.cli.main import main
+
+    out = tmp_path / "res.json"
+    assert main(["eval", lora_run["checkpoint"], "--n", "2", "--num-prompts", "6",
+                 "--sampler", "hf", "--out", str(out)], prog="rllib-grpo") == 0
+    result = json.loads(out.read_text())
+    assert result["env"] == "rllib_grpo/Arithmetic-v0"
+    assert result["env_config"] == {"max_operand": 4}
+    assert result["settings"]["max_response_length"] == 4 and result["num_prompts"] == 6
+    assert "val-core/arithmetic/acc/mean@2" in result["metrics"]
+    assert result["metrics"]["response_length/mean"] <= 4
+
+
 # --------------------------------------------------------------------------- bad input, no Ray
 def test_export_refuses_what_it_cannot_export(tmp_path, capsys):
     from rllib_grpo.cli.main import main

@@ -213,7 +213,8 @@ def run_eval(args: argparse.Namespace) -> int:
     _check_numbers(args)
     model, ckpt = classify_model(args.model)
     spec = env_spec(args, ckpt)
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    # vLLM's start-up warnings (seeds, eager mode, CPU tuning) say nothing about the scores.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     with tempfile.TemporaryDirectory(prefix="rllib-grpo-eval-") as scratch:
         model_dir = _model_folder(model, ckpt, scratch)
         from rllib_grpo.models.tokenizers import load_tokenizer
