@@ -148,3 +148,19 @@ def test_eval_shows_the_demo_training_gain(ray_session, tmp_path):
     print(f"\ndemo model eval {key}: {before:.3f} before, {after:.3f} after 60 steps")
     assert after - before > 0.15, (before, after)
     assert math.isfinite(scores["after"]["val-core/arithmetic/acc/maj@8/mean"])
+
+
+def test_export_and_eval_help_document_their_options(capsys):
+    from rllib_grpo.cli.main import build_parser
+
+    for command, options in (
+            ("export", ("CHECKPOINT", "OUT_DIR", "--dtype", "--merge-lora", "--adapter-only",
+                        "--max-shard-size", "--overwrite", "exit codes")),
+            ("eval", ("MODEL_OR_CHECKPOINT", "--data", "--env", "--env-config", "--n",
+                      "--temperature", "--max-response-length", "--num-prompts", "--sampler",
+                      "--out", "pass@k", "exit codes"))):
+        with pytest.raises(SystemExit):
+            build_parser("rllib-grpo").parse_args([command, "--help"])
+        text = capsys.readouterr().out
+        for option in options:
+            assert option in text, (command, option)

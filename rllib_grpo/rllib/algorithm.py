@@ -24,6 +24,7 @@ from ray.rllib.utils.metrics import (
     WEIGHTS_SEQ_NO,
 )
 from ray.tune.registry import register_trainable
+from ray.tune.trainable import Trainable
 
 from rllib_grpo.data.recipes import (
     GroupFilterStats,
@@ -141,9 +142,13 @@ class GRPO(Algorithm):
             self.env_runner_group.foreach_env_runner(
                 lambda er: er.set_state(by_index[er.worker_index]), local_env_runner=False)
 
+    @override(Trainable)
     def export_model(self, path: str, *, dtype: str | None = None, lora_mode: str = "merge",
                      overwrite: bool = False) -> str:
         """Write the current policy as a Hugging Face model folder; returns its path.
+
+        (Replaces Tune's ``Trainable.export_model(export_formats, export_dir)``, whose
+        RLlib implementation serves old-API-stack policies only; nothing in Ray calls it.)
 
         The learners' full state (gathered from every FSDP shard) goes through
         `rllib_grpo.models.export.export_module_state`: safetensors shards, config,
