@@ -226,6 +226,36 @@ def test_export_refuses_what_it_cannot_export(tmp_path, capsys):
     assert all(torch.equal(loaded[k], v) for k, v in weights.items())
 
 
+def test_a_bf16_learner_exports_bf16_and_upcasts_exactly(tmp_path):
+    """``model_dtype="bfloat16"``: the folder keeps the learner's dtype unless told."""
+    from rllib_grpo.models.export import export_module_state
+
+    weights = {k: v.to(torch.bfloat16) for k, v in _tiny_model_with_noise().items()}
+    assert export_module_state(weights, "builtin:tiny", tmp_path / "bf16").dtype == "bfloat16"
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["dtype"] == "bfloat16"
+    loaded = _load(tmp_path / "bf16").state_dict()
+    assert all(torch.equal(loaded[k], v) for k, v in weights.items())
+    export_module_state(weights, "builtin:tiny", tmp_path / "fp32", dtype="float32")
+    upcast = _load(tmp_path / "fp32").state_dict()
+    assert all(upcast[k].dtype == torch.float32 and torch.equal(upcast[k], v.float())
+               for k, v in weights.items())
+
+
+def test_a_tune_trial_folder_points_at_its_latest_checkpoint(tmp_path):
+    from rllib_grpo.cli.checkpoint import CheckpointError, read_checkpoint
+
+    for name in ("checkpoint_000000", "checkpoint_000001"):
+        module = tmp_path.joinpath(name, "learner_group", "learner", "rl_module",
+                                   "default_policy")
+        module.mkdir(parents=True)
+        (module / "module_state.pkl").write_bytes(b"")
+        (module / "class_and_ctor_args.pkl").write_bytes(b"")
+    with pytest.raises(CheckpointError, match="latest checkpoint is .*checkpoint_000001"):
+        read_checkpoint(tmp_path)
+    with pytest.raises(CheckpointError, match="unreadable"):  # empty pickles
+        read_checkpoint(tmp_path / "checkpoint_000001")
+
+
 def _tiny_model_with_noise() -> dict[str, torch.Tensor]:
     from rllib_grpo.models import load_causal_lm, resolve_model
 

@@ -95,8 +95,10 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
         raise CheckpointError(f"{path}: no such checkpoint folder")
     module_dir = find_module_dir(path)
     if module_dir is None:
+        inside = sorted(p for p in path.glob("checkpoint_*") if find_module_dir(p))
+        hint = f"; a Tune trial folder? its latest checkpoint is {inside[-1]}" if inside else ""
         raise CheckpointError(f"{path}: not a GRPO checkpoint (no "
-                              f"{'/'.join(MODULE_PATH)}/{STATE_FILE} below it)")
+                              f"{'/'.join(MODULE_PATH)}/{STATE_FILE} below it){hint}")
     if not (module_dir / STATE_FILE).is_file():
         raise CheckpointError(f"{module_dir}: a msgpack checkpoint; export reads pickle "
                               "checkpoints (save without use_msgpack)")
