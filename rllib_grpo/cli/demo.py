@@ -4,7 +4,9 @@ The built-in demo model (``builtin:demo``, see `rllib_grpo.models.demo`) is a
 small character-level transformer given one second of supervised warm-up on
 arithmetic demonstrations: it starts with about a third of its sampled answers
 right, so groups mix right and wrong answers and GRPO has a signal from the
-first step; GRPO then raises the reward to 0.9 and above.
+first step; GRPO then raises the reward to 0.9 and above.  The run ends with a
+checkpoint and the final policy exported as a Hugging Face model folder
+(``<out>/model``), which ``rllib-grpo eval`` scores.
 
     python -m rllib_grpo.demo [--iterations N] [--out DIR] [--sampler auto|vllm|hf]
 """
@@ -17,6 +19,10 @@ import time
 from pathlib import Path
 
 from rllib_grpo.cli.tensorboard import TensorBoardLogger
+
+# `rllib-grpo eval` arguments that score a model on the demo's task.
+EVAL_ARGS = ("--env rllib_grpo/Arithmetic-v0 --env-config '{\"max_operand\": 4}' "
+             "--max-response-length 4")
 
 
 def demo_config(seed: int = 0, sampler: str = "auto"):
@@ -117,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     tb.close()
     plot_curve(history, out / "reward_curve.png")
     checkpoint = algo.save_to_path(str(out / "checkpoint"))
+    model_dir = algo.export_model(str(out / "model"), overwrite=True)
     first = sum(h["reward"] for h in history[:10]) / min(10, len(history))
     last = sum(h["reward"] for h in history[-10:]) / min(10, len(history))
     print(f"mean reward of the first/last 10 steps: {first:.3f} -> {last:.3f} "
@@ -125,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     print(time_split(history[-10:]))
     print(f"reward curve: {out / 'reward_curve.png'}")
     print(f"final checkpoint: {checkpoint}")
+    print(f"exported model (transformers / vLLM folder): {model_dir}")
+    print(f"score it: rllib-grpo eval {model_dir} {EVAL_ARGS}")
     algo.stop()
     ray.shutdown()
     return 0

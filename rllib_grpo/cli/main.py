@@ -1,12 +1,16 @@
 """The command line: ``rllib train`` (RLlib's classic command, for GRPO and the
-built-in algorithms) and ``rllib-grpo explain`` (the resolved GRPO plan and its
-pitfalls).
+built-in algorithms), ``rllib-grpo explain`` (the resolved GRPO plan and its
+pitfalls), ``rllib-grpo export`` (a checkpoint as a Hugging Face model folder,
+`rllib_grpo.cli.export`) and ``rllib-grpo eval`` (verl's validation metrics of a
+model or checkpoint, `rllib_grpo.cli.eval_command`).
 
     rllib train --algo GRPO --env rllib_grpo/Arithmetic-v0 --config '{"lr": 1e-3}' \\
         --stop '{"training_iteration": 20}'
     rllib train file configs/cpu_demo.yaml
     rllib train file configs/dr_grpo.yaml actor_rollout_ref.rollout.n=4
     rllib-grpo explain configs/dr_grpo.yaml
+    rllib-grpo export demo_output/checkpoint /tmp/demo_model
+    rllib-grpo eval /tmp/demo_model --env rllib_grpo/Arithmetic-v0 --env-config '{"max_operand": 4}'
 
 Exit codes: 0 done; 1 a trial failed (train) or problems found (explain);
 2 bad input (invalid JSON/YAML, unknown key, refused verl key, invalid setting).
@@ -20,7 +24,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rllib_grpo.cli.eval_command import add_eval_parser, run_eval
 from rllib_grpo.cli.experiment import ConfigError, Experiment
+from rllib_grpo.cli.export import add_export_parser, run_export
+
+# Commands that take their own arguments (no experiment sources).
+SELF_CONTAINED_COMMANDS = {"export": run_export, "eval": run_eval}
 
 TRAIN_EPILOG = """\
 sources, later ones winning: the experiment file, --config, KEY=VALUE overrides, flags.
@@ -86,11 +95,12 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser(prog: str = "rllib") -> argparse.ArgumentParser:
-    """The ``train`` and ``explain`` commands."""
+    """The ``train``, ``explain``, ``export`` and ``eval`` commands."""
     parser = argparse.ArgumentParser(
         prog=prog, description="GRPO and RLlib's algorithms from the command line, "
                                "through Ray Tune.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,explain}")
+    sub = parser.add_subparsers(dest="command", required=True,
+                                metavar="{train,explain,export,eval}")
     fmt = argparse.RawDescriptionHelpFormatter
     train = sub.add_parser(
         "train", help="train an algorithm with Ray Tune", formatter_class=fmt,
@@ -108,6 +118,8 @@ def build_parser(prog: str = "rllib") -> argparse.ArgumentParser:
                     "in our or verl's names) and print what one training step does, with\n"
                     "every error and pitfall found. Nothing is trained.")
     _add_source_args(explain)
+    add_export_parser(sub)
+    add_eval_parser(sub)
     return parser
 
 
@@ -328,6 +340,14 @@ def main(argv: list[str] | None = None, prog: str = "rllib") -> int:
     """Parse and run one command; bad input is one line on stderr and exit code 2."""
     parser = build_parser(prog)
     args, extra = parser.parse_known_args(argv)
+    if args.command in SELF_CONTAINED_COMMANDS:
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        try:
+            return SELF_CONTAINED_COMMANDS[args.command](args)
+        except ConfigError as err:
+            print(f"{prog}: error: {err}", file=sys.stderr)
+            return 2
     try:
         file, overrides = split_positionals(args.args + extra, args.config_file)
         if file is not None and not Path(file).is_file():

@@ -24,6 +24,7 @@ from ray.rllib.utils.metrics import (
     WEIGHTS_SEQ_NO,
 )
 from ray.tune.registry import register_trainable
+from ray.tune.trainable import Trainable
 
 from rllib_grpo.data.recipes import (
     GroupFilterStats,
@@ -140,6 +141,30 @@ class GRPO(Algorithm):
             by_index = dict(state[REMOTE_RUNNERS])
             self.env_runner_group.foreach_env_runner(
                 lambda er: er.set_state(by_index[er.worker_index]), local_env_runner=False)
+
+    @override(Trainable)
+    def export_model(self, path: str, *, dtype: str | None = None, lora_mode: str = "merge",
+                     overwrite: bool = False) -> str:
+        """Write the current policy as a Hugging Face model folder; returns its path.
+
+        (Replaces Tune's ``Trainable.export_model(export_formats, export_dir)``, whose
+        RLlib implementation serves old-API-stack policies only; nothing in Ray calls it.)
+
+        The learners' full state (gathered from every FSDP shard) goes through
+        `rllib_grpo.models.export.export_module_state`: safetensors shards, config,
+        generation config and the base model's tokenizer.  With LoRA the adapter is
+        merged (``lora_mode="merge"``) or written as a PEFT folder (``"adapter"``).
+        ``dtype`` None keeps the learner's.  For a checkpoint on disk use
+        ``rllib-grpo export`` (`rllib_grpo.cli.export.export_checkpoint`).
+        """
+        from rllib_grpo.models.export import export_module_state
+
+        state = self.learner_group.get_state(
+            components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}/{DEFAULT_MODULE_ID}",
+        )[COMPONENT_LEARNER][COMPONENT_RL_MODULE][DEFAULT_MODULE_ID]
+        c = self.config
+        return export_module_state(state, c.model_path, path, dtype=dtype, lora_mode=lora_mode,
+                                   base_dtype=c.model_dtype, overwrite=overwrite).path
 
     # ------------------------------------------------------------------ sampling
     def _sample_step(self) -> RolloutBatch:
