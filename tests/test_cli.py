@@ -219,7 +219,7 @@ def test_bad_input_is_one_line_and_exit_code_2(argv, needle, capsys):
     ("exp:\n  config: {lr: [1, 2\n", "invalid YAML"),
     ("exp:\n  run: GRPO\n  stopp: {}\n", "unknown experiment key 'stopp'"),
     ("exp:\n  config: {nosuch: 1}\n", "unknown config key 'nosuch'"),
-    ("exp:\n  config:\n    actor_rollout_ref.rollout.tensor_model_parallel_size: 4\n",
+    ("exp:\n  config:\n    actor_rollout_ref.rollout.multi_turn.format: hermes\n",
      "has no rllib-grpo equivalent yet"),
     ("- a\n- b\n", "expected a mapping"),
 ])
