@@ -91,9 +91,11 @@ def _recipe_lines(c: Any) -> list[str]:
                      f"-{c.overlong_penalty_factor} at {c.max_response_length} tokens")
     tp = int((c.sampler_config or {}).get("tensor_parallel_size", 1) or 1)
     if tp > 1:
+        now = (f"{c.num_env_runners} remote env runner(s) x {c.num_gpus_per_env_runner} GPU"
+               if c.num_env_runners else "the local env runner")
         lines.append(f"sampler parallelism:           vLLM tensor parallel {tp}: each env runner "
-                     f"is a {tp}-GPU bundle (num_gpus_per_env_runner={tp}); verl colocates the "
-                     "engines with training instead")
+                     f"needs a {tp}-GPU bundle (num_gpus_per_env_runner={tp}); now {now} (verl "
+                     "colocates the engines with training on the same GPUs)")
     return lines
 
 
