@@ -62,9 +62,9 @@ def assemble(
     exp.verl_defaults = exp.algo == "GRPO" and (
         has_verl_keys(file_config) if file else any(has_verl_keys(raw) for raw, _ in sources))
     exp.env = env or exp.config.pop("env", None) or exp.env
-    _verl_run_checks(exp)
     exp.stop.update(parse_json_option(stop_json, "--stop"))
     _check_stop(exp.stop)
+    _verl_run_checks(exp)
     exp.name = name or exp.name
     exp.storage_path = storage_path or exp.storage_path
     exp.checkpoint_freq = exp.checkpoint_freq if checkpoint_freq is None else checkpoint_freq
