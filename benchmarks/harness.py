@@ -75,7 +75,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="patch the RLlib run at run time (repeatable): old-weight-sync (the "
                    "weight sync before the fix: through the object store, with a clone), "
                    "item-metrics (the driver's per-step values as RLlib 'item' stats)")
-    p.add_argument("--json", default=None, help="write the report here")
+    p.add_argument("--json", default=None,
+                   help="write the report here (a summary: no per-iteration records)")
+    p.add_argument("--keep-records", action="store_true",
+                   help="with --json: keep every iteration's record and the machine paths")
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="cProfile the measured iterations of each run into DIR")
     p.add_argument("--verbose", action="store_true", help="show the runs' logs")
@@ -191,7 +194,9 @@ def role_main(args: argparse.Namespace) -> int:
 
 
 def summarise(run: dict[str, Any]) -> dict[str, Any]:
-    """Mean record of a run plus its tokens/s."""
+    """Mean record of a run plus its tokens/s (a compact report keeps only the mean)."""
+    if "records" not in run:
+        return run["mean"]
     mean = mean_record(run["records"])
     mean["median_iteration"] = statistics.median(r["iteration"] for r in run["records"])
     compute = mean["old_log_prob"] + mean["ref"] + mean["update"]
@@ -210,6 +215,25 @@ def build_report(w: Workload, runs: dict[str, dict], load: tuple[float, float]) 
     for role, run in runs.items():
         report[role] = {**run, "mean": summarise(run)}
     return add_overheads(report)
+
+
+def compact_report(report: dict) -> dict:
+    """The report without per-iteration records or machine paths: what results/ keeps."""
+    out = {k: v for k, v in report.items() if k not in ("direct", "rllib")}
+    out["workload"] = {k: v for k, v in report["workload"].items()
+                       if k not in ("model_dir", "profile_dir")}
+    for role in ("direct", "rllib"):
+        if role in report:
+            run = report[role]
+            out[role] = {**{k: v for k, v in run.items() if k != "records"},
+                         "mean": summarise(run)}
+    return out
+
+
+def load_reports(path: str) -> list[dict]:
+    """The reports in a results file: one report, or a list of them (one per run)."""
+    data = json.loads(Path(path).read_text())
+    return [add_overheads(r) for r in (data if isinstance(data, list) else [data])]
 
 
 def add_overheads(report: dict) -> dict:
@@ -394,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.role:
         return role_main(args)
     if args.show:
-        reports = [add_overheads(json.loads(Path(path).read_text())) for path in args.show]
+        reports = [r for path in args.show for r in load_reports(path)]
         if len(reports) > 1:
             print(format_markdown_runs(reports, args.labels))
         else:
@@ -414,7 +438,8 @@ def main(argv: list[str] | None = None) -> int:
     print("driver overhead parts:\n" + print_overhead_docs())
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        kept = report if args.keep_records else compact_report(report)
+        Path(args.json).write_text(json.dumps(kept, indent=2) + "\n")
     return 0
 
 

@@ -21,9 +21,8 @@ def load_prompt_files(paths: str | Path | Sequence[str | Path], **load_kwargs: A
                       ) -> PromptDataset:
     """One dataset from a file or a list of files (verl's ``data.train_files`` may be a
     list: their rows are concatenated in order); ``~`` is expanded."""
-    many = isinstance(paths, list | tuple)
-    datasets = [load_prompts(Path(path).expanduser(), **load_kwargs)
-                for path in (paths if many else [paths])]
+    files = [paths] if isinstance(paths, str | Path) else list(paths)
+    datasets = [load_prompts(Path(path).expanduser(), **load_kwargs) for path in files]
     if len(datasets) == 1:
         return datasets[0]
     skipped: Counter[str] = Counter()
@@ -57,11 +56,13 @@ class FilePromptEnv(TextEnv):
         strict: bool = False,
         **env_kwargs: Any,
     ) -> None:
-        if path is None and self.FIXTURE is None:
-            raise ValueError(f"{type(self).__name__} needs path=... (a prompt file or a list "
-                             "of them: verl's data.train_files)")
+        if path is None:
+            if self.FIXTURE is None:
+                raise ValueError(f"{type(self).__name__} needs path=... (a prompt file or a "
+                                 "list of them: verl's data.train_files)")
+            path = fixture_path(self.FIXTURE)
         dataset = load_prompt_files(
-            path if path is not None else fixture_path(self.FIXTURE),
+            path,
             prompt_key=prompt_key,
             answer_key=answer_key,
             data_source=data_source or self.DATA_SOURCE,

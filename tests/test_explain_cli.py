@@ -64,6 +64,8 @@ def test_verl_qwen3_8b_config_matches_verls_script():
         True, 24576, "Qwen/Qwen3-8B")
     assert c.env == "rllib_grpo/GSM8K-v0" and "path" in c.env_config
     assert (c.num_learners, exp.checkpoint_freq, exp.total_epochs) == (8, 20, 15)
+    assert (c.master_weights_dtype, c.model_dtype, c.sampler_dtype) == (
+        "float32", "bfloat16", "bfloat16")
 
 
 def test_verl_command_line_with_an_error_exits_1(capsys):

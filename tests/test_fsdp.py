@@ -215,7 +215,10 @@ def test_two_ddp_learners_match_one_learner(ray_session):
 
 
 @pytest.mark.slow
-def test_bf16_mixed_precision_and_cpu_offload_run_close_to_fp32(ray_session):
+@pytest.mark.parametrize("precision", [dict(fsdp_param_dtype="bfloat16"),
+                                       dict(model_dtype="bfloat16")],  # verl's policy
+                         ids=["fsdp_param_dtype", "model_dtype"])
+def test_bf16_mixed_precision_and_cpu_offload_run_close_to_fp32(ray_session, precision):
     """bf16 compute (fp32 master weights and reduce) with CPU offload: one update runs
     and lands near the fp32 single learner (bf16 log-probs are good to ~1e-2)."""
     from rllib_grpo.rllib.config import TEXT_SPACE
@@ -224,7 +227,7 @@ def test_bf16_mixed_precision_and_cpu_offload_run_close_to_fp32(ray_session):
         pytest.skip("the FSDP learners of the `algos` fixture hold both CPUs")
     spaces = {"default_policy": (TEXT_SPACE, TEXT_SPACE)}
     one = _config(0).build_learner_group(spaces=spaces)
-    mixed = _config(2, fsdp_param_dtype="bfloat16", fsdp_cpu_offload=True).build_learner_group(
+    mixed = _config(2, fsdp_cpu_offload=True, **precision).build_learner_group(
         spaces=spaces)
     try:
         start = _weights(one)

@@ -201,7 +201,7 @@ def group_index(
     """
     if isinstance(group_ids, torch.Tensor) or hasattr(group_ids, "tolist"):
         if getattr(group_ids, "ndim", 1) != 1:
-            raise ValueError(f"group_ids must be 1-D, got shape {tuple(group_ids.shape)}")
+            raise ValueError(f"group_ids must be 1-D, got shape {tuple(group_ids.shape)}")  # type: ignore[union-attr]
         group_ids = group_ids.tolist()
     numbering: dict[Hashable, int] = {}
     index = [numbering.setdefault(gid, len(numbering)) for gid in group_ids]

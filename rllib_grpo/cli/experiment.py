@@ -46,7 +46,9 @@ from rllib_grpo.rllib.settings import (
     DERIVED_FIELDS,
     SETTINGS_FIELDS,
     VERL_ALIASES,
+    canonical_dtype,
     derived_field_error,
+    is_dtype_setting,
 )
 
 # Top-level sections of verl's config: a dotted key under one of them is a verl key.
@@ -257,8 +259,11 @@ def translate(raw: Mapping[str, Any], algo: str, source: str) -> Translated:
     for key, value in flatten_verl(raw).items():
         if is_verl_key(key) and algo != "GRPO":
             raise ConfigError(f"{source}: verl key {key!r} only applies to --algo GRPO")
+        name = VERL_ALIASES.get(key, key)
+        if is_dtype_setting(name):  # verl spells dtypes bf16 / fp32
+            value = canonical_dtype(value)
         if key in VERL_ALIASES:
-            _set(out, VERL_ALIASES[key], check_type(key, VERL_ALIASES[key], value), key, source)
+            _set(out, name, check_type(key, name, value), key, source)
         elif is_verl_key(key):
             _translate_verl_key(out, key, value, known, source)
         elif algo == "GRPO" and key in DERIVED_FIELDS:
@@ -299,7 +304,8 @@ def _translate_verl_key(out: Translated, key: str, value: Any, known: frozenset[
         out.must_match[key] = value
     elif key in VERL_TO_SUB_KEY and VERL_TO_SUB_KEY[key][0] in known:
         field, entry = VERL_TO_SUB_KEY[key]
-        _set(out, field, {entry: value}, key, source)
+        _set(out, field, {entry: canonical_dtype(value) if entry == "dtype" else value}, key,
+             source)
         out.mapped.append(f"{key} -> {field}.{entry}")
     elif dict_prefix:
         field, entry = VERL_PREFIX_TO_DICT[dict_prefix], key[len(dict_prefix):]
@@ -311,6 +317,8 @@ def _translate_verl_key(out: Translated, key: str, value: Any, known: frozenset[
 
 def _ignore_at(out: Translated, key: str, value: Any, source: str) -> None:
     expected, why = VERL_IGNORED_AT[key]
+    if key.endswith("_dtype"):
+        value = canonical_dtype(value)
     if value not in (expected if isinstance(expected, tuple) else (expected,)):
         raise ConfigError(f"{source}: verl key {key!r}={value!r} has no rllib-grpo equivalent "
                           f"yet (only {expected!r} is accepted: {why})")

@@ -253,7 +253,7 @@ def _init_ray(args: argparse.Namespace) -> bool:
     return True
 
 
-def check_resources(algo_cls: type, config: Any, available: dict[str, float]) -> None:
+def check_resources(algo_cls: Any, config: Any, available: dict[str, float]) -> None:
     """Refuse a trial larger than the Ray started here (Tune would wait for it forever)."""
     try:
         need = algo_cls.default_resource_request(config).required_resources

@@ -73,8 +73,8 @@ VERL_IGNORED_PREFIXES: dict[str, str] = {
 # of values, why).
 VERL_IGNORED_AT: dict[str, tuple[Any, str]] = {
     "trainer.critic_warmup": (0, "GRPO has no critic"),
-    _AR + "actor.fsdp_config.model_dtype": (("fp32", "float32"), "parameters are fp32 master weights; set "
-                                                    "fsdp_param_dtype for the compute dtype"),
+    _AR + "actor.fsdp_config.mixed_precision.buffer_dtype": (
+        "float32", "buffers (rotary tables) stay in the fp32 master weights' dtype"),
 }
 # Parallel layouts that cannot run here: key -> (values that are fine, why, nearest setting).
 VERL_REFUSED_LAYOUTS: dict[str, tuple[tuple[Any, ...], str, str]] = {
@@ -117,6 +117,7 @@ VERL_TO_SUB_KEY: dict[str, tuple[str, str]] = {
     "data.val_files": ("val_env_config", "path"),
     "data.prompt_key": ("env_config", "prompt_key"),
     _AR + "rollout.enforce_eager": ("sampler_config", "enforce_eager"),
+    _AR + "rollout.dtype": ("sampler_config", "dtype"),  # the samplers' weight dtype
     _AR + "rollout.tensor_model_parallel_size": ("sampler_config", "tensor_parallel_size"),
     _AR + "rollout.enable_chunked_prefill": ("sampler_config", "enable_chunked_prefill"),
     _AR + "rollout.max_num_batched_tokens": ("sampler_config", "max_num_batched_tokens"),

@@ -76,7 +76,7 @@ class TextEnv(gymnasium.Env):
             to :class:`~rllib_grpo.rewards.RewardScorer`.
     """
 
-    metadata = {"render_modes": []}
+    metadata: dict[str, Any] = {"render_modes": []}
 
     def __init__(
         self,
@@ -98,6 +98,7 @@ class TextEnv(gymnasium.Env):
         _check_length_options(tokenizer, max_prompt_length, truncation, filter_overlong_prompts)
         dataset = load_prompts(dataset)
         if filter_overlong_prompts:
+            assert max_prompt_length is not None  # _check_length_options requires it
             dataset = dataset.filter_overlong(tokenizer, max_prompt_length)
         if len(dataset) == 0:
             raise ValueError(f"TextEnv needs at least one prompt.\n{dataset.report()}")
@@ -116,7 +117,8 @@ class TextEnv(gymnasium.Env):
         )
         self.observation_space = UnicodeText(MAX_OBSERVATION_CHARS)
         self.action_space = UnicodeText(max_response_chars)
-        self._seed = seed if seed is not None else int(np.random.SeedSequence().entropy % 2**63)
+        entropy = np.random.SeedSequence().entropy
+        self._seed = seed if seed is not None else int(entropy) % 2**63  # type: ignore[arg-type]
         self._epoch = 0
         self._position = 0
         self._order = self._permutation(0)

@@ -88,7 +88,8 @@ def validation_metrics(samples: list[ValidationSample]) -> dict[str, float]:
         n = min(len(g) for g in groups)
         use_acc = all(s.acc is not None for g in groups for s in g)
         var = "acc" if use_acc else "reward"
-        values = [[float(s.acc) if use_acc else s.score for s in g[:n]] for g in groups]
+        values = [[float(s.acc) if use_acc and s.acc is not None else s.score for s in g[:n]]
+                  for g in groups]
         prefix = f"val-core/{source}/{var}"
         metrics[f"{prefix}/mean@{n}"] = float(np.mean([np.mean(v) for v in values]))
         if n > 1:
@@ -105,4 +106,4 @@ def _majority_value(group: list[ValidationSample], use_acc: bool) -> float:
     counts = Counter(s.pred for s in group)
     top = max(counts.values())
     winner = next(s for s in group if counts[s.pred] == top)
-    return float(winner.acc) if use_acc else winner.score
+    return float(winner.acc) if use_acc and winner.acc is not None else winner.score

@@ -73,6 +73,7 @@ def score_math_dapo(solution_str: str, ground_truth: Any) -> dict:
     tail = solution_str[-RESPONSE_TAIL_CHARS:]
     truth = str(ground_truth)
     answers = _ANSWER.findall(tail)
+    pred: str | None
     if answers:
         pred = normalize_final_answer(answers[-1])
         correct = pred == normalize_final_answer(truth)

@@ -115,7 +115,7 @@ def _import_function(spec: str) -> RewardFn:
     if module_name.endswith(".py"):
         path = Path(module_name)
         module_spec = importlib.util.spec_from_file_location(path.stem, path)
-        if module_spec is None or not path.is_file():
+        if module_spec is None or module_spec.loader is None or not path.is_file():
             raise ValueError(f"reward_fn {spec!r}: no such file {path}")
         module = importlib.util.module_from_spec(module_spec)
         module_spec.loader.exec_module(module)

@@ -161,10 +161,48 @@ def _check_lora_and_memory(c: Any) -> list[str]:
     return errors
 
 
+COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
+MASTER_DTYPES = ("float32", "bfloat16")
+FSDP_DTYPES = {"fsdp_param_dtype": ("auto", "model", *COMPUTE_DTYPES),
+               "fsdp_reduce_dtype": ("model", *COMPUTE_DTYPES)}
+
+
+def _check_precision(c: Any) -> list[str]:
+    errors = []
+    allowed = {"model_dtype": COMPUTE_DTYPES, "master_weights_dtype": MASTER_DTYPES,
+               **FSDP_DTYPES}
+    for field, known in allowed.items():
+        value = getattr(c, field)
+        if value not in known:
+            errors.append(f"{field}={value!r} is not a dtype here; use one of: "
+                          f"{', '.join(known)} (verl's bf16/fp32 spellings are accepted).")
+    if not errors and c.master_weights_dtype == "bfloat16" and c.model_dtype == "float32":
+        errors.append("master_weights_dtype='bfloat16' with model_dtype='float32': the weights "
+                      "would be stored less precisely than they are computed with. Use "
+                      "model_dtype='bfloat16' (bf16 compute) with master_weights_dtype='float32'.")
+    return errors
+
+
 def find_errors(c: Any) -> list[str]:
     """Settings that cannot run, each naming the field and the fix."""
     return (_check_names(c) + _check_sizes(c) + _check_algorithm(c) + _check_recipes(c)
-            + _check_lora_and_memory(c) + _check_lr_schedule(c) + _check_env_and_sampler(c))
+            + _check_lora_and_memory(c) + _check_precision(c) + _check_lr_schedule(c)
+            + _check_env_and_sampler(c))
+
+
+def _precision_pitfalls(c: Any) -> list[str]:
+    pitfalls = []
+    if c.master_weights_dtype == "bfloat16" and c.lora_rank <= 0:
+        pitfalls.append(
+            "master_weights_dtype='bfloat16': parameters and AdamW states in bf16 (pure-bf16 "
+            "training). An AdamW step moves a weight by about lr (1e-6 in verl's recipe), far "
+            "below bf16's spacing of 2^-8 of the weight, so most updates round away and "
+            "training silently stalls. Keep master_weights_dtype='float32' (fp32 master "
+            "weights, bf16 compute: verl, TRL and OpenRLHF do this).")
+    if c.model_dtype == "float16":
+        pitfalls.append("model_dtype='float16': fp16 compute without loss scaling can underflow "
+                        "small gradients to zero; prefer model_dtype='bfloat16'.")
+    return pitfalls
 
 
 def find_pitfalls(c: Any) -> list[str]:
@@ -201,7 +239,7 @@ def find_pitfalls(c: Any) -> list[str]:
     if c.adv_estimator == "remax" and c.group_size > 1:
         pitfalls.append("remax uses a greedy baseline per prompt, not the group: group_size "
                         f"{c.group_size} only adds samples (one extra greedy generation per prompt).")
-    pitfalls += _lora_and_memory_pitfalls(c)
+    pitfalls += _lora_and_memory_pitfalls(c) + _precision_pitfalls(c)
     if c.top_p < 1.0 or c.top_k > 0:
         pitfalls.append(
             f"top_p={c.top_p}, top_k={c.top_k}: the trainer's log-probs ignore the sampling "
@@ -270,7 +308,7 @@ def env_class(env: Any) -> type | None:
 
 
 # Engine options only vLLM takes (the transformers sampler refuses them by name).
-HF_SAMPLER_OPTIONS = ("device", "max_batch_size", "config_overrides")
+HF_SAMPLER_OPTIONS = ("device", "max_batch_size", "config_overrides", "dtype")
 
 
 def _check_env_and_sampler(c: Any) -> list[str]:

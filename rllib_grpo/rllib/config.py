@@ -29,8 +29,10 @@ from rllib_grpo.rllib.settings import (
     SETTINGS_FIELDS,
     VERL_ALIASES,
     GRPOSettings,
+    canonical_dtype,
     defaults,
     derived_field_error,
+    is_dtype_setting,
 )
 
 TEXT_SPACE = gym.spaces.Text(max_length=1 << 16, charset="".join(map(chr, range(32, 127))) + "\n")
@@ -65,7 +67,7 @@ class GRPOConfig(AlgorithmConfig, GRPOSettings):
 
     def __init__(self, algo_class: type | None = None) -> None:
         # The algorithm class by its registered name: `GRPO` imports this module.
-        super().__init__(algo_class=algo_class or trainable_class("GRPO"))
+        AlgorithmConfig.__init__(self, algo_class=algo_class or trainable_class("GRPO"))
         for name, value in defaults().items():
             setattr(self, name, value)
         # RLlib fields with GRPO/verl defaults.
@@ -96,7 +98,8 @@ class GRPOConfig(AlgorithmConfig, GRPOSettings):
             if name in DERIVED_FIELDS and kwargs[key] is not NotProvided:
                 raise ValueError(derived_field_error(name))
             if name in SETTINGS_FIELDS:
-                grpo_kwargs[name] = kwargs.pop(key)
+                value = kwargs.pop(key)
+                grpo_kwargs[name] = canonical_dtype(value) if is_dtype_setting(name) else value
             elif name != key:
                 kwargs[name] = kwargs.pop(key)
         super().training(**{k: v for k, v in kwargs.items() if v is not NotProvided})
@@ -154,7 +157,9 @@ class GRPOConfig(AlgorithmConfig, GRPOSettings):
         """What the causal-LM RLModule needs to build itself."""
         return {
             "model": self.model_path,
-            "dtype": self.model_dtype,
+            "dtype": self.model_dtype,  # compute dtype (and the reference's weights)
+            "master_weights_dtype": self.master_weights_dtype,
+            "sync_dtype": self.sampler_dtype,  # weights are cast to it for the samplers
             "gradient_checkpointing": self.gradient_checkpointing,
             "temperature": self.temperature,
             "use_reference": self.needs_reference,
@@ -162,6 +167,13 @@ class GRPOConfig(AlgorithmConfig, GRPOSettings):
             "config_overrides": dict(self.model_override_config),
             **{name: getattr(self, name) for name in MODULE_SETTINGS},  # LoRA, ref offload
         }
+
+    @property
+    def sampler_dtype(self) -> str:
+        """The samplers' weight dtype: ``sampler_config["dtype"]`` if set (and not "auto"),
+        else ``model_dtype``; weight syncs are cast to it on the learner."""
+        dtype = canonical_dtype(dict(self.sampler_config).get("dtype") or "auto")
+        return self.model_dtype if dtype == "auto" else dtype
 
     @property
     def needs_reference(self) -> bool:

@@ -71,6 +71,7 @@ def engine_options(config: Any) -> dict[str, Any]:
     reserved from Ray; HF config overrides (``model_override_config``) as vLLM's
     ``hf_overrides`` or the transformers sampler's ``config_overrides``."""
     options = dict(config.sampler_config)
+    options.pop("dtype", None)  # the sampler's dtype is config.sampler_dtype
     if config.model_override_config:
         key = "config_overrides" if config.sampler == "hf" else "hf_overrides"
         options[key] = dict(config.model_override_config)
@@ -106,7 +107,7 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         self.env = make_text_env(c, self.tokenizer, data_seed(c))
         self._val_env: gym.Env | None = None
         self.sampler = make_sampler(
-            c.sampler, model_path=model_path, dtype=c.model_dtype, seed=seed,
+            c.sampler, model_path=model_path, dtype=c.sampler_dtype, seed=seed,
             **engine_options(c),
         )
         self._weights_seq_no = 0
@@ -283,7 +284,7 @@ class TextEnvRunner(EnvRunner, Checkpointable):
             return self.sampler.load_weights(module_state)
         if getattr(self, "_lora_merger", None) is None:
             self._lora_merger = AdapterMerger(resolve_model(self.config.model_path),
-                                              self.config.model_dtype)
+                                              self.config.sampler_dtype)
         return self._lora_merger.apply(self.sampler, module_state)
 
     @override(Checkpointable)

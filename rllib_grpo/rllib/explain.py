@@ -17,6 +17,22 @@ def _lora_line(c: Any) -> str:
             f"disabled; sync: full weights once, then {c.lora_sync}")
 
 
+def _precision_line(c: Any) -> str:
+    """Where each dtype lives: master weights, compute, reference, samplers."""
+    if c.lora_rank > 0:
+        master = f"LoRA adapter in float32, frozen base in {c.model_dtype}"
+    else:
+        master = f"{c.master_weights_dtype} master weights, gradients and AdamW states"
+        if c.master_weights_dtype == "bfloat16":
+            master += " (pure bf16, see PITFALLS)"
+    compute = c.model_dtype
+    if c.model_dtype != "float32" and (c.master_weights_dtype == "float32" or c.lora_rank > 0):
+        compute += " (autocast on one learner; FSDP2 MixedPrecisionPolicy when sharded, " \
+                   f"gradients reduced in {c.fsdp_reduce_dtype})"
+    return (f"precision:                     {master}; compute in {compute}; reference in "
+            f"{c.model_dtype}; samplers get {c.sampler_dtype} weights")
+
+
 def _agg_effect(mode: str) -> str:
     return {
         "token-mean": "every token weighs the same: long responses get more total weight "
@@ -132,6 +148,7 @@ def explain_config(c: Any) -> str:
         f"loss aggregation:              {c.loss_agg_mode}: {_agg_effect(c.loss_agg_mode)}",
         _kl_line(c),
         _lora_line(c),
+        _precision_line(c),
         *_schedule_lines(c),
         *_recipe_lines(c),
     ]

@@ -38,7 +38,13 @@ from rllib_grpo.algos import (
 )
 from rllib_grpo.data.batching import num_micro_batches_for_budget, split_fixed, split_token_budget
 from rllib_grpo.models.offload import offload_optimizer_states
-from rllib_grpo.rllib.distributed import all_reduce, rank, world_size
+from rllib_grpo.rllib.distributed import (
+    all_reduce,
+    load_optimizer_states,
+    optimizer_states,
+    rank,
+    world_size,
+)
 from rllib_grpo.rllib.module import response_log_probs
 from rllib_grpo.rllib.step_schedule import LRSchedule, minibatch_order
 
@@ -77,7 +83,7 @@ class MiniBatchTotals:
     global_num_seqs: float
     horizon: float
 
-    def agg_kwargs(self) -> dict[str, float]:
+    def agg_kwargs(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
@@ -170,15 +176,19 @@ class GRPOLearner(TorchLearner):
         ref = torch.zeros_like(mask) if c.needs_reference else None
         # The same micro-batches as the update (fixed size or token budget, same count on
         # every learner: sharded forwards are collective).  Rows come back in place.
+        # Eval mode (no dropout) as verl's compute_log_prob; forward_train sets train() again.
+        module.eval()
         for rows in self._micro_batches(batch):
             micro = _select({k: batch[k] for k in FORWARD_COLUMNS}, rows or [0])
-            out = response_log_probs(module.lm, micro, c.temperature, with_entropy=True)
+            with module.autocast():
+                out = response_log_probs(module.lm, micro, c.temperature, with_entropy=True)
             ref_out = module.reference_log_probs(micro) if ref is not None else None
             if not rows:  # an empty token-budget bin: the pass only keeps ranks in step
                 continue
             index = torch.as_tensor(rows, device=mask.device)
-            old[index], entropy[index] = out["log_probs"], out["entropy"]
-            if ref is not None:
+            old[index] = out["log_probs"]
+            entropy[index] = out["entropy"]
+            if ref is not None and ref_out is not None:
                 ref[index] = ref_out
         batch["old_log_probs"] = old
         if ref is not None:
@@ -395,6 +405,16 @@ class GRPOLearner(TorchLearner):
         if self.lr_schedule is not None and (components is None or "lr_schedule" in wanted):
             state["lr_schedule"] = self.lr_schedule.state_dict()
         return state
+
+    # Optimizer state as torch tensors in their own dtype: RLlib's numpy round trip has no
+    # bfloat16 (save crashes) and reads every float back as float32.
+    @override(TorchLearner)
+    def _get_optimizer_state(self) -> dict:
+        return optimizer_states(self)
+
+    @override(TorchLearner)
+    def _set_optimizer_state(self, state: dict) -> None:
+        load_optimizer_states(self, state)
 
     @override(TorchLearner)
     def set_state(self, state: dict) -> None:

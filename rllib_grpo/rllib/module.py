@@ -4,10 +4,16 @@ The module holds the policy (`lm`) and, when a KL term is on, a frozen
 reference copy (`ref_lm`, never trained, never synced, not part of the state).
 Its forward returns the response tokens' log-probs at the sampling temperature
 (and their entropy), which is all the GRPO loss needs.
+
+Precision (`rllib_grpo.models.precision`): the policy's trained parameters are held in
+``master_weights_dtype`` (fp32) and every forward runs under `compute_autocast` to
+``dtype`` (bf16); the reference is loaded in ``dtype`` (frozen, forward only); a weight
+sync sends the weights cast to the samplers' dtype (``sync_dtype``).
 """
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +27,7 @@ from rllib_grpo.algos import entropy_from_logits, logprobs_from_logits
 from rllib_grpo.models import lora
 from rllib_grpo.models.loading import load_causal_lm
 from rllib_grpo.models.offload import HostOffloaded
+from rllib_grpo.models.precision import cast_floating, compute_autocast, trained_dtype
 from rllib_grpo.models.registry import resolve_model
 
 
@@ -72,12 +79,17 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
         path = resolve_model(cfg["model"])
         self.temperature = float(cfg.get("temperature", 1.0))
         overrides = cfg.get("config_overrides") or {}
+        self.compute_dtype = cfg.get("dtype", "float32")
+        self.lora = lora.LoRASettings.from_model_config(cfg)
+        # Trained weights in the master dtype; a LoRA base is frozen (its adapter stays in
+        # fp32, peft's default) and a sampler-side module never trains: both compute dtype.
+        trains_full = self.lora is None and not self.inference_only
         self.lm = load_causal_lm(
-            path, dtype=cfg.get("dtype", "float32"),
+            path, dtype=cfg.get("master_weights_dtype", "float32") if trains_full
+            else self.compute_dtype,
             gradient_checkpointing=cfg.get("gradient_checkpointing", False),
             config_overrides=overrides,
         )
-        self.lora = lora.LoRASettings.from_model_config(cfg)
         self._lora_synced = False  # the first sync of a LoRA policy sends the base weights too
         if self.lora is not None:
             self.lm = lora.wrap_with_lora(self.lm, self.lora)
@@ -97,22 +109,42 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
     def get_non_inference_attributes(self) -> list[str]:
         return ["ref_lm"]
 
+    @override(torch.nn.Module)
+    def train(self, mode: bool = True) -> CausalLMRLModule:
+        """RLlib's ``forward_train`` calls ``train()`` on the whole module: the frozen
+        reference stays in eval mode whatever is asked."""
+        super().train(mode)
+        ref_lm = getattr(self, "ref_lm", None)  # None also before setup() ran
+        if ref_lm is not None:
+            ref_lm.eval()
+        return self
+
+    def autocast(self) -> Any:
+        """The compute-dtype context of the policy's forward passes: bf16 autocast over fp32
+        master weights; nothing when sharded (FSDP2's MixedPrecisionPolicy casts) or when
+        the weights already are the compute dtype."""
+        if isinstance(self.lm, FSDPModule):
+            return contextlib.nullcontext()
+        device = next(self.lm.parameters()).device.type
+        return compute_autocast(trained_dtype(self.lm), self.compute_dtype, device)
+
     @override(TorchRLModule)
     def _forward_train(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, torch.Tensor]:
-        return response_log_probs(
-            self.lm, batch, self.temperature, with_entropy=kwargs.get("with_entropy", True)
-        )
+        with self.autocast():
+            return response_log_probs(
+                self.lm, batch, self.temperature, with_entropy=kwargs.get("with_entropy", True)
+            )
 
     @override(TorchRLModule)
     def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, torch.Tensor]:
-        with torch.no_grad():
+        with torch.no_grad(), self.autocast():
             return response_log_probs(self.lm, batch, self.temperature, with_entropy=True)
 
     @torch.no_grad()
     def reference_log_probs(self, batch: dict[str, Any]) -> torch.Tensor:
         """Response log-probs under the frozen reference model, (B, R)."""
         if self.lora is not None:  # verl's ref_in_actor: the base model is the reference
-            with self.lm.disable_adapter():
+            with self.lm.disable_adapter(), self.autocast():
                 return response_log_probs(self.lm, batch, self.temperature)["log_probs"]
         if self._host_ref is not None:
             with self._host_ref.on(batch["prompt_ids"].device) as ref_lm:
@@ -133,13 +165,18 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
         if isinstance(self.lm, FSDPModule):
             from rllib_grpo.rllib.distributed import gather_full_state_dict
 
-            return gather_full_state_dict(self.lm)
-        state = {k: v.detach().cpu() for k, v in self.lm.state_dict().items()}
+            state = gather_full_state_dict(self.lm)
+            return self._for_sync(state) if inference_only else state
+        state = {k: v.detach() for k, v in self.lm.state_dict().items()}
         if inference_only:
-            # A weight sync: every consumer (load_state_dict, vLLM's reload_weights,
-            # ray.put) copies at once, so a clone would be a third copy per step.
-            return state
-        return {k: v.clone() for k, v in state.items()}  # a snapshot (checkpoints, tests)
+            # A weight sync, in the samplers' dtype (cast on the device, before the copy to
+            # host).  Every consumer (load_state_dict, vLLM's reload_weights, ray.put) copies
+            # at once, so an uncast tensor is not cloned: a clone would be a third copy.
+            return {k: v.cpu() for k, v in self._for_sync(state).items()}
+        return {k: v.to("cpu", copy=True) for k, v in state.items()}  # a snapshot
+
+    def _for_sync(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return cast_floating(state, self.model_config.get("sync_dtype", self.compute_dtype))
 
     @override(TorchRLModule)
     def set_state(self, state: dict[str, torch.Tensor]) -> None:
@@ -148,13 +185,14 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
         if isinstance(self.lm, FSDPModule):
             from rllib_grpo.rllib.distributed import load_full_state_dict
 
-            return load_full_state_dict(self.lm, state)
+            return load_full_state_dict(self.lm, state)  # type: ignore[arg-type]
         self.lm.load_state_dict(
             {k: torch.as_tensor(v) for k, v in state.items()}, strict=True
         )
 
     # ---------------------------------------------------------------- LoRA
     def _lora_state(self, for_sync: bool) -> Any:
+        assert self.lora is not None
         if not for_sync:
             return lora.adapter_checkpoint(self.lm, self.lora, self.model_config["model"])
         payload = lora.sync_payload(self.lm, self.lora, first=not self._lora_synced)

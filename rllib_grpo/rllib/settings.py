@@ -67,7 +67,18 @@ class GRPOSettings:
         "Causal LM: a local folder, a Hugging Face id, 'smollm2-135m', 'builtin:tiny' "
         "(random) or 'builtin:demo' (the demo's warmed-up char-level model).",
         "actor_rollout_ref.model.path")
-    model_dtype: str = knob("float32", "dtype", "Training dtype: float32 | bfloat16.")
+    model_dtype: str = knob(
+        "float32", "dtype", "Compute and sampling dtype: float32 | bfloat16 (| float16). With "
+        "bfloat16 the learner keeps fp32 master weights and AdamW states "
+        "(master_weights_dtype) and runs forward/backward in bf16 (autocast on one learner, "
+        "FSDP2 MixedPrecisionPolicy with fp32 gradient reduction when sharded); the reference "
+        "model and the samplers hold bf16 weights.",
+        _ACTOR + "fsdp_config.mixed_precision.param_dtype")
+    master_weights_dtype: str = knob(
+        "float32", "dtype", "dtype of the trained parameters, their gradients and AdamW "
+        "states (the master weights): float32 | bfloat16. 'bfloat16' is pure-bf16 training: "
+        "at lr ~1e-6 most updates round away (explain flags it).",
+        _ACTOR + "fsdp_config.model_dtype")
     gradient_checkpointing: bool = knob(
         False, "flag", "Recompute activations in backward to save memory.",
         "actor_rollout_ref.model.enable_gradient_checkpointing")
@@ -245,9 +256,8 @@ class GRPOSettings:
         "(per decoder layer); False = RLlib's DDP (a full replica per learner). LoRA runs "
         "(lora_rank > 0) always use DDP.")
     fsdp_param_dtype: str = knob(
-        "auto", "dtype", "FSDP2 compute/all-gather dtype of the parameters: auto (bfloat16 on "
-        "GPU learners, the model dtype on CPU, which keeps CPU runs exact) | model | bfloat16 "
-        "| float16 | float32.", _ACTOR + "fsdp_config.mixed_precision.param_dtype")
+        "auto", "dtype", "FSDP2 compute/all-gather dtype of the parameters: auto (= model_dtype, "
+        "the compute dtype) | model (the master weights' dtype) | bfloat16 | float16 | float32.")
     fsdp_reduce_dtype: str = knob(
         "float32", "dtype", "FSDP2 gradient reduce-scatter dtype: float32 | bfloat16 | model.",
         _ACTOR + "fsdp_config.mixed_precision.reduce_dtype")
@@ -282,8 +292,8 @@ class GRPOSettings:
     optimizer_offload: bool = knob(
         False, "flag", "Keep AdamW's states in host memory between optimizer steps "
         "(verl actor.fsdp_config.optimizer_offload): moved to the device for the step, back "
-        "after it (rllib_grpo.models.offload.offload_optimizer_states, hooked by the learner). "
-        "A no-op on CPU.", _ACTOR + "fsdp_config.optimizer_offload")
+        "after it (step hooks from rllib_grpo.models.offload.offload_optimizer_states, installed "
+        "by the learner). A no-op on CPU.", _ACTOR + "fsdp_config.optimizer_offload")
     sampler_memory_fraction: float | None = knob(
         None, "fraction of GPU memory", "GPU memory the vLLM engine may take (weights + KV "
         "cache), vLLM's gpu_memory_utilization; None = sampler_config's value, else 0.9 x the "
@@ -295,6 +305,25 @@ class GRPOSettings:
         0, "training steps", "Write sampled completions to TensorBoard every N steps (0 = off).")
     warn_no_signal_after: int = knob(
         3, "training steps", "Warn when most groups carry no signal for this many steps.")
+
+
+# verl's spellings of a dtype (verl.utils.torch_dtypes.PrecisionType) -> ours.
+DTYPE_SPELLINGS = {"fp32": "float32", "32": "float32", "float32": "float32",
+                   "bf16": "bfloat16", "bfloat16": "bfloat16",
+                   "fp16": "float16", "16": "float16", "float16": "float16"}
+
+
+def canonical_dtype(value: Any) -> Any:
+    """``"bf16"``/``"fp32"``/... -> ``"bfloat16"``/``"float32"``; anything else unchanged
+    (the checks name the field of an unknown one)."""
+    return DTYPE_SPELLINGS.get(str(value).lower(), value) if isinstance(value, str | int) \
+        and not isinstance(value, bool) else value
+
+
+def is_dtype_setting(name: str) -> bool:
+    """A setting whose value is a dtype name (unit ``dtype``)."""
+    field_ = SETTINGS_FIELDS.get(name)
+    return field_ is not None and field_.metadata["unit"] == "dtype"
 
 
 # Settings the RLModule receives in its model_config (LoRA and memory levers).

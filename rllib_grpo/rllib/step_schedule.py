@@ -26,9 +26,10 @@ class LRSchedule:
                  warmup_steps: int = 0, total_training_steps: int | None = None,
                  min_lr_ratio: float = 0.0, num_cycles: float = 0.5) -> None:
         self.base_lr = float(base_lr)
-        self.kwargs = dict(scheduler_type=scheduler_type, warmup_steps=warmup_steps,
-                           total_training_steps=total_training_steps,
-                           min_lr_ratio=min_lr_ratio, num_cycles=num_cycles)
+        self.kwargs: dict[str, Any] = dict(
+            scheduler_type=scheduler_type, warmup_steps=warmup_steps,
+            total_training_steps=total_training_steps, min_lr_ratio=min_lr_ratio,
+            num_cycles=num_cycles)
         self.steps_done = 0
 
     @classmethod
@@ -83,8 +84,9 @@ def minibatch_order(num_rows: int, minibatch_size: int, num_epochs: int, shuffle
         return None, num_epochs
     generator = torch.Generator()
     generator.manual_seed(seed)
-    loader = DataLoader(range(num_rows), batch_size=minibatch_size, shuffle=True,
-                        generator=generator, collate_fn=list)
+    rows: Any = torch.arange(num_rows)  # a tensor is a map-style dataset of its rows
+    loader: DataLoader = DataLoader(rows, batch_size=minibatch_size, shuffle=True,
+                                    generator=generator, collate_fn=list)
     return [int(row) for _ in range(num_epochs) for rows in loader for row in rows], 1
 
 

@@ -37,7 +37,7 @@ def make_sampler(
     """
     if kind not in SAMPLER_KINDS:
         raise ValueError(f"sampler kind must be one of {SAMPLER_KINDS}, got {kind!r}")
-    common = {"tokenizer_path": tokenizer_path, "dtype": dtype, "seed": seed}
+    common: dict[str, Any] = {"tokenizer_path": tokenizer_path, "dtype": dtype, "seed": seed}
     if kind in ("auto", "vllm"):
         try:
             from rllib_grpo.samplers.vllm import VLLMSampler

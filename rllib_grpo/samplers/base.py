@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
@@ -176,7 +176,7 @@ def mean_log_prob(groups: Sequence[Sequence[Sample]]) -> float:
     return sum(log_probs) / len(log_probs) if log_probs else 0.0
 
 
-def _filters(params: SamplingParams) -> dict[str, float]:
+def _filters(params: SamplingParams) -> dict[str, Any]:
     if params.temperature == 0:  # greedy: the engines ignore top-k/top-p and temperature
         return {"temperature": 0.0}
     return {"temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p}

@@ -6,6 +6,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 from transformers import GenerationConfig
@@ -131,7 +132,7 @@ class HFSampler:
         ]
 
 
-def _eos_token_ids(model: torch.nn.Module, tokenizer_path: str) -> set[int]:
+def _eos_token_ids(model: Any, tokenizer_path: str) -> set[int]:
     """EOS ids from the generation config, the model config and the tokenizer, as vLLM unites them."""
     ids: set[int] = set()
     for source in (model.generation_config.eos_token_id, model.config.eos_token_id):

@@ -268,5 +268,6 @@ def _sample(completion: Any) -> Sample:
         for token_id, position in zip(token_ids, completion.logprobs, strict=True)
     ]
     # "abort" only happens on shutdown; count it as a truncation.
-    finish_reason = "stop" if completion.finish_reason == "stop" else "length"
-    return Sample(token_ids, log_probs, finish_reason)
+    if completion.finish_reason == "stop":
+        return Sample(token_ids, log_probs, "stop")
+    return Sample(token_ids, log_probs, "length")
