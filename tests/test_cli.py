@@ -27,6 +27,9 @@ from rllib_grpo.cli.build import (
 from rllib_grpo.cli.experiment import (
     VERL_IGNORED,
     VERL_IGNORED_AT,
+    VERL_MUST_MATCH,
+    VERL_RECORDED,
+    VERL_REFUSED_LAYOUTS,
     VERL_TO_RUN,
     VERL_TO_SUB_KEY,
     ConfigError,
@@ -127,7 +130,8 @@ def test_total_epochs_counts_the_prompts_like_verl():
 
 
 def test_verl_tables_are_explained_and_disjoint():
-    tables = [VERL_IGNORED, VERL_IGNORED_AT, VERL_TO_RUN, VERL_TO_SUB_KEY]
+    tables = [VERL_IGNORED, VERL_IGNORED_AT, VERL_TO_RUN, VERL_TO_SUB_KEY, VERL_RECORDED,
+              VERL_REFUSED_LAYOUTS, VERL_MUST_MATCH]
     keys = [k for table in tables for k in table]
     assert len(keys) == len(set(keys))
     assert not set(keys) & set(VERL_ALIASES), "a verl key with a real mapping belongs there"
@@ -195,8 +199,8 @@ def _assert_one_error_line(err: str, needle: str) -> None:
     (["not_a_key=1"], "unknown config key 'not_a_key'"),
     (["algorithm.filter_groups.nope=1"], "verl key 'algorithm.filter_groups.nope' has no "
                                          "rllib-grpo equivalent yet"),
-    (["actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
-     "'actor_rollout_ref.rollout.tensor_model_parallel_size'=2 has no rllib-grpo equivalent"),
+    (["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"],
+     "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 is refused: Ulysses"),
     (["actor_rollout_ref.rollout.n=abc"], "actor_rollout_ref.rollout.n='abc': expected int"),
     (["train_batch_size=4"], "'train_batch_size' is derived for GRPO"),
     (["--algo", "PPO", "actor_rollout_ref.rollout.n=3"], "only applies to --algo GRPO"),
@@ -215,7 +219,7 @@ def test_bad_input_is_one_line_and_exit_code_2(argv, needle, capsys):
     ("exp:\n  config: {lr: [1, 2\n", "invalid YAML"),
     ("exp:\n  run: GRPO\n  stopp: {}\n", "unknown experiment key 'stopp'"),
     ("exp:\n  config: {nosuch: 1}\n", "unknown config key 'nosuch'"),
-    ("exp:\n  config:\n    actor_rollout_ref.rollout.tensor_model_parallel_size: 4\n",
+    ("exp:\n  config:\n    actor_rollout_ref.rollout.multi_turn.format: hermes\n",
      "has no rllib-grpo equivalent yet"),
     ("- a\n- b\n", "expected a mapping"),
 ])

@@ -19,7 +19,8 @@ from rllib_grpo.envs.countdown import make_countdown_records
 from rllib_grpo.envs.prepare_data import convert_gsm8k_row, convert_math_row, main
 from rllib_grpo.rewards import compute_score
 
-SMALL = {"rllib_grpo/Arithmetic-v0": {"num_problems": 50}, "rllib_grpo/Countdown-v0": {"num_problems": 50}}
+SMALL = {"rllib_grpo/Arithmetic-v0": {"num_problems": 50}, "rllib_grpo/Countdown-v0": {"num_problems": 50},
+         "rllib_grpo/Prompts-v0": {"path": str(fixture_path("gsm8k_fixture.jsonl"))}}
 
 
 def test_arithmetic_random_agent_loop():

@@ -39,6 +39,13 @@ CASES = {
                                     max_tokens_per_micro_batch=13),
     "seq-norm/token-budget": dict(loss_agg_mode="seq-mean-token-sum-norm",
                                   use_dynamic_bsz=True, max_tokens_per_micro_batch=13),
+    # Batch-wide estimators (verl whitens / counts over the whole batch): the learners'
+    # statistics are all-reduced, so two shards give the one-learner advantages.
+    "reinforce_plus_plus": dict(adv_estimator="reinforce_plus_plus",
+                                micro_batch_size_per_learner=2),
+    "reinforce_plus_plus_baseline": dict(adv_estimator="reinforce_plus_plus_baseline",
+                                         micro_batch_size_per_learner=2),
+    "gpg": dict(adv_estimator="gpg", micro_batch_size_per_learner=2),
 }
 
 
@@ -145,8 +152,12 @@ def _assert_same_update(one, two, case: str, initial: dict[str, torch.Tensor]) -
 
     batch = _batch(vocab=len(start["model.embed_tokens.weight"]))
     with _configured(one, 0, CASES[case]), _configured(two, 2, CASES[case]):
-        norm_one = _logged(one.update(batch=batch), "actor/grad_norm")
-        norm_two = _logged(two.update(batch=batch), "actor/grad_norm")
+        results_one, results_two = one.update(batch=batch), two.update(batch=batch)
+        norm_one = _logged(results_one, "actor/grad_norm")
+        norm_two = _logged(results_two, "actor/grad_norm")
+    # verl's actor/entropy is aggregated over the whole batch, not averaged per learner.
+    assert _logged(results_two, "actor/entropy") == pytest.approx(
+        _logged(results_one, "actor/entropy"), rel=1e-5)
 
     grads_one = _grads(one._learner)
     grads_two = two._get_results(two.foreach_learner(_grads))[0]

@@ -68,7 +68,9 @@ def test_groups_share_a_prompt_and_rewards_match_info(ray_session):
 def test_checkpoint_round_trip_continues_identically(ray_session, tmp_path, num_env_runners):
     from rllib_grpo.rllib.algorithm import GRPO
 
-    config = tiny_config(use_kl_in_reward=True, use_kl_loss=False, kl_ctrl_type="adaptive")
+    # A warm-up still running at the checkpoint: the restored LR schedule must continue it.
+    config = tiny_config(use_kl_in_reward=True, use_kl_loss=False, kl_ctrl_type="adaptive",
+                         lr_warmup_steps=6)
     config.env_runners(num_env_runners=num_env_runners,
                        create_local_env_runner=num_env_runners == 0)
     algo = config.build_algo()

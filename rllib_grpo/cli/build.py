@@ -19,12 +19,17 @@ from rllib_grpo.cli.experiment import (
     Experiment,
     Translated,
     experiment_from_yaml,
+    has_verl_keys,
     is_grid,
     load_yaml_file,
     parse_json_option,
     parse_overrides,
     translate,
 )
+from rllib_grpo.cli.verl_keys import VERL_DEFAULT_EPOCHS, VERL_DEFAULTS, VERL_MUST_MATCH
+
+# The env that reads verl's data files when a configuration names files but no env.
+PROMPT_FILE_ENV = "rllib_grpo/Prompts-v0"
 
 
 def assemble(
@@ -52,9 +57,14 @@ def assemble(
                (parse_overrides(list(overrides)), "override")]
     for raw, source in sources:
         _merge(exp, translate(raw, exp.algo, source))
+    # verl's defaults when the configuration is given in verl's keys: a file in verl's shape,
+    # or (without a file) verl keys on the command line.
+    exp.verl_defaults = exp.algo == "GRPO" and (
+        has_verl_keys(file_config) if file else any(has_verl_keys(raw) for raw, _ in sources))
     exp.env = env or exp.config.pop("env", None) or exp.env
     exp.stop.update(parse_json_option(stop_json, "--stop"))
     _check_stop(exp.stop)
+    _verl_run_checks(exp)
     exp.name = name or exp.name
     exp.storage_path = storage_path or exp.storage_path
     exp.checkpoint_freq = exp.checkpoint_freq if checkpoint_freq is None else checkpoint_freq
@@ -69,6 +79,8 @@ def _merge(exp: Experiment, t: Translated) -> None:
         exp.config[key] = value
     exp.ignored += [k for k in t.ignored if k not in exp.ignored]
     exp.mapped += t.mapped
+    exp.recorded.update(t.recorded)
+    exp.must_match.update(t.must_match)
     run = t.run
     if "trainer.total_training_steps" in run:
         exp.stop["training_iteration"] = _run_int(run, "trainer.total_training_steps")
@@ -79,6 +91,39 @@ def _merge(exp: Experiment, t: Translated) -> None:
     exp.name = run.get("trainer.experiment_name", exp.name)
     exp.storage_path = run.get("trainer.default_local_dir", exp.storage_path)
     exp.mapped += [f"{k} -> {VERL_TO_RUN[k]}" for k in run]
+
+
+def _verl_run_checks(exp: Experiment) -> None:
+    """What verl keys imply across sources: the file env for data files, verl's epoch count,
+    and keys whose value must agree with a setting."""
+    if exp.algo != "GRPO":
+        return
+    if exp.env is None and (exp.config.get("env_config") or {}).get("path") is not None:
+        exp.env = PROMPT_FILE_ENV
+        exp.mapped.append(f"data.train_files without an env -> env {PROMPT_FILE_ENV} (each "
+                          "row's data_source picks its reward function, as in verl)")
+    if exp.verl_defaults and exp.total_epochs is None and "training_iteration" not in exp.stop:
+        exp.total_epochs = VERL_DEFAULT_EPOCHS
+        exp.mapped.append(f"trainer.total_epochs={VERL_DEFAULT_EPOCHS} (verl's default) -> "
+                          f"{VERL_TO_RUN['trainer.total_epochs']}")
+    for key, value in exp.must_match.items():
+        field = VERL_MUST_MATCH[key]
+        setting = exp.config.get(field, _default_of(exp, field))
+        if value != setting:
+            raise ConfigError(f"verl key {key}={value!r} differs from {field}={setting!r}: verl "
+                              f"takes the overlong buffer's length from it; make them equal")
+    manager = exp.recorded.get("reward_model.reward_manager")
+    overlong = exp.config.get("overlong_buffer_enable", _default_of(exp, "overlong_buffer_enable"))
+    if manager == "naive" and overlong:
+        raise ConfigError("reward_model.reward_manager=naive has no overlong buffer in verl: set "
+                          "reward_model.reward_manager=dapo or overlong_buffer.enable=False")
+
+
+def _default_of(exp: Experiment, field: str) -> Any:
+    """A setting's default for this experiment: verl's when it is given in verl keys."""
+    if exp.verl_defaults and field in VERL_DEFAULTS:
+        return VERL_DEFAULTS[field][0]
+    return getattr(default_config(exp.algo), field, None)
 
 
 def _run_int(run: dict[str, Any], key: str) -> int:
@@ -107,8 +152,12 @@ def build_config(exp: Experiment, point: dict[str, Any] | None = None) -> Any:
     config = default_config(exp.algo)
     if exp.env:
         config.environment(exp.env)
+    defaults = {field: value for field, (value, _) in VERL_DEFAULTS.items()
+                } if exp.verl_defaults else {}
+    if "training_iteration" in exp.stop and "total_training_steps" not in exp.config:
+        defaults["total_training_steps"] = exp.stop["training_iteration"]  # the LR schedule's
     try:
-        config.update_from_dict({**exp.config, **(point or {})})
+        config.update_from_dict({**defaults, **exp.config, **(point or {})})
     except (TypeError, ValueError) as err:
         raise ConfigError(f"config: {err}") from None
     return config
@@ -130,10 +179,14 @@ def config_errors(exp: Experiment) -> list[str]:
 
 
 def resolve_stop(exp: Experiment, config: Any) -> dict[str, Any]:
-    """The Tune stop criteria, with ``trainer.total_epochs`` turned into iterations."""
+    """The Tune stop criteria, with ``trainer.total_epochs`` turned into iterations; the
+    config's ``total_training_steps`` (LR schedule, last-step validation) follows them
+    unless it is set."""
     stop = dict(exp.stop)
     if exp.total_epochs is not None and "training_iteration" not in stop:
         stop["training_iteration"] = epochs_to_iterations(config, exp.total_epochs)
+    if getattr(config, "total_training_steps", 0) is None and "training_iteration" in stop:
+        config.total_training_steps = stop["training_iteration"]
     return stop
 
 

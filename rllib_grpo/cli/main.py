@@ -162,11 +162,23 @@ def assemble_from_args(args: argparse.Namespace, file: str | None,
 
 
 def key_report(exp: Experiment) -> list[str]:
-    """Lines naming the verl keys that were mapped onto run settings or ignored."""
+    """Lines naming the verl keys that were mapped onto run settings, recorded or ignored,
+    and the defaults the configuration starts from."""
+    from rllib_grpo.cli.verl_keys import VERL_DEFAULTS, VERL_DEFAULTS_NOT_TAKEN, VERL_RECORDED
+
     lines = [f"verl key mapped: {line}" for line in exp.mapped]
+    lines += [f"verl key recorded: {key}={value!r}: {VERL_RECORDED[key]}"
+              for key, value in exp.recorded.items()]
     if exp.ignored:
-        lines.append("verl keys ignored (no effect here, see rllib_grpo.cli.experiment.VERL_IGNORED): "
+        lines.append("verl keys ignored (no effect here, see rllib_grpo.cli.verl_keys.VERL_IGNORED): "
                      + ", ".join(exp.ignored))
+    if exp.verl_defaults:
+        taken = ", ".join(f"{key}={value!r}" for value, key in VERL_DEFAULTS.values())
+        lines.append(f"defaults: verl's (the configuration is given in verl's keys): {taken}; "
+                     "not taken: " + "; ".join(f"{key} ({why})"
+                                               for key, why in VERL_DEFAULTS_NOT_TAKEN.items()))
+    elif exp.algo == "GRPO":
+        lines.append("defaults: rllib-grpo's (GRPOConfig(); see docs/configuration.md)")
     return lines
 
 
@@ -188,11 +200,12 @@ def train(args: argparse.Namespace, file: str | None, overrides: list[str]) -> i
     from rllib_grpo.cli.build import build_config, config_errors, resolve_stop
 
     exp = assemble_from_args(args, file, overrides)
+    exp.stop = resolve_stop(exp, build_config(exp))  # the run's length is part of the config
     config = build_config(exp)
     errors = config_errors(exp)
     if errors:
         raise ConfigError("invalid config: " + " | ".join(errors))
-    stop = resolve_stop(exp, config)
+    stop = exp.stop
     for line in key_report(exp) + run_summary(exp, config, stop):
         print(line, flush=True)
     return run_tune(exp, config, stop, args)
@@ -317,13 +330,17 @@ def describe_run(exp: Experiment, config: Any) -> list[str]:
 
 def explain(args: argparse.Namespace, file: str | None, overrides: list[str]) -> int:
     """``rllib-grpo explain``: print the plan (per grid point); exit 1 on errors or pitfalls."""
-    from rllib_grpo.cli.build import build_config, grid_points
+    from rllib_grpo.cli.build import build_config, grid_points, resolve_stop
     from rllib_grpo.rllib.checks import find_errors, find_pitfalls
 
     exp = assemble_from_args(args, file, overrides)
     if exp.algo != "GRPO":
         raise ConfigError(f"explain covers GRPO configs; this experiment runs {exp.algo!r}")
     points = grid_points(exp)
+    try:  # the run's length sets the LR schedule: known unless counted from the data
+        exp.stop = resolve_stop(exp, build_config(exp, points[0]))
+    except ConfigError:
+        pass
     print("\n".join(describe_run(exp, build_config(exp, points[0]))))
     problems = False
     for point in points:

@@ -14,6 +14,7 @@ ends the episode by returning None.
 
 from __future__ import annotations
 
+import inspect
 import string
 from collections.abc import Mapping
 from typing import Any
@@ -183,6 +184,15 @@ class TextEnv(gymnasium.Env):
         }
         return next_observation or "", float(result["score"]), terminated, False, info
 
+    def seek(self, position: int) -> None:
+        """Serve next the prompt at ``position`` of the epoch-by-epoch order (epoch
+        ``position // num_prompts``): several envs with the same seed and data then share
+        one order, each serving its own positions."""
+        epoch, offset = divmod(int(position), self.num_prompts)
+        if epoch != self._epoch:
+            self._order = self._permutation(epoch)
+        self._epoch, self._position = epoch, offset
+
     def get_state(self) -> dict:
         """Order position, epoch, seed and reward error counters (for checkpoints)."""
         return {
@@ -235,6 +245,25 @@ class TextEnv(gymnasium.Env):
         if len(kept) < len(token_ids):
             text = self.tokenizer.decode(kept)
         return text, kept
+
+
+def env_options(env_cls: type) -> tuple[set[str], bool]:
+    """The keyword options ``env_cls(...)`` takes, following ``**kwargs`` up the classes
+    it forwards them to (a TextEnv subclass hands them to `TextEnv`), and whether it takes
+    any keyword at all (a ``**kwargs`` that reaches no known class)."""
+    names: set[str] = set()
+    for cls in env_cls.__mro__:
+        init = cls.__dict__.get("__init__")
+        if init is None:
+            continue
+        parameters = inspect.signature(init).parameters.values()
+        names |= {p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+                  and p.name != "self"}
+        if not any(p.kind == p.VAR_KEYWORD for p in parameters):
+            return names, False
+        if cls is TextEnv:
+            break
+    return names, not issubclass(env_cls, TextEnv)
 
 
 def _check_length_options(

@@ -56,8 +56,15 @@ class RolloutBatch:
         return RolloutBatch(**columns, infos=[self.infos[i] for i in rows])
 
     def metric(self, name: str) -> np.ndarray:
-        """A per-trajectory value: ``score``/``seq_reward`` (the scores) or an info key (``acc``)."""
-        if name in ("score", "seq_reward"):
+        """A per-trajectory value, as verl's ``filter_groups.metric`` reads it.
+
+        ``seq_reward`` is the reward the learner gets (``scores``: after DAPO's overlong
+        penalty); ``score`` is the reward function's own value (``info["score"]``, before
+        the penalty; ``scores`` when the env reports none); any other name is an info key
+        (``acc``).
+        """
+        if name == "seq_reward" or (name == "score" and not any(
+                "score" in info for info in self.infos)):
             return self.scores.astype(np.float64)
         if not all(name in info for info in self.infos):
             raise ValueError(

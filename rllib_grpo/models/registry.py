@@ -73,10 +73,12 @@ def resolve_model(
       ``register_builtin_model`` added): built once, cached in
       ``cache_dir/<name>-<hash of params>``; ``builder_kwargs`` override the
       registered params (and so change the hash);
-    - an existing local folder: returned as is;
+    - an existing local folder: returned as is (``~`` expanded);
     - anything else: returned as is, taken for a Hugging Face hub id.
     """
     _load_builtin_modules()
+    if name_or_path.startswith("~"):  # a shell would have expanded it: not a hub id
+        name_or_path = os.path.expanduser(name_or_path)
     if name_or_path in _BUILTINS:
         builder_fn, params = _BUILTINS[name_or_path]
         params = {**params, **(builder_kwargs or {})}

@@ -37,12 +37,13 @@ from rllib_grpo.rllib.config import GRPOConfig
 
 logger = logging.getLogger(__name__)
 REMOTE_RUNNERS = "remote_env_runners"
+DATA_POSITION = "data_position"  # prompts served so far, in the env runners' shared order
 
 # Learner metrics surfaced at the top level of the result under verl's names.
 ACTOR_KEYS = (
     "actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl",
     "actor/kl_loss", "actor/kl_coef", "actor/entropy", "actor/entropy_loss", "actor/grad_norm",
-    "actor/loss", "actor/skipped_steps", "actor/reward_kl_penalty",
+    "actor/loss", "actor/skipped_steps", "actor/lr", "actor/reward_kl_penalty",
     "actor/reward_kl_penalty_coeff", "critic/rewards/mean", "critic/rewards/max",
     "critic/rewards/min", "critic/advantages/mean", "critic/advantages/max",
     "critic/advantages/min", "critic/returns/mean", "critic/returns/max", "critic/returns/min",
@@ -66,10 +67,15 @@ class GRPO(Algorithm):
         super().setup(config)
         self._no_signal_streak = 0
         self.last_rollout: RolloutBatch | None = None
+        self._data_position = 0
+        self._validated_before_train = False
 
     @override(Algorithm)
     def training_step(self) -> None:
         c = self.config
+        if c.val_before_train and not self._validated_before_train:  # verl: once per run
+            self._log_dict(self.validate())
+            self._validated_before_train = True
         t_step = time.perf_counter()
 
         with self.metrics.log_time("timing_s/sample"):
@@ -90,7 +96,7 @@ class GRPO(Algorithm):
         t0 = time.perf_counter()
         self._sync_weights()
         self._log_value("timing_s/update_weights", time.perf_counter() - t0)
-        if c.val_every and (self.iteration + 1) % c.val_every == 0:
+        if self._validation_due(self.iteration + 1):
             self._log_dict(self.validate())
 
         step_time = time.perf_counter() - t_step
@@ -99,6 +105,11 @@ class GRPO(Algorithm):
         self._log_value("perf/total_num_tokens", tokens)
         self._log_value("perf/time_per_step", step_time)
         self._log_value("perf/throughput", tokens / max(step_time, 1e-9))
+
+    def _validation_due(self, step: int) -> bool:
+        """verl: every ``test_freq`` steps and at the last one; never when it is <= 0."""
+        c = self.config
+        return c.val_every > 0 and (step % c.val_every == 0 or step == c.total_training_steps)
 
     def _sync_weights(self) -> None:
         """Push the learners' weights to every sampler before the next sample.
@@ -127,6 +138,8 @@ class GRPO(Algorithm):
         (A local env runner is its own checkpoint component already.)
         """
         state = super().get_state(components, not_components=not_components, **kwargs)
+        if self._check_component(DATA_POSITION, components, not_components):
+            state[DATA_POSITION] = self._data_position
         group = self.env_runner_group
         if group is not None and group.num_remote_env_runners() > 0 and self._check_component(
                 REMOTE_RUNNERS, components, not_components):
@@ -137,6 +150,7 @@ class GRPO(Algorithm):
     @override(Algorithm)
     def set_state(self, state: dict) -> None:
         super().set_state(state)
+        self._data_position = state.get(DATA_POSITION, self._data_position)
         if REMOTE_RUNNERS in state and self.env_runner_group is not None:
             by_index = dict(state[REMOTE_RUNNERS])
             self.env_runner_group.foreach_env_runner(
@@ -201,18 +215,25 @@ class GRPO(Algorithm):
         return rollout
 
     def _sample_groups(self, num_prompts: int) -> RolloutBatch:
-        """Ask every env runner for its share of ``num_prompts`` groups and concatenate."""
+        """Ask every env runner for its share of ``num_prompts`` groups and concatenate.
+
+        All runners walk one shared prompt order (one permutation per epoch, as verl's
+        dataloader); runner ``k`` serves the ``k``-th consecutive slice of the next
+        ``num_prompts`` positions, so no prompt repeats or is skipped within an epoch.
+        """
         group = self.env_runner_group
         num_remote = group.num_remote_env_runners()
-        shares = _split_evenly(num_prompts, max(1, num_remote))
+        slices = prompt_slices(self._data_position, num_prompts, max(1, num_remote))
+        self._data_position += num_prompts
         if num_remote == 0:
             runner = group.local_env_runner
-            batches = [runner.sample(num_prompts=num_prompts)]
+            batches = [runner.sample(num_prompts=num_prompts, start=slices[0][0])]
             metrics = [runner.get_metrics()]
         else:
             results = group.foreach_env_runner(
-                lambda er, shares=shares: (er.sample(
-                    num_prompts=shares[er.worker_index - 1]), er.get_metrics()),
+                lambda er, slices=slices: (er.sample(
+                    num_prompts=slices[er.worker_index - 1][1],
+                    start=slices[er.worker_index - 1][0]), er.get_metrics()),
                 local_env_runner=False,
             )
             batches = [b for b, _ in results if len(b)]
@@ -228,18 +249,23 @@ class GRPO(Algorithm):
         return rollout
 
     def validate(self) -> dict[str, float]:
-        """Score held-out prompts (greedy by default) and return verl's ``val-core`` metrics."""
+        """Score held-out prompts (greedy by default) and return verl's ``val-core`` metrics.
+
+        Every validation scores the same prompts: the first ``val_num_prompts`` of the
+        held-out order, split over the env runners.
+        """
         c, group = self.config, self.env_runner_group
         t0 = time.perf_counter()
         num_remote = group.num_remote_env_runners()
+        params = c.validation_sampling()
+        slices = prompt_slices(0, c.val_num_prompts, max(1, num_remote))
         if num_remote == 0:
-            samples = group.local_env_runner.evaluate(c.val_num_prompts, c.val_n,
-                                                      c.val_temperature)
+            samples = group.local_env_runner.evaluate(c.val_num_prompts, c.val_n, params, start=0)
         else:
-            shares = _split_evenly(c.val_num_prompts, num_remote)
             per_runner = group.foreach_env_runner(
-                lambda er, shares=shares: er.evaluate(shares[er.worker_index - 1], c.val_n,
-                                                      c.val_temperature),
+                lambda er, slices=slices: er.evaluate(
+                    slices[er.worker_index - 1][1], c.val_n, params,
+                    start=slices[er.worker_index - 1][0]),
                 local_env_runner=False)
             samples = [s for runner_samples in per_runner for s in runner_samples]
         metrics = validation_metrics(samples)
@@ -282,9 +308,13 @@ class GRPO(Algorithm):
             )
 
 
-def _split_evenly(total: int, parts: int) -> list[int]:
-    base, extra = divmod(total, parts)
-    return [base + (i < extra) for i in range(parts)]
+def prompt_slices(position: int, num_prompts: int, num_runners: int) -> list[tuple[int, int]]:
+    """``(start, count)`` per runner: consecutive slices of the shared order that together
+    cover positions ``position .. position + num_prompts - 1`` (counts differ by <= 1)."""
+    base, extra = divmod(num_prompts, num_runners)
+    counts = [base + (i < extra) for i in range(num_runners)]
+    starts = [position + sum(counts[:i]) for i in range(num_runners)]
+    return list(zip(starts, counts, strict=True))
 
 
 # Importing the algorithm registers it, like RLlib's own; `rllib_grpo.registration` makes

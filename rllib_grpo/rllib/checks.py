@@ -8,12 +8,15 @@ object carrying the GRPO fields.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from rllib_grpo.algos import ADV_ESTIMATORS, AGG_MODES, KL_CONTROLLERS, POLICY_LOSSES, kl_kinds
 from rllib_grpo.algos.advantages import needs_groups
+from rllib_grpo.algos.lr_schedule import LR_SCHEDULER_TYPES, needs_total_steps
 from rllib_grpo.algos.policy_losses import forced_agg_mode
 from rllib_grpo.data.datasets import TRUNCATION_MODES
+from rllib_grpo.data.env import env_options
 from rllib_grpo.data.recipes import FILTER_METRICS
 from rllib_grpo.models.lora import LORA_SYNC_MODES
 from rllib_grpo.samplers import SAMPLER_KINDS
@@ -183,7 +186,8 @@ def _check_precision(c: Any) -> list[str]:
 def find_errors(c: Any) -> list[str]:
     """Settings that cannot run, each naming the field and the fix."""
     return (_check_names(c) + _check_sizes(c) + _check_algorithm(c) + _check_recipes(c)
-            + _check_lora_and_memory(c) + _check_precision(c))
+            + _check_lora_and_memory(c) + _check_precision(c) + _check_lr_schedule(c)
+            + _check_env_and_sampler(c))
 
 
 def _precision_pitfalls(c: Any) -> list[str]:
@@ -258,3 +262,83 @@ def _lora_and_memory_pitfalls(c: Any) -> list[str]:
                else "no KL term is on, so no reference model is loaded")
         pitfalls.append(f"ref_param_offload=True does nothing: {why}.")
     return pitfalls
+
+
+def _check_lr_schedule(c: Any) -> list[str]:
+    errors = []
+    if c.lr_scheduler_type not in LR_SCHEDULER_TYPES:
+        errors.append(f"lr_scheduler_type={c.lr_scheduler_type!r} is unknown; use one of: "
+                      f"{', '.join(LR_SCHEDULER_TYPES)}.")
+        return errors
+    scheduled = c.lr_warmup_steps != 0 or c.lr_scheduler_type != "constant"
+    if isinstance(getattr(c, "lr", None), list | tuple) and scheduled:
+        errors.append("lr is an RLlib schedule ([[timestep, lr], ...]) and lr_warmup_steps / "
+                      "lr_scheduler_type ask for verl's schedule too: use one of them.")
+    if needs_total_steps(c.lr_scheduler_type, c.lr_warmup_steps, c.lr_warmup_steps_ratio) and (
+            c.total_training_steps is None):
+        errors.append(f"lr_scheduler_type={c.lr_scheduler_type!r} / lr_warmup_steps_ratio="
+                      f"{c.lr_warmup_steps_ratio} need the run's length: set "
+                      "total_training_steps (the command line takes it from "
+                      "trainer.total_training_steps or the stop training_iteration).")
+    for field in ("lr_warmup_steps_ratio", "min_lr_ratio"):
+        value = getattr(c, field)
+        if value is not None and not 0 <= value <= 1:
+            errors.append(f"{field}={value} must be in [0, 1] (a fraction of lr's steps/value).")
+    if c.total_training_steps is not None and c.total_training_steps < 1:
+        errors.append(f"total_training_steps={c.total_training_steps} must be >= 1 (or None).")
+    return errors
+
+
+def env_class(env: Any) -> type | None:
+    """The class a gymnasium id (or class) builds; None when it cannot be told."""
+    if isinstance(env, type):
+        return env
+    if not isinstance(env, str):
+        return None
+    import gymnasium
+
+    try:
+        entry = gymnasium.spec(env).entry_point
+    except Exception:  # noqa: BLE001  (an unknown id: gymnasium.make reports it)
+        return None
+    if isinstance(entry, str):
+        module, _, name = entry.partition(":")
+        entry = getattr(importlib.import_module(module), name, None)
+    return entry if isinstance(entry, type) else None
+
+
+# Engine options only vLLM takes (the transformers sampler refuses them by name).
+HF_SAMPLER_OPTIONS = ("device", "max_batch_size", "config_overrides", "dtype")
+
+
+def _check_env_and_sampler(c: Any) -> list[str]:
+    errors = []
+    cls = env_class(c.env)
+    names, open_ended = env_options(cls) if cls is not None else (set(), True)
+    for field in ("env_config", "val_env_config"):
+        unknown = sorted(set(getattr(c, field) or {}) - names)
+        if not open_ended and unknown:
+            hint = (" For prompt files (verl's data.train_files/val_files) use a file env: "
+                    "env='rllib_grpo/Prompts-v0' (each row's data_source picks the reward), "
+                    "'rllib_grpo/GSM8K-v0' or 'rllib_grpo/MATH-v0'."
+                    if {"path", "prompt_key"} & set(unknown) else "")
+            errors.append(f"{field} has {', '.join(map(repr, unknown))} but env {c.env!r} takes "
+                          f"no such option (it takes: {', '.join(sorted(names))}).{hint}")
+    tp = int((c.sampler_config or {}).get("tensor_parallel_size", 1) or 1)
+    gpus = c.num_gpus_per_env_runner
+    if tp > 1 and c.sampler == "hf":
+        errors.append(f"tensor_parallel_size={tp} (verl rollout.tensor_model_parallel_size) "
+                      "needs the vLLM sampler; set sampler='vllm' or tensor_parallel_size=1.")
+    elif tp > 1 and gpus and gpus != tp:
+        errors.append(f"tensor_parallel_size={tp}: each env runner's vLLM engine spreads over "
+                      f"{tp} GPUs, but num_gpus_per_env_runner={gpus}; set "
+                      f"num_gpus_per_env_runner={tp} (a {tp}-GPU bundle per env runner).")
+    vllm_only = sorted(set(c.sampler_config or {}) - set(HF_SAMPLER_OPTIONS))
+    if c.sampler == "hf" and vllm_only:
+        errors.append(f"sampler_config has vLLM engine options {', '.join(vllm_only)} but "
+                      "sampler='hf' takes only " + ", ".join(HF_SAMPLER_OPTIONS) + "; drop them "
+                      "or use sampler='vllm'.")
+    if c.overlong_buffer_enable and c.overlong_buffer_len <= 0:
+        errors.append("overlong_buffer_enable=True needs overlong_buffer_len > 0 tokens "
+                      "(verl reward_model.overlong_buffer.len).")
+    return errors

@@ -164,6 +164,7 @@ class GRPOConfig(AlgorithmConfig, GRPOSettings):
             "temperature": self.temperature,
             "use_reference": self.needs_reference,
             "seed": self.seed,
+            "config_overrides": dict(self.model_override_config),
             **{name: getattr(self, name) for name in MODULE_SETTINGS},  # LoRA, ref offload
         }
 
@@ -178,6 +179,17 @@ class GRPOConfig(AlgorithmConfig, GRPOSettings):
     def needs_reference(self) -> bool:
         """A frozen reference model is needed when any KL term is on."""
         return bool(self.use_kl_loss or self.use_kl_in_reward)
+
+    def validation_sampling(self) -> Any:
+        """verl's ``val_kwargs``: greedy unless ``val_do_sample`` (None: sample when
+        ``val_temperature > 0``), then ``val_temperature``/``val_top_p``/``val_top_k``."""
+        from rllib_grpo.samplers import SamplingParams
+
+        sample = self.val_do_sample if self.val_do_sample is not None else self.val_temperature > 0
+        if not sample:
+            return SamplingParams(temperature=0.0, max_tokens=self.max_response_length)
+        return SamplingParams(temperature=self.val_temperature, top_p=self.val_top_p,
+                              top_k=self.val_top_k, max_tokens=self.max_response_length)
 
     @property
     def loss_horizon(self) -> float:

@@ -46,6 +46,8 @@ def make_text_env(config: Any, tokenizer: Any, seed: int) -> gym.Env:
         truncation=config.truncation, filter_overlong_prompts=config.filter_overlong_prompts,
         seed=seed,
     )
+    if not config.data_shuffle:  # verl data.shuffle=False: the file's order
+        kwargs["shuffle"] = False
     kwargs.update(dict(config.env_config))
     env = config.env
     if isinstance(env, str):
@@ -58,18 +60,37 @@ def make_text_env(config: Any, tokenizer: Any, seed: int) -> gym.Env:
     )
 
 
+def data_seed(config: Any) -> int:
+    """The seed of the prompt order every env runner shares: ``data_seed``, else ``seed``."""
+    return config.data_seed if config.data_seed is not None else (config.seed or 0)
+
+
 def engine_options(config: Any) -> dict[str, Any]:
     """Sampler options: ``sampler_config``, with a vLLM engine's GPU memory share from
     ``sampler_memory_fraction``, else (colocated) the GPU fraction this env runner
-    reserved from Ray."""
+    reserved from Ray; HF config overrides (``model_override_config``) as vLLM's
+    ``hf_overrides`` or the transformers sampler's ``config_overrides``."""
     options = dict(config.sampler_config)
     options.pop("dtype", None)  # the sampler's dtype is config.sampler_dtype
+    if config.model_override_config:
+        key = "config_overrides" if config.sampler == "hf" else "hf_overrides"
+        options[key] = dict(config.model_override_config)
     if config.sampler != "hf" and config.sampler_memory_fraction is not None:
         options["gpu_memory_utilization"] = config.sampler_memory_fraction
     gpus = config.num_gpus_per_env_runner
     if config.sampler != "hf" and 0 < gpus < 1:
         options.setdefault("gpu_memory_utilization", round(0.9 * gpus, 3))
     return options
+
+
+def _seek(env: gym.Env, start: int | None) -> None:
+    """Move ``env`` to position ``start`` of its epoch-by-epoch prompt order."""
+    if start is None:
+        return
+    if not hasattr(env, "seek"):
+        raise TypeError(f"{type(env).__name__} has no seek(position): env runners share one "
+                        "prompt order through it; subclass rllib_grpo.data.env.TextEnv.")
+    env.seek(start)
 
 
 class TextEnvRunner(EnvRunner, Checkpointable):
@@ -79,12 +100,12 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         super().__init__(config=config, **kwargs)
         c = self.config
         self.worker_index = kwargs.get("worker_index", 0) or 0
-        seed = (c.seed or 0) + self.worker_index
+        seed = (c.seed or 0) + self.worker_index  # each runner samples its own responses
         model_path = resolve_model(c.model_path)
         self.tokenizer = load_tokenizer(model_path)
-        self.env = make_text_env(c, self.tokenizer, seed)
+        # ... but all runners hold the same prompts in the same shared order.
+        self.env = make_text_env(c, self.tokenizer, data_seed(c))
         self._val_env: gym.Env | None = None
-        self._seed_base = seed
         self.sampler = make_sampler(
             c.sampler, model_path=model_path, dtype=c.sampler_dtype, seed=seed,
             **engine_options(c),
@@ -112,11 +133,14 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         )
 
     @override(EnvRunner)
-    def sample(self, num_prompts: int | None = None, **kwargs: Any) -> RolloutBatch:
-        """Sample ``num_prompts`` groups of ``group_size`` scored responses."""
+    def sample(self, num_prompts: int | None = None, start: int | None = None,
+               **kwargs: Any) -> RolloutBatch:
+        """Sample ``num_prompts`` groups of ``group_size`` scored responses, for the prompts
+        at positions ``start ..`` of the shared order (None: where this env stands)."""
         c = self.config
         num_prompts = num_prompts or c.prompts_per_step
         t0 = time.perf_counter()
+        _seek(self.env, start)
         prompts = [self._next_prompt(self.env) for _ in range(num_prompts)]
         groups = self.sampler.generate(
             [p["prompt_token_ids"] for p in prompts], c.group_size, self.sampling_params()
@@ -152,7 +176,7 @@ class TextEnvRunner(EnvRunner, Checkpointable):
     def _overlong_penalty(self, response_length: int, info: dict[str, Any]) -> float:
         """DAPO's soft overlong punishment, added to the reward (``acc`` is unchanged)."""
         c = self.config
-        if not c.overlong_buffer_len:
+        if not c.overlong_buffer_len or c.overlong_buffer_enable is False:
             return 0.0
         penalty = float(overlong_penalty(torch.tensor([response_length]), c.max_response_length,
                                          c.overlong_buffer_len, c.overlong_penalty_factor)[0])
@@ -167,11 +191,13 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         return [float(self._score(self.env, p, out[0].token_ids)["reward"])
                 for p, out in zip(prompts, outputs, strict=True)]
 
-    def evaluate(self, num_prompts: int, n: int, temperature: float) -> list[ValidationSample]:
-        """Sample ``n`` responses for ``num_prompts`` held-out prompts and score them."""
+    def evaluate(self, num_prompts: int, n: int, params: SamplingParams,
+                 start: int | None = None) -> list[ValidationSample]:
+        """Sample ``n`` responses with ``params`` for ``num_prompts`` held-out prompts (at
+        positions ``start ..`` of the held-out order; None: the next ones) and score them."""
         env = self._validation_env()
+        _seek(env, start)
         prompts = [self._next_prompt(env) for _ in range(num_prompts)]
-        params = SamplingParams(temperature=temperature, max_tokens=self.config.max_response_length)
         outputs = self.sampler.generate([p["prompt_token_ids"] for p in prompts], n, params)
         samples = []
         for prompt, group in zip(prompts, outputs, strict=True):
@@ -190,7 +216,8 @@ class TextEnvRunner(EnvRunner, Checkpointable):
             val_config.env_config = {**dict(self.config.env_config),
                                      **dict(self.config.val_env_config)}
             # A different seed: held-out order (and, for generated tasks, problems).
-            self._val_env = make_text_env(val_config, self.tokenizer, self._seed_base + 10_007)
+            self._val_env = make_text_env(val_config, self.tokenizer,
+                                          data_seed(self.config) + 10_007)
         return self._val_env
 
     @staticmethod
@@ -203,7 +230,8 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         text = self.tokenizer.decode(response_ids, skip_special_tokens=True)
         env.reset(options={"index": prompt["index"]})
         _, reward, _, _, info = env.step(text)
-        return {"reward": reward, "prompt": prompt["text"], "response": text, **{
+        return {"reward": reward, "prompt": prompt["text"], "index": prompt["index"],
+                "response": text, **{
             k: v for k, v in info.items() if k in ("score", "acc", "pred", "reward_error")}}
 
     def _log_sample_metrics(self, num_trajectories: int, t_gen: float, t_reward: float) -> None:

@@ -42,9 +42,11 @@ from rllib_grpo.rllib.distributed import (
     all_reduce,
     load_optimizer_states,
     optimizer_states,
+    rank,
     world_size,
 )
 from rllib_grpo.rllib.module import response_log_probs
+from rllib_grpo.rllib.step_schedule import LRSchedule, minibatch_order
 
 logger = logging.getLogger(__name__)
 
@@ -114,32 +116,26 @@ class GRPOLearner(TorchLearner):
             c.kl_ctrl_type, kl_coef=c.kl_coef, target_kl=c.kl_target, horizon=c.kl_horizon
         )
         self.skipped_steps = 0
+        self.lr_schedule = LRSchedule.from_config(c)  # None: RLlib applies a list schedule
 
     # ------------------------------------------------------------------ optimizer
     @override(TorchLearner)
     def configure_optimizers_for_module(self, module_id: str, config: Any = None) -> None:
         config = config or self.config
         params = [p for p in self._module[module_id].parameters() if p.requires_grad]
+        rllib_schedule = isinstance(config.lr, list | tuple)
         optimizer = torch.optim.AdamW(
-            params, lr=1e-3, betas=tuple(config.betas), weight_decay=config.weight_decay
+            params, lr=1e-3 if rllib_schedule else config.lr, betas=tuple(config.betas),
+            weight_decay=config.weight_decay,
         )
         if config.optimizer_offload:  # AdamW states in host memory between steps
             offload_optimizer_states(optimizer)
+        # A float lr follows verl's schedule (`LRSchedule`, set per training step in
+        # `update`); RLlib's own piecewise list schedule is keyed by sampled env steps.
         self.register_optimizer(
             module_id=module_id, optimizer=optimizer, params=params,
-            lr_or_lr_schedule=self._lr_schedule(config),
+            lr_or_lr_schedule=config.lr if rllib_schedule else None,
         )
-
-    @staticmethod
-    def _lr_schedule(config: Any) -> Any:
-        """Constant LR, or RLlib's piecewise schedule for a linear warm-up.
-
-        RLlib schedules are keyed by sampled env steps (trajectories here).
-        """
-        if not config.lr_warmup_steps or isinstance(config.lr, list):
-            return config.lr
-        per_step = config.batch_plan().trajectories_per_step
-        return [[0, 0.0], [config.lr_warmup_steps * per_step, config.lr]]
 
     # ------------------------------------------------------------------ update
     @override(TorchLearner)
@@ -155,16 +151,20 @@ class GRPOLearner(TorchLearner):
             for k in TENSOR_COLUMNS if k in module_batch
         }
         prepared = self._prepare(tensors)
-        plan = self.config.batch_plan()
-        kwargs.update(
-            num_epochs=self.config.num_epochs,
-            minibatch_size=plan.trajectories_per_minibatch_per_learner,
-            shuffle_batch_per_epoch=self.config.shuffle_batch_per_epoch,
-        )
+        c, minibatch = self.config, self.config.batch_plan().trajectories_per_minibatch_per_learner
+        order, epochs = minibatch_order(len(prepared["scores"]), minibatch, c.num_epochs,
+                                        c.shuffle_batch_per_epoch, c.minibatch_shuffle_seed + rank())
+        if order is not None:  # verl's actor.shuffle (see minibatch_order)
+            prepared = _select(prepared, order)
+        kwargs.update(num_epochs=epochs, minibatch_size=minibatch, shuffle_batch_per_epoch=False)
         mab = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(prepared)}, env_steps=len(
             prepared["scores"]))
+        if self.lr_schedule is not None:
+            self._log("actor/lr", self.lr_schedule.apply(self._optimizer_parameters))
         super().update(training_data=TrainingData(batch=mab), timesteps=timesteps,
                        _no_metrics_reduce=True, **kwargs)
+        if self.lr_schedule is not None:
+            self.lr_schedule.step()
         self._log_step_metrics()
         return self.metrics.reduce()
 
@@ -194,8 +194,10 @@ class GRPOLearner(TorchLearner):
         if ref is not None:
             batch["ref_log_probs"] = ref
         self._log_rollout_agreement(batch, mask)
-        self._log("actor/entropy", agg_loss(entropy, mask, c.loss_agg_mode,
-                                            horizon=c.loss_horizon).item())
+        # verl aggregates the entropy over the whole batch: global counts, summed over learners.
+        totals = self._minibatch_totals(batch)
+        entropy_share = agg_loss(entropy, mask, c.loss_agg_mode, **totals.agg_kwargs())
+        self._log("actor/entropy", all_reduce(entropy_share).item() / totals.dp_size)
 
         token_scores = self._scores_to_tokens(batch["scores"].float(), mask)
         token_rewards = token_scores
@@ -206,6 +208,7 @@ class GRPOLearner(TorchLearner):
             group_ids=batch["group_index"].cpu().numpy(),
             norm_adv_by_std_in_grpo=c.norm_adv_by_std_in_grpo, gamma=c.gamma,
             reward_baselines=batch["reward_baselines"] if c.adv_estimator == "remax" else None,
+            reduce_sum=all_reduce,  # batch-wide estimators see every learner's shard
         )
         batch["advantages"] = advantages * batch["sample_mask"][:, None]
         if c.mask_truncated_completions:
@@ -396,9 +399,11 @@ class GRPOLearner(TorchLearner):
     @override(TorchLearner)
     def get_state(self, components=None, *, not_components=None, **kwargs):
         state = super().get_state(components, not_components=not_components, **kwargs)
-        if components is None or "kl_ctrl" in (
-                [components] if isinstance(components, str) else components):
+        wanted = [components] if isinstance(components, str) else components
+        if components is None or "kl_ctrl" in wanted:
             state["kl_ctrl"] = self.kl_ctrl.state_dict()
+        if self.lr_schedule is not None and (components is None or "lr_schedule" in wanted):
+            state["lr_schedule"] = self.lr_schedule.state_dict()
         return state
 
     # Optimizer state as torch tensors in their own dtype: RLlib's numpy round trip has no
@@ -416,3 +421,5 @@ class GRPOLearner(TorchLearner):
         super().set_state(state)
         if "kl_ctrl" in state:
             self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        if "lr_schedule" in state and self.lr_schedule is not None:
+            self.lr_schedule.load_state_dict(state["lr_schedule"])

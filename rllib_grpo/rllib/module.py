@@ -78,6 +78,7 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
         cfg = self.model_config
         path = resolve_model(cfg["model"])
         self.temperature = float(cfg.get("temperature", 1.0))
+        overrides = cfg.get("config_overrides") or {}
         self.compute_dtype = cfg.get("dtype", "float32")
         self.lora = lora.LoRASettings.from_model_config(cfg)
         # Trained weights in the master dtype; a LoRA base is frozen (its adapter stays in
@@ -87,6 +88,7 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
             path, dtype=cfg.get("master_weights_dtype", "float32") if trains_full
             else self.compute_dtype,
             gradient_checkpointing=cfg.get("gradient_checkpointing", False),
+            config_overrides=overrides,
         )
         self._lora_synced = False  # the first sync of a LoRA policy sends the base weights too
         if self.lora is not None:
@@ -94,7 +96,8 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
         self.ref_lm = None
         self._host_ref: HostOffloaded | None = None  # not a submodule: .to(device) skips it
         if cfg.get("use_reference") and not self.inference_only and self.lora is None:
-            ref_lm = load_causal_lm(path, dtype=cfg.get("dtype", "float32"))
+            ref_lm = load_causal_lm(path, dtype=cfg.get("dtype", "float32"),
+                                    config_overrides=overrides)
             ref_lm.requires_grad_(False)
             ref_lm.eval()
             if cfg.get("ref_param_offload"):

@@ -23,6 +23,7 @@ def knob(default: Any, unit: str, doc: str, verl: str | tuple[str, ...] = ()) ->
 
 _ACTOR = "actor_rollout_ref.actor."
 _ROLLOUT = "actor_rollout_ref.rollout."
+_OVERLONG_CFG = "reward_model.reward_kwargs.overlong_buffer_cfg."  # verl main_ppo's spelling
 
 
 @dataclass(eq=False, repr=False)  # GRPOConfig inherits these fields, not dataclass equality
@@ -81,6 +82,10 @@ class GRPOSettings:
     gradient_checkpointing: bool = knob(
         False, "flag", "Recompute activations in backward to save memory.",
         "actor_rollout_ref.model.enable_gradient_checkpointing")
+    model_override_config: dict = knob(
+        {}, "dict", "Entries overriding the model's HF config (e.g. max_position_embeddings) "
+        "in the learner, the reference and the samplers (vLLM hf_overrides); verl's "
+        "actor_rollout_ref.model.override_config.*.")
 
     # --- sampling -------------------------------------------------------------------
     sampler: str = knob(
@@ -164,16 +169,24 @@ class GRPOSettings:
     overlong_buffer_len: int = knob(
         0, "tokens", "DAPO overlong shaping: penalty ramps from 0 at max_response_length - len "
         "tokens to -overlong_penalty_factor at max_response_length (0 = off).",
-        "reward_model.overlong_buffer.len")
+        ("reward_model.overlong_buffer.len", _OVERLONG_CFG + "len"))
     overlong_penalty_factor: float = knob(
-        1.0, "scalar", "Largest overlong penalty.", "reward_model.overlong_buffer.penalty_factor")
+        1.0, "scalar", "Largest overlong penalty.",
+        ("reward_model.overlong_buffer.penalty_factor", _OVERLONG_CFG + "penalty_factor"))
+    overlong_buffer_enable: bool | None = knob(
+        None, "flag", "Overlong shaping on/off (verl's overlong_buffer.enable); None = on when "
+        "overlong_buffer_len > 0.", ("reward_model.overlong_buffer.enable",
+                                     _OVERLONG_CFG + "enable"))
     mask_truncated_completions: bool = knob(
         False, "flag", "Exclude responses cut at max_response_length from the loss (counted).")
 
     # --- validation -------------------------------------------------------------------
     val_every: int = knob(
-        0, "training steps", "Evaluate on held-out prompts every N steps (0 = off).",
-        "trainer.test_freq")
+        0, "training steps", "Evaluate on held-out prompts every N steps and at the last step "
+        "(total_training_steps); <= 0 = never (verl's test_freq=-1).", "trainer.test_freq")
+    val_before_train: bool = knob(
+        False, "flag", "Evaluate once before the first training step (verl's default: on).",
+        "trainer.val_before_train")
     val_env_config: dict = knob(
         {}, "dict", "env_config overrides of the held-out env (e.g. another data_seed or path).")
     val_num_prompts: int = knob(32, "prompts", "Held-out prompts per validation.")
@@ -183,6 +196,27 @@ class GRPOSettings:
     val_temperature: float = knob(
         0.0, "scalar", "Validation temperature (0 = greedy).",
         "actor_rollout_ref.rollout.val_kwargs.temperature")
+    val_top_p: float = knob(1.0, "probability", "Validation nucleus mass (when sampling).",
+                            "actor_rollout_ref.rollout.val_kwargs.top_p")
+    val_top_k: int = knob(-1, "tokens", "Validation top-k (when sampling); -1 = off.",
+                          "actor_rollout_ref.rollout.val_kwargs.top_k")
+    val_do_sample: bool | None = knob(
+        None, "flag", "Sample validation responses with val_temperature/top_p/top_k; False = "
+        "greedy whatever they say (verl's default); None = sample when val_temperature > 0.",
+        "actor_rollout_ref.rollout.val_kwargs.do_sample")
+
+    # --- data order -------------------------------------------------------------------
+    data_shuffle: bool = knob(
+        True, "flag", "Walk the prompts in a new seeded permutation each epoch (False: file "
+        "order); one permutation is shared by all env runners, each serving its share.",
+        "data.shuffle")
+    data_seed: int | None = knob(
+        None, "seed", "Seed of the prompt order (and of generated tasks' problems); None = "
+        "the config's seed.", "data.seed")
+    minibatch_shuffle_seed: int = knob(
+        42, "seed", "With shuffle_batch_per_epoch (verl actor.shuffle), each learner draws its "
+        "mini-batches from a permutation per epoch, the first included, seeded with this + "
+        "the learner's rank.", _ACTOR + "data_loader_seed")
 
     # --- rollout correction ---------------------------------------------------------
     rollout_is: str | None = knob(
@@ -197,8 +231,24 @@ class GRPOSettings:
     weight_decay: float = knob(0.01, "scalar", "AdamW weight decay.", _ACTOR + "optim.weight_decay")
     betas: tuple = knob((0.9, 0.999), "pair", "AdamW betas.", _ACTOR + "optim.betas")
     lr_warmup_steps: int = knob(
-        0, "training steps", "Linear LR warm-up from 0 over this many training steps.",
-        _ACTOR + "optim.lr_warmup_steps")
+        0, "training steps", "Linear LR warm-up from 0 over this many training steps (learner "
+        "updates, whatever dynamic sampling draws); -1 = lr_warmup_steps_ratio x "
+        "total_training_steps (verl's default).", _ACTOR + "optim.lr_warmup_steps")
+    lr_warmup_steps_ratio: float = knob(
+        0.0, "fraction", "Warm-up length as a fraction of total_training_steps, when "
+        "lr_warmup_steps is -1.", _ACTOR + "optim.lr_warmup_steps_ratio")
+    lr_scheduler_type: str = knob(
+        "constant", "name", "LR after warm-up: constant | cosine (decays to min_lr_ratio x lr "
+        "at total_training_steps). One scheduler step per training step, as verl.",
+        (_ACTOR + "optim.lr_scheduler_type", _ACTOR + "optim.warmup_style"))
+    min_lr_ratio: float | None = knob(
+        0.0, "fraction", "Floor of the cosine schedule, as a fraction of lr (None = 0).",
+        _ACTOR + "optim.min_lr_ratio")
+    num_cycles: float = knob(0.5, "cycles", "Cosine waves over the run (0.5 = a half cosine).",
+                             _ACTOR + "optim.num_cycles")
+    total_training_steps: int | None = knob(
+        None, "training steps", "Length of the run for the LR schedule and the last-step "
+        "validation; None = the command line's stop training_iteration when known.")
 
     # --- FSDP -----------------------------------------------------------------------
     fsdp: bool = knob(
@@ -214,7 +264,7 @@ class GRPOSettings:
     fsdp_cpu_offload: bool = knob(
         False, "flag", "Keep sharded parameters, gradients and optimizer states in host "
         "memory (FSDP2 CPUOffloadPolicy); the optimizer steps on the CPU.",
-        _ACTOR + "fsdp_config.offload_policy")
+        (_ACTOR + "fsdp_config.offload_policy", _ACTOR + "fsdp_config.param_offload"))
 
     # --- LoRA and memory ------------------------------------------------------------
     lora_rank: int = knob(
@@ -243,7 +293,7 @@ class GRPOSettings:
         False, "flag", "Keep AdamW's states in host memory between optimizer steps "
         "(verl actor.fsdp_config.optimizer_offload): moved to the device for the step, back "
         "after it (step hooks from rllib_grpo.models.offload.offload_optimizer_states, installed "
-        "by the learner). A no-op on CPU.")
+        "by the learner). A no-op on CPU.", _ACTOR + "fsdp_config.optimizer_offload")
     sampler_memory_fraction: float | None = knob(
         None, "fraction of GPU memory", "GPU memory the vLLM engine may take (weights + KV "
         "cache), vLLM's gpu_memory_utilization; None = sampler_config's value, else 0.9 x the "

@@ -35,9 +35,11 @@ class HFSampler:
         seed: int = 0,
         device: str | torch.device = "cpu",
         max_batch_size: int | None = None,
+        config_overrides: dict | None = None,
     ) -> None:
         self.device = torch.device(device)
-        self.model = load_causal_lm(model_path, dtype=dtype).to(self.device)
+        self.model = load_causal_lm(model_path, dtype=dtype,
+                                    config_overrides=config_overrides).to(self.device)
         self.eos_token_ids = _eos_token_ids(self.model, tokenizer_path or model_path)
         if not self.eos_token_ids:
             logger.warning("no eos token found for %s: samples end only at max_tokens", model_path)
