@@ -46,8 +46,6 @@ VERL_IGNORED: dict[str, str] = {
     "trainer.balance_batch": "verl reorders trajectories for equal GPU work: it changes which "
                              "trajectories share a mini-batch, not the objective, advantages or "
                              "expected update",
-    _AR + "model.use_remove_padding": "padding-free packing is a speed path; padded batches with "
-                                      "attention masks give the same log-probs",
     _AR + "rollout.mode": "verl's rollout server mode; a step's samples all come from one weight "
                           "version either way",
     _AR + "rollout.log_prob_micro_batch_size_per_gpu": _LOGPROB_CHUNKS,
