@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import torch
 
 from rllib_grpo.algos import entropy_from_logits, logprobs_from_logits
@@ -106,57 +107,54 @@ def pack_micro_batch(batch: dict[str, torch.Tensor], varlen: bool) -> PackedMicr
         varlen: one row for the whole micro-batch (varlen attention kernels), else
             rows no longer than the longest sequence.
     """
-    prompt_mask = batch["prompt_mask"].bool()
-    response_mask = batch["response_mask"].bool()
-    device = batch["prompt_ids"].device
-    full_ids = torch.cat([batch["prompt_ids"], batch["response_ids"]], dim=1).long()
-    full_mask = torch.cat([prompt_mask, response_mask], dim=1)
-    prompt_lengths = prompt_mask.sum(-1)
-    seq_lengths = full_mask.sum(-1)
-    if bool(((prompt_lengths == 0) & response_mask.any(-1)).any()):
+    # The layout is index bookkeeping on the host (numpy: small ops cost microseconds);
+    # the device does one gather/scatter of the tokens.
+    prompt_mask = batch["prompt_mask"].detach().cpu().numpy().astype(bool)
+    response_mask = batch["response_mask"].detach().cpu().numpy().astype(bool)
+    width = prompt_mask.shape[1] + response_mask.shape[1]
+    full_mask = np.concatenate([prompt_mask, response_mask], axis=1)
+    lengths = full_mask.sum(axis=1)
+    if (~prompt_mask.any(axis=1) & response_mask.any(axis=1)).any():
         raise ValueError("a response without a prompt token has no logit to predict its "
                          "first token; every row needs at least one prompt token")
-    lengths = seq_lengths.tolist()
-    total = int(sum(lengths))
-    capacity = max(total, 1) if varlen else max(max(lengths, default=1), 1)
-    rows = pack_rows(lengths, capacity)
-    row_len = max(sum(lengths[i] for i in row) for row in rows) if rows else 1
-    row_len = max(row_len, 1)
-
-    # Where each sequence starts in the flattened packed rows.
-    seq_start = [0] * len(lengths)
+    total = int(lengths.sum())
+    capacity = max(total, 1) if varlen else max(int(lengths.max(initial=1)), 1)
+    length_list = lengths.tolist()
+    rows = pack_rows(length_list, capacity)
+    row_len = max([sum(length_list[i] for i in row) for row in rows] + [1])
+    starts = [0] * len(length_list)  # where each sequence starts in the flat packed rows
     for r, row in enumerate(rows):
         offset = r * row_len
         for index in row:
-            seq_start[index] = offset
-            offset += lengths[index]
-    seq_start_t = torch.tensor(seq_start, dtype=torch.long, device=device)
-    lengths_t = seq_lengths.long()
-    # Real tokens in row-major order: each sequence's tokens are contiguous there.
-    flat_tokens = full_ids[full_mask]
-    first_flat = torch.cumsum(lengths_t, 0) - lengths_t  # sequence b's first flat index
-    position_in_seq = torch.arange(total, device=device) - torch.repeat_interleave(
-        first_flat, lengths_t)
-    destination = torch.repeat_interleave(seq_start_t, lengths_t) + position_in_seq
+            starts[index] = offset
+            offset += length_list[index]
+    seq_start = np.asarray(starts, dtype=np.int64)
+    # Real tokens in row-major order (each sequence's tokens contiguous, prompt first).
+    source = np.flatnonzero(full_mask)
+    seq_of = source // width
+    first = np.cumsum(lengths) - lengths
+    position_in_seq = np.arange(total) - first[seq_of]
+    destination = seq_start[seq_of] + position_in_seq
+    # Response tokens, in response_mask order; the logit predicting each sits one slot
+    # earlier in its packed row (the same sequence: every response has a prompt token).
+    targets = np.flatnonzero(source % width >= prompt_mask.shape[1])
+    predictor = destination[targets - 1]
 
+    device = batch["prompt_ids"].device
     num_rows = max(len(rows), 1)
+    flat_ids = torch.cat([batch["prompt_ids"], batch["response_ids"]], dim=1).long().reshape(-1)
+    source_t = torch.from_numpy(source).to(device)
     input_ids = torch.zeros(num_rows * row_len, dtype=torch.long, device=device)
-    position_ids = torch.zeros(num_rows * row_len, dtype=torch.long, device=device)
-    input_ids[destination] = flat_tokens
+    input_ids[torch.from_numpy(destination).to(device)] = flat_ids[source_t]
+    position_ids = np.zeros(num_rows * row_len, dtype=np.int64)
     position_ids[destination] = position_in_seq
-
-    # Response token (b, j) is flat token first_flat[b] + prompt_len[b] + j; the logit
-    # predicting it sits one slot earlier in its packed row (the same sequence).
-    flat_index = full_mask.long().cumsum(-1) - 1 + first_flat[:, None]
-    target_flat = flat_index[:, full_ids.shape[1] - response_mask.shape[1]:][response_mask]
-    predictor = destination[target_flat - 1]
     return PackedMicroBatch(
         input_ids=input_ids.view(num_rows, row_len),
-        position_ids=position_ids.view(num_rows, row_len),
-        predictor_rows=predictor // row_len,
-        predictor_cols=predictor % row_len,
-        target_ids=flat_tokens[target_flat],
-        response_mask=response_mask,
+        position_ids=torch.from_numpy(position_ids).view(num_rows, row_len).to(device),
+        predictor_rows=torch.from_numpy(predictor // row_len).to(device),
+        predictor_cols=torch.from_numpy(predictor % row_len).to(device),
+        target_ids=flat_ids[source_t[torch.from_numpy(targets).to(device)]],
+        response_mask=batch["response_mask"].bool(),
         num_real_tokens=total,
     )
 
