@@ -29,6 +29,8 @@ def test_plan_lines():
     ({"temperature": 0.0}, "no group has a signal"),
     ({"temperature": 0.1}, "temperature=0.1 is low"),
     ({"policy_loss": "gspo"}, "always aggregates with 'seq-mean-token-mean'"),
+    ({"use_dynamic_bsz": True, "max_tokens_per_micro_batch": 64, "use_remove_padding": False},
+     "verl's budget assumes padding removal"),
 ])
 def test_each_pitfall_is_reported(training, needle):
     assert needle in _explain(**training)

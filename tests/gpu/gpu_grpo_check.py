@@ -3,7 +3,8 @@
 A few GRPO iterations with the vLLM sampler on a randomly initialised model of
 Qwen2.5-0.5B's shape (24 layers, hidden 896, 14 heads / 2 KV heads, vocab 151,936),
 learner and engine colocated on one GPU.  Prints generation tokens/s, weight-sync
-time and step time.
+time, step time and the learner's throughput (``perf/mfu/actor``: 6 x parameters x
+training tokens/s over the GPU's bf16 peak; ``perf/max_memory_allocated_gb``).
 
     python tests/gpu/gpu_grpo_check.py [--iterations 5] [--response-length 256]
 """
@@ -70,7 +71,12 @@ def main() -> None:
                      "update_actor_s": r["timing_s/update_actor"],
                      "update_weights_s": r["timing_s/update_weights"],
                      "weight_bytes": r["env_runners"].get("weight_sync/bytes"),
-                     "rollout_log_probs_diff_max": r.get("training/rollout_log_probs_diff_max")})
+                     "rollout_log_probs_diff_max": r.get("training/rollout_log_probs_diff_max"),
+                     # the learner's throughput (padding-free rows; target MFU >= 0.35)
+                     **{key: r.get(key) for key in (
+                         "perf/mfu/actor", "perf/actor_tokens_per_s",
+                         "perf/max_memory_allocated_gb", "timing_s/old_log_prob",
+                         "timing_s/ref", "timing_s/update_policy")}})
         print(json.dumps(rows[-1]), flush=True)
     algo.stop()
 
