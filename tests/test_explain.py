@@ -16,6 +16,8 @@ def test_plan_lines():
     assert "trajectories per step:         32" in text
     assert "optimizer steps per step:      2" in text
     assert "KL: in the loss, low_var_kl" in text
+    assert "packed rows, no padding (use_remove_padding); old log-probs from a separate" in text
+    assert "from the update's own forward" in _explain(prompts_per_step=8, group_size=4)
     assert "No pitfalls found." in text
 
 
