@@ -58,6 +58,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--micro-batch-size", type=int, default=None,
                    help="trajectories per forward/backward (default: the whole batch)")
     p.add_argument("--no-kl", action="store_true", help="no KL loss, hence no reference model")
+    p.add_argument("--padded", action="store_true",
+                   help="RLlib run: use_remove_padding=False (padded rows, as the plain loop)")
+    p.add_argument("--old-log-prob-pass", action="store_true",
+                   help="RLlib run: skip_old_log_prob_pass=False (a separate old-log-prob pass "
+                   "even on an on-policy step, as the plain loop)")
     p.add_argument("--threads", type=int, default=None, help="torch threads in both runs (1)")
     p.add_argument("--max-operand", type=int, default=9, help="Arithmetic-v0 operand bound")
     p.add_argument("--no-fixed-length", action="store_true",
@@ -104,6 +109,7 @@ def workload_from_args(args: argparse.Namespace) -> Workload:
     return Workload(
         **preset, iterations=args.iterations, warmup=args.warmup, kl=not args.no_kl,
         max_operand=args.max_operand, fixed_length=not args.no_fixed_length,
+        remove_padding=not args.padded, old_log_prob_pass=args.old_log_prob_pass,
         profile_dir=args.profile, experiments=list(args.experiment),
     )
 
@@ -334,6 +340,8 @@ def _header(w: dict, run: dict, mean: dict) -> str:
             f"{mean['prompt_tokens'] / max(w['prompts'] * w['group_size'], 1):.1f}, "
             f"{w['sampler']} sampler, {kl}, micro-batch {w['micro_batch_size'] or 'all'}, "
             f"{w['device']} {w['dtype']}, {run.get('torch_threads')} torch thread(s), "
+            f"RLlib learner {'padded' if not w.get('remove_padding', False) else 'packed'}"
+            f"{'' if w.get('old_log_prob_pass', True) else ' + on-policy shortcut'}, "
             f"{w['iterations']} iterations after {w['warmup']} warm-up"
             + (f"; experiments: {', '.join(w['experiments'])}" if w.get("experiments") else ""))
 

@@ -18,7 +18,7 @@ def report(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("bench") / "tiny.json"
     code = main(["--model", "builtin:tiny", "--prompts", "4", "--group-size", "4",
                  "--response-length", "8", "--iterations", "2", "--warmup", "1",
-                 "--sampler", "hf", "--json", str(out), "--keep-records"])
+                 "--sampler", "hf", "--old-log-prob-pass", "--json", str(out), "--keep-records"])
     assert code == 0
     return json.loads(out.read_text())
 

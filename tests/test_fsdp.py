@@ -2,7 +2,8 @@
 
 * One update on the same batch gives the same weights with 2 sharded learners as
   with 1 (the loss is normalised by global counts and FSDP averages gradients
-  over ranks, so `dp_size` = world size makes the split invisible).
+  over ranks, so `dp_size` = world size makes the split invisible), and the same on
+  padding-free (packed) rows as on padded ones.
 * A checkpoint written by 2 learners restores into 1 (and back) and training goes on;
   sharded DCP files reshard from 2 learners to 1.
 * Slow: the same exactness with RLlib's DDP (``fsdp=False``); bf16 compute with CPU
@@ -140,12 +141,18 @@ def _reset(group, weights: dict[str, torch.Tensor]) -> None:
     group.foreach_learner(clear)
 
 
-def _assert_same_update(one, two, case: str, initial: dict[str, torch.Tensor]) -> None:
-    """One update of ``one`` (1 learner) and ``two`` (2 learners) from the same weights."""
-    # Perturb the policy (the same way in both) so old != ref and the KL has a gradient.
+def _perturbed(initial: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The policy moved off the reference (the same way every time): old != ref and the
+    KL has a gradient."""
     gen = torch.Generator().manual_seed(0)
     start = {k: v + 0.05 * torch.randn(v.shape, generator=gen) for k, v in initial.items()}
     start["lm_head.weight"] = start["model.embed_tokens.weight"]  # tied embeddings
+    return start
+
+
+def _assert_same_update(one, two, case: str, initial: dict[str, torch.Tensor]) -> None:
+    """One update of ``one`` (1 learner) and ``two`` (2 learners) from the same weights."""
+    start = _perturbed(initial)
     _reset(one, start)
     _reset(two, start)
     assert _max_diff(_weights(two), start) == 0.0  # full state in, full state out
@@ -181,6 +188,33 @@ def test_two_fsdp_learners_match_one_learner(algos, case):
         lambda learner: isinstance(learner, FSDPGRPOLearner)
         and type(learner.module["default_policy"].lm).__name__.startswith("FSDP"))))
     _assert_same_update(one.learner_group, two.learner_group, case, initial)
+
+
+PACKED_CASES = {"seq-norm/one-row-micro-batches": dict(loss_agg_mode="seq-mean-token-sum-norm",
+                                                      micro_batch_size_per_learner=1),
+                "token-mean/token-budget": CASES["token-mean/token-budget"]}
+
+
+@pytest.mark.parametrize("case", list(PACKED_CASES))
+def test_two_fsdp_learners_packed_equal_padded(algos, case):
+    """Padding-free rows under FSDP2: one update equals the padded one.  With micro-batches
+    of one row, one learner has a micro-batch with no response token (row 3), whose
+    zero-weight backward must still take part in the gradient reduce-scatter."""
+    _, two, initial = algos
+    group, start = two.learner_group, _perturbed(initial)
+    batch = _batch(vocab=len(start["model.embed_tokens.weight"]))
+    runs = {}
+    for packed in (False, True):
+        _reset(group, start)
+        settings = {**PACKED_CASES[case], "use_remove_padding": packed}
+        with _configured(group, 2, settings):
+            norm = _logged(group.update(batch=batch), "actor/grad_norm")
+        runs[packed] = norm, group._get_results(group.foreach_learner(_grads))[0], _weights(group)
+    (norm_padded, grads_padded, padded), (norm_packed, grads_packed, packed) = runs.values()
+    assert norm_packed == pytest.approx(norm_padded, rel=1e-6)
+    assert _max_diff(grads_packed, grads_padded) < 1e-6
+    assert _max_diff(padded, start) > 1e-5
+    assert _max_diff(packed, padded) < 1e-6
 
 
 def _two_cpus_free(ray, timeout_s: float = 30.0) -> bool:

@@ -34,8 +34,6 @@ VERL_IGNORED: dict[str, str] = {
     "trainer.log_val_generations": "verl prints this many validation generations; validation "
                                    "here logs verl's val-core metrics only (log_completions_every "
                                    "writes training completions to TensorBoard)",
-    _AR + "model.use_remove_padding": "padding-free packing is a speed path; padded batches with "
-                                      "attention masks give the same log-probs",
     _AR + "actor.use_torch_compile": "torch.compile of verl's log-prob kernels: a speed path",
     _AR + "actor.fsdp_config.fsdp_size": "verl's hybrid-shard group size: the same update, other "
                                          "memory and traffic; here FSDP2 shards over all learners",

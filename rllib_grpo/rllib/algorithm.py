@@ -51,6 +51,10 @@ ACTOR_KEYS = (
     "training/rollout_log_probs_diff_max",
     "training/rollout_actor_probs_pearson_corr", "rollout_corr/is_weight_mean",
     "rollout_corr/is_truncated_frac", "response/truncated_masked_frac",
+    # Learner throughput (rllib_grpo.rllib.perf), per learner device as verl's perf/*.
+    "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_policy", "perf/actor_tokens_per_s",
+    "perf/mfu/actor", "perf/mfu/actor_infer", "perf/max_memory_allocated_gb",
+    "perf/max_memory_reserved_gb",
 )
 
 

@@ -158,6 +158,9 @@ def _check_lora_and_memory(c: Any) -> list[str]:
     if fraction is not None and not 0 < fraction <= 1:
         errors.append(f"sampler_memory_fraction={fraction} must be in (0, 1] (a share of "
                       "the GPU's memory, vLLM's gpu_memory_utilization).")
+    if c.peak_tflops is not None and not c.peak_tflops > 0:
+        errors.append(f"peak_tflops={c.peak_tflops} must be > 0 (TFLOP/s of one learner "
+                      "device, for perf/mfu/actor) or None (known GPUs by name).")
     return errors
 
 
@@ -261,6 +264,12 @@ def _lora_and_memory_pitfalls(c: Any) -> list[str]:
         why = ("the reference is the policy with its adapter disabled" if c.lora_rank > 0
                else "no KL term is on, so no reference model is loaded")
         pitfalls.append(f"ref_param_offload=True does nothing: {why}.")
+    if c.use_dynamic_bsz and not c.use_remove_padding:
+        pitfalls.append(
+            f"use_dynamic_bsz with use_remove_padding=False: max_tokens_per_micro_batch="
+            f"{c.max_tokens_per_micro_batch} counts real tokens, but padded rows compute rows x "
+            "the longest sequence, so a micro-batch can hold several times the budget in memory "
+            "(verl's budget assumes padding removal); set use_remove_padding=True.")
     return pitfalls
 
 

@@ -138,6 +138,13 @@ def explain_config(c: Any) -> str:
         lines.append(f"micro-batches per mini-batch:  {plan.micro_batches_per_minibatch} of "
                      f"{plan.micro_batch_size_per_learner} trajectories per learner "
                      "(gradient accumulation)")
+    from rllib_grpo.rllib.micro_batches import old_log_probs_from_update
+
+    lines.append("learner forwards:              " + (
+        "packed rows, no padding (use_remove_padding)" if c.use_remove_padding
+        else "padded rows with attention masks") + "; old log-probs " + (
+        "from the update's own forward (on-policy step)" if old_log_probs_from_update(c)
+        else "from a separate pass"))
     lines += [
         f"sequence budget:               prompt <= {c.max_prompt_length} tokens "
         f"(truncation={c.truncation}), response <= {c.max_response_length} tokens",

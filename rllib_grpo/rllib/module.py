@@ -27,6 +27,7 @@ from rllib_grpo.algos import entropy_from_logits, logprobs_from_logits
 from rllib_grpo.models import lora
 from rllib_grpo.models.loading import load_causal_lm
 from rllib_grpo.models.offload import HostOffloaded
+from rllib_grpo.models.packing import packed_response_log_probs
 from rllib_grpo.models.precision import cast_floating, compute_autocast, trained_dtype
 from rllib_grpo.models.registry import resolve_model
 
@@ -36,17 +37,26 @@ def response_log_probs(
     batch: dict[str, torch.Tensor],
     temperature: float,
     with_entropy: bool = False,
+    *,
+    packed: bool = False,
+    detach_entropy: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Log-probs (and entropy) of the response tokens under ``lm`` at ``temperature``.
 
     Args:
         batch: ``prompt_ids``/``prompt_mask`` (B, P), left-padded, and
             ``response_ids``/``response_mask`` (B, R), right-padded.
+        packed: run on packed rows without padding (`rllib_grpo.models.packing`; the
+            same values to float precision), else on the padded rows with a mask.
+        detach_entropy: the entropy is for metrics only: no graph behind it.
 
     Returns:
         ``{"log_probs": (B, R), "entropy": (B, R) if with_entropy}``; padding
         positions hold values that the caller masks out.
     """
+    if packed:
+        return packed_response_log_probs(lm, batch, temperature, with_entropy,
+                                         detach_entropy=detach_entropy)
     prompt_len = batch["prompt_ids"].shape[1]
     input_ids = torch.cat([batch["prompt_ids"], batch["response_ids"]], dim=1).long()
     attention_mask = torch.cat([batch["prompt_mask"], batch["response_mask"]], dim=1).long()
@@ -60,7 +70,8 @@ def response_log_probs(
     response_logits = logits[:, prompt_len - 1 : -1].float() / temperature
     out = {"log_probs": logprobs_from_logits(response_logits, batch["response_ids"].long())}
     if with_entropy:
-        out["entropy"] = entropy_from_logits(response_logits)
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not detach_entropy):
+            out["entropy"] = entropy_from_logits(response_logits)
     return out
 
 
@@ -80,6 +91,7 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
         self.temperature = float(cfg.get("temperature", 1.0))
         overrides = cfg.get("config_overrides") or {}
         self.compute_dtype = cfg.get("dtype", "float32")
+        self.packed = bool(cfg.get("use_remove_padding", False))  # padding-free forwards
         self.lora = lora.LoRASettings.from_model_config(cfg)
         # Trained weights in the master dtype; a LoRA base is frozen (its adapter stays in
         # fp32, peft's default) and a sampler-side module never trains: both compute dtype.
@@ -132,26 +144,32 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
     def _forward_train(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, torch.Tensor]:
         with self.autocast():
             return response_log_probs(
-                self.lm, batch, self.temperature, with_entropy=kwargs.get("with_entropy", True)
+                self.lm, batch, self.temperature, with_entropy=kwargs.get("with_entropy", True),
+                packed=kwargs.get("packed", self.packed),
+                detach_entropy=kwargs.get("detach_entropy", False),
             )
 
     @override(TorchRLModule)
     def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, torch.Tensor]:
         with torch.no_grad(), self.autocast():
-            return response_log_probs(self.lm, batch, self.temperature, with_entropy=True)
+            return response_log_probs(self.lm, batch, self.temperature, with_entropy=True,
+                                      packed=self.packed)
 
     @torch.no_grad()
-    def reference_log_probs(self, batch: dict[str, Any]) -> torch.Tensor:
-        """Response log-probs under the frozen reference model, (B, R)."""
+    def reference_log_probs(self, batch: dict[str, Any], packed: bool | None = None
+                            ) -> torch.Tensor:
+        """Response log-probs under the frozen reference model, (B, R); ``packed``: on
+        padding-free rows (None: the module's ``use_remove_padding``)."""
+        t, packed = self.temperature, self.packed if packed is None else packed
         if self.lora is not None:  # verl's ref_in_actor: the base model is the reference
             with self.lm.disable_adapter(), self.autocast():
-                return response_log_probs(self.lm, batch, self.temperature)["log_probs"]
+                return response_log_probs(self.lm, batch, t, packed=packed)["log_probs"]
         if self._host_ref is not None:
             with self._host_ref.on(batch["prompt_ids"].device) as ref_lm:
-                return response_log_probs(ref_lm, batch, self.temperature)["log_probs"]
+                return response_log_probs(ref_lm, batch, t, packed=packed)["log_probs"]
         if self.ref_lm is None:
             raise RuntimeError("No reference model: set use_kl_loss or use_kl_in_reward.")
-        return response_log_probs(self.ref_lm, batch, self.temperature)["log_probs"]
+        return response_log_probs(self.ref_lm, batch, t, packed=packed)["log_probs"]
 
     # bf16-safe state: RLlib's default converts to numpy, which has no bfloat16.
     # Always the full HF state dict: an FSDP-sharded `lm` (rllib_grpo.rllib.fsdp) is gathered

@@ -51,6 +51,18 @@ class GRPOSettings:
     max_tokens_per_micro_batch: int = knob(
         16384, "tokens", "Token budget of one micro-batch when use_dynamic_bsz is on; must "
         "be >= max_prompt_length + max_response_length.", _ACTOR + "ppo_max_token_len_per_gpu")
+    use_remove_padding: bool = knob(
+        True, "flag", "Run every learner forward (old log-prob, reference, update) on packed "
+        "rows: the sequences' real tokens concatenated, positions restarting per sequence, "
+        "attention confined to each sequence (rllib_grpo.models.packing); False = padded rows "
+        "with attention masks. The log-probs and the update are the same either way.",
+        "actor_rollout_ref.model.use_remove_padding")
+    skip_old_log_prob_pass: bool = knob(
+        True, "flag", "When every sample feeds exactly one optimizer step from the weights "
+        "that would recompute its old log-probs (num_epochs 1, one mini-batch per step) and "
+        "nothing reads them before the update (no use_kl_in_reward, no rollout_is), take them "
+        "from the update's own forward, detached, instead of a separate pass (same loss and "
+        "gradients); False always runs the pass.")
     max_prompt_length: int = knob(
         512, "tokens", "Longest prompt; longer ones follow `truncation`.", "data.max_prompt_length")
     max_response_length: int = knob(
@@ -301,6 +313,10 @@ class GRPOSettings:
         _ROLLOUT + "gpu_memory_utilization")
 
     # --- reporting ------------------------------------------------------------------
+    peak_tflops: float | None = knob(
+        None, "TFLOP/s per learner device", "Peak of one learner device for perf/mfu/actor "
+        "(6 x parameters x training tokens/s / peak); None = the bf16 dense peak of known GPUs "
+        "by name (rllib_grpo.rllib.perf), and no MFU on CPUs or unknown devices.")
     log_completions_every: int = knob(
         0, "training steps", "Write sampled completions to TensorBoard every N steps (0 = off).")
     warn_no_signal_after: int = knob(
@@ -328,7 +344,7 @@ def is_dtype_setting(name: str) -> bool:
 
 # Settings the RLModule receives in its model_config (LoRA and memory levers).
 MODULE_SETTINGS = ("lora_rank", "lora_alpha", "lora_target_modules", "lora_dropout", "lora_sync",
-                   "ref_param_offload")
+                   "ref_param_offload", "use_remove_padding")
 
 SETTINGS_FIELDS: dict[str, dataclasses.Field] = {
     f.name: f for f in dataclasses.fields(GRPOSettings)
