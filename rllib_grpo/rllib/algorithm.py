@@ -33,6 +33,7 @@ from rllib_grpo.data.recipes import (
 )
 from rllib_grpo.data.rollout import RolloutBatch, concat_rollouts, data_metrics
 from rllib_grpo.rllib.config import GRPOConfig
+from rllib_grpo.rllib.resilience import ResilientAlgorithm
 
 logger = logging.getLogger(__name__)
 REMOTE_RUNNERS = "remote_env_runners"
@@ -52,8 +53,10 @@ ACTOR_KEYS = (
 )
 
 
-class GRPO(Algorithm):
-    """Group Relative Policy Optimization for language models on RLlib's new API stack."""
+class GRPO(ResilientAlgorithm):
+    """Group Relative Policy Optimization for language models on RLlib's new API stack.
+
+    Checkpoint safety, resume and env runner restarts come from `ResilientAlgorithm`."""
 
     @override(Algorithm)
     @classmethod

@@ -246,6 +246,12 @@ class GRPOSettings:
     warn_no_signal_after: int = knob(
         3, "training steps", "Warn when most groups carry no signal for this many steps.")
 
+    # --- checkpoints and faults -------------------------------------------------------
+    keep_checkpoints: int = knob(
+        0, "checkpoints", "Keep only this run's newest K checkpoints in the folder "
+        "save_to_path writes to (0 = keep all); `rllib train` also passes it to Tune as "
+        "num_to_keep. Checkpoints are written atomically with a manifest of checksums.")
+
 
 # Settings the RLModule receives in its model_config (LoRA and memory levers).
 MODULE_SETTINGS = ("lora_rank", "lora_alpha", "lora_target_modules", "lora_dropout", "lora_sync",
