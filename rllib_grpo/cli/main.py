@@ -180,6 +180,9 @@ def train(args: argparse.Namespace, file: str | None, overrides: list[str]) -> i
     errors = config_errors(exp)
     if errors:
         raise ConfigError("invalid config: " + " | ".join(errors))
+    storage_error = storage_path_error(exp.storage_path)
+    if storage_error:
+        raise ConfigError(storage_error)
     stop = resolve_stop(exp, config)
     for line in key_report(exp) + run_summary(exp, config, stop):
         print(line, flush=True)
@@ -255,6 +258,21 @@ def check_resources(algo_cls: type, config: Any, available: dict[str, float]) ->
                           "--num-cpus / --num-gpus")
 
 
+def storage_path_error(path: str | None) -> str | None:
+    """Why Tune could not write results under ``path``, or None (checked before Ray starts)."""
+    if path is None or "://" in path:
+        return None
+    folder = Path(path).expanduser().absolute()
+    for existing in (folder, *folder.parents):
+        if existing.exists():
+            if not existing.is_dir():
+                return f"--storage-path {path}: {existing} is a file, not a folder"
+            if not os.access(existing, os.W_OK | os.X_OK):
+                return f"--storage-path {path}: {existing} is not writable"
+            return None
+    return None
+
+
 def _storage_path(path: str | None) -> str | None:
     if path is None or "://" in path:
         return path
@@ -267,7 +285,8 @@ def report_results(grid: Any) -> int:
     for result in grid:
         if result.error is not None:
             failed += 1
-            print(f"trial {result.path} failed: {result.error}", file=sys.stderr)
+            print(f"trial {result.path} failed: {one_line_error(result.error)}",
+                  file=sys.stderr)
         elif result.checkpoint is not None:
             print(f"checkpoint: {result.checkpoint.path}")
         else:
@@ -275,6 +294,21 @@ def report_results(grid: Any) -> int:
     print(f"results: {grid.experiment_path}")
     print(f"TensorBoard: tensorboard --logdir {grid.experiment_path}")
     return 1 if failed else 0
+
+
+def one_line_error(error: BaseException) -> str:
+    """``Type: first line of the message`` of the innermost cause of a trial's error (Ray
+    and Tune wrap it in exceptions whose text carries whole tracebacks)."""
+    seen = set()
+    while id(error) not in seen:
+        seen.add(id(error))
+        inner = getattr(error, "cause", None) or error.__cause__
+        if not isinstance(inner, BaseException):
+            break
+        error = inner
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    name = type(error).__name__.replace("RayTaskError(", "").rstrip(")")
+    return f"{name}: {lines[-1] if lines and 'Traceback' in lines[0] else (lines or [''])[0]}"
 
 
 # ----------------------------------------------------------------------------- explain

@@ -13,6 +13,7 @@ Malformed rows are skipped and counted per kind (``dataset.skipped``,
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import json
 import os
@@ -178,6 +179,51 @@ def _read_file(path: Path, fmt: str) -> Iterable[tuple[int, Any]]:
 
         return enumerate(pq.read_table(path).to_pylist(), start=1)
     raise ValueError(f"fmt must be 'auto', 'jsonl', 'json' or 'parquet', got {fmt!r}")
+
+
+PROMPT_FILE_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
+_PROBE_BYTES = 1 << 20
+
+
+def prompt_file_error(path: str | os.PathLike) -> str | None:
+    """Why ``path`` cannot be read as a prompt file, or None.  Cheap: the file exists, its
+    type is known and its start decodes (the first line of a JSONL file is one JSON
+    object; a JSON file starts with UTF-8 text; a Parquet file has a readable schema).
+    Bad rows further in are counted (or refused with ``strict``) when the data loads."""
+    path = Path(path)
+    if not path.exists():
+        return f"{path}: no such file"
+    if not path.is_file():
+        return f"{path}: not a file"
+    if path.suffix not in PROMPT_FILE_SUFFIXES:
+        return f"{path}: unknown prompt file type; use {', '.join(PROMPT_FILE_SUFFIXES)}"
+    try:
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            pq.read_schema(path)
+            return None
+        with path.open("rb") as f:
+            head = f.read(_PROBE_BYTES)
+        text = codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+    except UnicodeDecodeError as err:
+        line = head[:err.start].count(b"\n") + 1
+        return f"{path} line {line}: not UTF-8 text (byte {err.start}); re-encode it as UTF-8"
+    except Exception as err:  # noqa: BLE001  (pyarrow's errors: say which and where)
+        return f"{path}: unreadable ({type(err).__name__}: {err})"
+    if path.suffix in (".jsonl", ".ndjson"):
+        for number, line in enumerate(text.splitlines(), start=1):
+            if line.strip():
+                try:
+                    json.loads(line)
+                except json.JSONDecodeError as err:
+                    if len(head) < _PROBE_BYTES or text.count("\n") >= number:
+                        return f"{path} line {number}: invalid JSON ({err.msg})"
+                return None
+        return f"{path}: no rows (empty file)" if len(head) < _PROBE_BYTES else None
+    if not text.lstrip().startswith("["):
+        return f"{path}: a .json prompt file must hold a list of rows"
+    return None
 
 
 def _file_format(path: Path) -> str:

@@ -16,6 +16,7 @@ from rllib_grpo.algos.policy_losses import forced_agg_mode
 from rllib_grpo.data.datasets import TRUNCATION_MODES
 from rllib_grpo.data.recipes import FILTER_METRICS
 from rllib_grpo.models.lora import LORA_SYNC_MODES
+from rllib_grpo.rllib.input_checks import input_errors
 from rllib_grpo.samplers import SAMPLER_KINDS
 
 
@@ -161,7 +162,7 @@ def _check_lora_and_memory(c: Any) -> list[str]:
 def find_errors(c: Any) -> list[str]:
     """Settings that cannot run, each naming the field and the fix."""
     return (_check_names(c) + _check_sizes(c) + _check_algorithm(c) + _check_recipes(c)
-            + _check_lora_and_memory(c))
+            + _check_lora_and_memory(c) + input_errors(c))
 
 
 def find_pitfalls(c: Any) -> list[str]:

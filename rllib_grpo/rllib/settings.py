@@ -66,6 +66,10 @@ class GRPOSettings:
         "Causal LM: a local folder, a Hugging Face id, 'smollm2-135m', 'builtin:tiny' "
         "(random) or 'builtin:demo' (the demo's warmed-up char-level model).",
         "actor_rollout_ref.model.path")
+    allow_hub_download: bool = knob(
+        False, "flag", "Accept a model_path that is neither a local folder nor a built-in "
+        "model nor in the local Hugging Face cache, as a hub id every worker downloads; off, "
+        "such a path is refused before anything starts.")
     model_dtype: str = knob("float32", "dtype", "Training dtype: float32 | bfloat16.")
     gradient_checkpointing: bool = knob(
         False, "flag", "Recompute activations in backward to save memory.",
