@@ -100,6 +100,9 @@ class TextEnv(gymnasium.Env):
             dataset = dataset.filter_overlong(tokenizer, max_prompt_length)
         if len(dataset) == 0:
             raise ValueError(f"TextEnv needs at least one prompt.\n{dataset.report()}")
+        dataset.log_report()
+        if truncation == "error" and max_prompt_length is not None:
+            _check_prompt_lengths(dataset, tokenizer, max_prompt_length)
         self.dataset = dataset
         self.tokenizer = tokenizer
         self.max_prompt_length = max_prompt_length
@@ -233,6 +236,20 @@ class TextEnv(gymnasium.Env):
         if len(kept) < len(token_ids):
             text = self.tokenizer.decode(kept)
         return text, kept
+
+
+def _check_prompt_lengths(dataset: PromptDataset, tokenizer: Any, max_prompt_length: int) -> None:
+    """``truncation="error"``: refuse an over-long prompt when the data loads, not when it
+    is first drawn mid-training."""
+    overlong = [(record, n) for record in dataset
+                if (n := len(render_and_encode(record.prompt, tokenizer)[1])) > max_prompt_length]
+    if overlong:
+        (record, length), more = overlong[0], len(overlong) - 1
+        raise ValueError(
+            f"{record.where()}: prompt is {length} tokens, longer than max_prompt_length="
+            f"{max_prompt_length}{f' (and {more} more prompts)' if more else ''}; raise "
+            "max_prompt_length, set truncation to 'left', 'right' or 'middle', or set "
+            "filter_overlong_prompts=True")
 
 
 def _check_length_options(

@@ -213,6 +213,10 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         m.log_value(NUM_EPISODES_LIFETIME, num_trajectories, reduce="lifetime_sum")
         m.log_value("timing_s/gen", t_gen, reduce="mean", window=1)
         m.log_value("timing_s/reward", t_reward, reduce="mean", window=1)
+        dataset = getattr(self.env, "dataset", None)
+        if hasattr(dataset, "skipped_metrics"):  # rows dropped at load, by kind
+            for key, count in dataset.skipped_metrics().items():
+                m.log_value(key, count, reduce="mean", window=1)
         self.num_env_steps_sampled_lifetime += num_trajectories
 
     @override(EnvRunner)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rllib_grpo.data.datasets import prompt_file_error
+from rllib_grpo.data.prompt_files import prompt_file_error
 from rllib_grpo.models.registry import model_path_error
 
 # (field, predicate, requirement) for scalar settings; None values are skipped ("off").
