@@ -31,6 +31,7 @@ from rllib_grpo.data.datasets import (
     render_prompt,
 )
 from rllib_grpo.rewards import DEFAULT_REWARD_TIMEOUT_S, RewardFn, RewardScorer
+from rllib_grpo.rewards.pool import DEFAULT_REWARD_WORKERS
 
 DEFAULT_MAX_RESPONSE_CHARS = 65_536
 MAX_OBSERVATION_CHARS = 1 << 20
@@ -73,6 +74,10 @@ class TextEnv(gymnasium.Env):
             their last ``max_response_chars`` characters (``info["response_clipped"]``).
         reward_timeout_s, format_score, max_answer_chars, reward_kwargs: passed
             to :class:`~rllib_grpo.rewards.RewardScorer`.
+        reward_workers, reward_isolation: its ``workers`` (reward calls at once in
+            `score_many`) and ``isolation`` (``auto``: processes for user reward
+            functions, killed when they overrun ``reward_timeout_s``; threads for the
+            built-in scorers).
     """
 
     metadata = {"render_modes": []}
@@ -93,6 +98,8 @@ class TextEnv(gymnasium.Env):
         format_score: float = 0.0,
         max_answer_chars: int | None = None,
         reward_kwargs: Mapping[str, Any] | None = None,
+        reward_workers: int = DEFAULT_REWARD_WORKERS,
+        reward_isolation: str = "auto",
     ) -> None:
         _check_length_options(tokenizer, max_prompt_length, truncation, filter_overlong_prompts)
         dataset = load_prompts(dataset)
@@ -115,6 +122,8 @@ class TextEnv(gymnasium.Env):
             format_score=format_score,
             max_answer_chars=max_answer_chars,
             reward_kwargs=reward_kwargs,
+            workers=reward_workers,
+            isolation=reward_isolation,
         )
         self.observation_space = UnicodeText(MAX_OBSERVATION_CHARS)
         self.action_space = UnicodeText(max_response_chars)
@@ -165,24 +174,47 @@ class TextEnv(gymnasium.Env):
                 "TextEnv.step() called without a prompt: call reset() first "
                 "(each episode is one reset (prompt) and one step (response))"
             )
-        if not isinstance(action, str):
-            raise TypeError(f"TextEnv actions are response strings, got {type(action).__name__}")
-        clipped = len(action) > self.max_response_chars
-        response = action[-self.max_response_chars :] if clipped else action
+        response, clipped = self._clip_response(action)
         result = self.scorer(record.data_source, response, record.ground_truth, record.extra_info)
         next_observation = self._next_turn(record, response, result)
         terminated = next_observation is None
         if terminated:
             self._current = None
-        info = {
+        info = self._step_info(record, result, self._current_epoch, clipped)
+        return next_observation or "", float(result["score"]), terminated, False, info
+
+    def score_many(self, responses: list[tuple[int, str]]) -> list[dict]:
+        """Score ``(prompt index, response)`` pairs in parallel (the scorer's pool), each
+        as one single-turn episode would: the ``info`` `step` returns, with ``score``.
+        Does not touch the prompt order or the current episode."""
+        records, requests, clipped = [], [], []
+        for index, action in responses:
+            record = self.dataset[self._checked_index(index)]
+            response, was_clipped = self._clip_response(action)
+            records.append(record)
+            clipped.append(was_clipped)
+            requests.append((record.data_source, response, record.ground_truth,
+                             record.extra_info))
+        results = self.scorer.score_many(requests)
+        return [self._step_info(record, result, self._epoch, was_clipped)
+                for record, result, was_clipped in zip(records, results, clipped, strict=True)]
+
+    def _clip_response(self, action: Any) -> tuple[str, bool]:
+        if not isinstance(action, str):
+            raise TypeError(f"TextEnv actions are response strings, got {type(action).__name__}")
+        clipped = len(action) > self.max_response_chars
+        return (action[-self.max_response_chars :] if clipped else action), clipped
+
+    @staticmethod
+    def _step_info(record: PromptRecord, result: dict, epoch: int, clipped: bool) -> dict:
+        return {
             **result,
             "index": record.index,
-            "epoch": self._current_epoch,
+            "epoch": epoch,
             "data_source": record.data_source,
             "ground_truth": record.ground_truth,
             "response_clipped": clipped,
         }
-        return next_observation or "", float(result["score"]), terminated, False, info
 
     def get_state(self) -> dict:
         """Order position, epoch, seed and reward error counters (for checkpoints)."""

@@ -88,6 +88,7 @@ class GRPO(ResilientAlgorithm):
         self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
         self._log_value("timing_s/update_actor", time.perf_counter() - t0)
         self._surface_learner_metrics()
+        self._stop_if_nothing_learned(rollout)
 
         t0 = time.perf_counter()
         self._sync_weights()

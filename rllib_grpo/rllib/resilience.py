@@ -5,6 +5,8 @@
   (`rllib_grpo.rllib.checkpoints`); ``keep_checkpoints`` prunes old ones.
 * Tune's restore continues from the newest complete checkpoint of the trial, whatever
   checkpoint Tune's (lagging) experiment snapshot names.
+* A run that learns nothing for ``max_skipped_steps`` steps in a row (every optimizer
+  step skipped, or every reward call failed) stops with a message instead of running on.
 
 The training loop itself lives in `rllib_grpo.rllib.algorithm.GRPO`.
 """
@@ -19,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from ray.rllib.algorithms.algorithm import Algorithm
-from ray.rllib.core import COMPONENT_LEARNER_GROUP
+from ray.rllib.core import COMPONENT_LEARNER_GROUP, DEFAULT_MODULE_ID
 from ray.rllib.utils.annotations import override
+from ray.rllib.utils.metrics import LEARNER_RESULTS
 
 from rllib_grpo.rllib.checkpoints import (
     atomic_save,
@@ -41,6 +44,33 @@ class ResilientAlgorithm(Algorithm):
         super().setup(config)
         # Names this run's checkpoints (kept across restores) so pruning touches no others.
         self._checkpoint_run_id = uuid.uuid4().hex
+        self._skipped_streak = 0
+
+    # ------------------------------------------------------------------ progress
+    def _stop_if_nothing_learned(self, rollout: Any) -> None:
+        """Count training steps in a row that learned nothing; raise after
+        ``max_skipped_steps`` of them, saying why."""
+        skipped = self.metrics.peek((LEARNER_RESULTS, DEFAULT_MODULE_ID, "actor/skipped_frac"),
+                                    default=0.0)
+        real = rollout.sample_mask > 0
+        reward_failed = bool(real.any()) and bool(rollout.reward_errors[real].all())
+        self._skipped_streak = self._skipped_streak + 1 if (
+            skipped >= 1.0 or reward_failed) else 0
+        self.metrics.log_value("train/skipped_steps_in_a_row", self._skipped_streak,
+                               reduce="mean", window=1)
+        limit = getattr(self.config, "max_skipped_steps", 0)
+        if not limit or self._skipped_streak < limit:
+            return
+        if reward_failed:
+            first = next((i.get("reward_error_message") for i in rollout.infos
+                          if i.get("reward_error_message")), "")
+            why = (f"every reward call failed (e.g. {first}); fix the reward function or "
+                   "its inputs")
+        else:
+            why = ("every optimizer step was skipped for a non-finite gradient norm; check "
+                   "the rewards' scale and lr")
+        raise RuntimeError(f"Stopping: {self._skipped_streak} training steps in a row learned "
+                           f"nothing: {why} (max_skipped_steps={limit}).")
 
     # ------------------------------------------------------------------ checkpoints
     @override(Algorithm)

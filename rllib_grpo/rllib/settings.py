@@ -255,6 +255,10 @@ class GRPOSettings:
         0, "checkpoints", "Keep only this run's newest K checkpoints in the folder "
         "save_to_path writes to (0 = keep all); `rllib train` also passes it to Tune as "
         "num_to_keep. Checkpoints are written atomically with a manifest of checksums.")
+    max_skipped_steps: int = knob(
+        10, "training steps", "Stop the run when this many training steps in a row learned "
+        "nothing: every optimizer step skipped for a non-finite gradient norm, or every "
+        "reward call failed (0 = never stop).")
 
 
 # Settings the RLModule receives in its model_config (LoRA and memory levers).
