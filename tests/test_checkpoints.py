@@ -133,5 +133,19 @@ def test_grpo_refuses_to_restore_a_checkpoint_with_a_missing_component(ray_sessi
 
         algo.restore_from_path(str(good))  # the intact one restores
         assert algo.training_iteration == 1
+
+        # Tune's restore (load_checkpoint) continues from the trial's newest complete
+        # checkpoint, whichever one its (lagging) experiment snapshot names.
+        trial = tmp_path / "trial"
+        algo.save_to_path(str(trial / "checkpoint_000000"))
+        algo.train()
+        algo.save_to_path(str(trial / "checkpoint_000001"))
+        algo.train()
+        assert algo.training_iteration == 3
+        algo.load_checkpoint(str(trial / "checkpoint_000000"))
+        assert algo.training_iteration == 2
+        (next((trial / "checkpoint_000001").rglob("module_state.pkl"))).write_bytes(b"cut")
+        algo.load_checkpoint(str(trial / "checkpoint_000000"))
+        assert algo.training_iteration == 1
     finally:
         algo.stop()
