@@ -3,7 +3,6 @@ a score that overflows float32 is an error-scored sample; a run that learns noth
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import time
 
@@ -14,8 +13,13 @@ from tests.conftest import tiny_config
 
 
 def hang(data_source, solution_str, ground_truth, extra_info=None):
+    (extra_info["dir"] / str(os.getpid())).touch()
     time.sleep(600)
     return 1.0
+
+
+def open_fds(data_source, solution_str, ground_truth, extra_info=None):
+    return {"score": 0.0, "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd"))}
 
 
 def echo(data_source, solution_str, ground_truth, extra_info=None):
@@ -24,21 +28,26 @@ def echo(data_source, solution_str, ground_truth, extra_info=None):
     return {"score": float(solution_str), "pid": os.getpid()}
 
 
-def _reward_children() -> list:
-    return [p for p in multiprocessing.active_children() if p.name == "reward-fn"]
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
-def test_sixteen_hanging_rewards_cost_one_timeout_and_are_killed():
+def test_sixteen_hanging_rewards_cost_one_timeout_and_are_killed(tmp_path):
     scorer = RewardScorer(hang, timeout_s=1.0, workers=16)
     assert scorer.pool.mode == "process"  # user code
     start = time.perf_counter()
-    results = scorer.score_many([("any", str(i), "x", None) for i in range(16)])
+    results = scorer.score_many([("any", str(i), "x", {"dir": tmp_path}) for i in range(16)])
     elapsed = time.perf_counter() - start
     assert elapsed < 4.0, elapsed  # one 1 s timeout for all sixteen, not sixteen in a row
     assert all(r["reward_error"] and "TimeoutError" in r["reward_error_message"]
                for r in results)
     assert (scorer.num_calls, scorer.num_timeouts, scorer.pool.num_killed) == (16, 16, 16)
-    assert _reward_children() == []  # the hung calls' processes are gone
+    pids = [int(p.name) for p in tmp_path.iterdir()]
+    assert len(pids) == 16 and not any(map(_alive, pids))  # the hung processes are gone
     scorer.close()
 
 
@@ -50,8 +59,18 @@ def test_calls_run_in_parallel_in_order_and_survive_errors():
     assert len({r["pid"] for r in results[:12]} - {os.getpid()}) > 1  # several workers
     assert results[12]["reward_error"] and "KeyError" in results[12]["reward_error_message"]
     assert scorer.num_errors == 1
+    pids = {r["pid"] for r in results[:12]}
     scorer.close()
-    assert _reward_children() == []
+    assert not any(map(_alive, pids))
+
+
+def test_a_worker_process_holds_none_of_its_parents_files(tmp_path):
+    with open(tmp_path / "held_open", "w"):  # a descriptor of the parent's
+        scorer = RewardScorer(open_fds, timeout_s=5.0)
+        fds = scorer("any", "x", "y")["fds"]
+    scorer.close()
+    # stdin/stdout/stderr, its pipe, and the descriptor listdir used
+    assert len(fds) <= 5 and fds[:3] == [0, 1, 2], fds
 
 
 def test_builtin_scorers_run_on_threads_user_code_in_processes():

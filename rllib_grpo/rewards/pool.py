@@ -10,7 +10,10 @@ overruns it really ended.
 
 16 hanging calls with ``max_workers >= 16`` cost about one timeout, not sixteen.
 Processes are forked (not spawned) so the reward function and the data it closes over
-need not pickle; only arguments and results cross the pipe.  No Ray, no torch.
+need not pickle; only arguments and results cross the pipe.  A forked worker closes every
+file descriptor it inherited but its pipe: otherwise it would keep its parent's sockets
+open (a killed Ray actor would then look alive to Ray, which would never restart it) and
+its siblings' pipes (so no worker would see its parent die).  No Ray, no torch.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import asyncio
 import inspect
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from collections import deque
@@ -68,8 +72,27 @@ def _serve(conn: Connection, fn: Callable[..., Any]) -> None:
                                               f"back from the reward worker: {err}")))
 
 
-def _process_main(conn: Connection, fn: Callable[..., Any]) -> None:
+def _close_inherited_fds(keep: int) -> None:
+    """Close every descriptor above stderr but ``keep`` (see the module docstring)."""
     try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        fds = list(range(3, 4096))
+    for fd in fds:
+        if fd > 2 and fd != keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _fork_worker(conn: Connection, fn: Callable[..., Any]) -> int:
+    """Fork a process serving ``fn`` on ``conn``; its pid."""
+    pid = os.fork()
+    if pid:
+        return pid
+    try:  # the child: never returns into the parent's code
+        _close_inherited_fds(conn.fileno())
         _serve(conn, fn)
     finally:
         os._exit(0)  # never run the parent's (Ray's, vLLM's) exit handlers in a fork
@@ -81,27 +104,34 @@ class _Worker:
     def __init__(self, fn: Callable[..., Any], mode: str) -> None:
         self.conn, child = multiprocessing.Pipe()
         self.mode = mode
+        self.pid: int | None = None
         if mode == "process":
-            self.handle: Any = multiprocessing.get_context("fork").Process(
-                target=_process_main, args=(child, fn), daemon=True, name="reward-fn")
-        else:
-            self.handle = threading.Thread(target=_serve, args=(child, fn), daemon=True,
-                                           name="reward-fn")
-        self.handle.start()
-        if mode == "process":
+            self.pid = _fork_worker(child, fn)
             child.close()
+        else:
+            threading.Thread(target=_serve, args=(child, fn), daemon=True,
+                             name="reward-fn").start()
         self.job: tuple[int, float] | None = None  # (call index, deadline)
 
-    @property
-    def pid(self) -> int | None:
-        return self.handle.pid if self.mode == "process" else None
+    def exit_code(self) -> int | None:
+        """A dead process's exit status (reaped), else None."""
+        if self.pid is None:
+            return None
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            return None
+        return os.waitstatus_to_exitcode(status) if pid else None
 
     def end(self) -> None:
         """Kill a process (a thread is abandoned: it exits when its call returns)."""
         self.conn.close()
-        if self.mode == "process":
-            self.handle.kill()
-            self.handle.join(timeout=5)
+        if self.pid is not None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
 
 
 class RewardPool:
@@ -119,7 +149,7 @@ class RewardPool:
                  ) -> None:
         if mode not in POOL_MODES[1:]:
             raise ValueError(f"reward pool mode {mode!r}: use process, thread or inline")
-        if mode == "process" and "fork" not in multiprocessing.get_all_start_methods():
+        if mode == "process" and not hasattr(os, "fork"):
             mode = "thread"  # no fork on this platform: calls are abandoned, not killed
         self.fn, self.mode = fn, mode
         self.max_workers = max(1, int(max_workers))
@@ -167,7 +197,7 @@ class RewardPool:
                 worker.job = None
                 self._idle.append(worker)
             except (EOFError, OSError):
-                code = getattr(worker.handle, "exitcode", None)
+                code = worker.exit_code()
                 results[index] = (False, RewardCallError(
                     f"the reward worker died during the call (exit code {code})"))
                 worker.end()

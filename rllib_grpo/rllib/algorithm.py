@@ -142,8 +142,10 @@ class GRPO(ResilientAlgorithm):
         super().set_state(state)
         if REMOTE_RUNNERS in state and self.env_runner_group is not None:
             by_index = dict(state[REMOTE_RUNNERS])
+            self.runner_states.update(by_index)  # what a restarted runner continues from
             self.env_runner_group.foreach_env_runner(
-                lambda er: er.set_state(by_index[er.worker_index]), local_env_runner=False)
+                lambda er: er.set_state(by_index[er.worker_index])
+                if er.worker_index in by_index else None, local_env_runner=False)
 
     # ------------------------------------------------------------------ sampling
     def _sample_step(self) -> RolloutBatch:
@@ -189,11 +191,9 @@ class GRPO(ResilientAlgorithm):
             batches = [runner.sample(num_prompts=num_prompts)]
             metrics = [runner.get_metrics()]
         else:
-            results = group.foreach_env_runner(
-                lambda er, shares=shares: (er.sample(
-                    num_prompts=shares[er.worker_index - 1]), er.get_metrics()),
-                local_env_runner=False,
-            )
+            # A lost runner's share is sampled again (`ResilientAlgorithm.sample_on_runners`).
+            results = self.sample_on_runners(
+                lambda er, num: (er.sample(num_prompts=num), er.get_metrics()), shares)
             batches = [b for b, _ in results if len(b)]
             metrics = [m for _, m in results]
             if not batches:

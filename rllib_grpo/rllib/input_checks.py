@@ -37,6 +37,8 @@ _RANGES: list[tuple[str, Callable[[float], bool], str]] = [
     ("top_p", lambda v: 0 < v <= 1, "a probability in (0, 1]"),
     ("lr_warmup_steps", *_NON_NEGATIVE),
     ("keep_checkpoints", *_NON_NEGATIVE),
+    ("max_skipped_steps", *_NON_NEGATIVE),
+    ("env_runner_restart_timeout_s", *_POSITIVE),
 ]
 
 

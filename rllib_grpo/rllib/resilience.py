@@ -7,6 +7,12 @@
   checkpoint Tune's (lagging) experiment snapshot names.
 * A run that learns nothing for ``max_skipped_steps`` steps in a row (every optimizer
   step skipped, or every reward call failed) stops with a message instead of running on.
+* A lost remote env runner does not fail the step (`sample_on_runners`): its share is
+  sampled again by the healthy runners, or, when none is left, by the runner Ray restarts
+  (within ``env_runner_restart_timeout_s``).  A restarted runner gets the current weights
+  and its data position (recorded after its last good sample) before it samples again
+  (`restore_env_runners`), so no prompt is served twice; ``fault_tolerance/*`` metrics
+  count the restarts.
 
 The training loop itself lives in `rllib_grpo.rllib.algorithm.GRPO`.
 """
@@ -16,14 +22,23 @@ from __future__ import annotations
 import logging
 import re
 import tempfile
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import ray
 from ray.rllib.algorithms.algorithm import Algorithm
-from ray.rllib.core import COMPONENT_LEARNER_GROUP, DEFAULT_MODULE_ID
+from ray.rllib.core import (
+    COMPONENT_LEARNER,
+    COMPONENT_LEARNER_GROUP,
+    COMPONENT_RL_MODULE,
+    DEFAULT_MODULE_ID,
+)
+from ray.rllib.env.env_runner_group import EnvRunnerGroup
 from ray.rllib.utils.annotations import override
-from ray.rllib.utils.metrics import LEARNER_RESULTS
+from ray.rllib.utils.metrics import LEARNER_RESULTS, WEIGHTS_SEQ_NO
 
 from rllib_grpo.rllib.checkpoints import (
     atomic_save,
@@ -45,6 +60,91 @@ class ResilientAlgorithm(Algorithm):
         # Names this run's checkpoints (kept across restores) so pruning touches no others.
         self._checkpoint_run_id = uuid.uuid4().hex
         self._skipped_streak = 0
+        # Each remote runner's state (data position, RNG) after its last good sample.
+        self.runner_states: dict[int, dict] = {}
+        self._num_runner_restarts = 0
+        self._num_resampled_shares = 0
+
+    # ------------------------------------------------------------------ env runner faults
+    def sample_on_runners(self, func: Callable[[Any, int], Any], shares: list[int]) -> list:
+        """``func(runner, share)`` on every remote runner, ``shares[i]`` for runner ``i + 1``;
+        the results in runner order.  A share whose runner is lost is sampled again by a
+        healthy runner, or by the restarted runner when none is healthy."""
+        group = self.env_runner_group
+        pending = {index: share for index, share in enumerate(shares, start=1) if share}
+        results: dict[int, Any] = {}
+        timeout = getattr(self.config, "env_runner_restart_timeout_s", 600.0)
+        deadline = time.monotonic() + timeout
+        first_round = True
+        while pending:
+            healthy = sorted(group.healthy_env_runner_ids())
+            if healthy:
+                # A lost runner's share goes to a healthy one (which draws from its own data).
+                assignment: dict[int, list[int]] = {}
+                for n, index in enumerate(sorted(pending)):
+                    runner = index if index in healthy else healthy[n % len(healthy)]
+                    assignment.setdefault(runner, []).append(index)
+                if not first_round:
+                    self._num_resampled_shares += len(pending)
+                self._sample_round(func, pending, assignment, results)
+            first_round = False
+            if not pending:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"env runner(s) {sorted(pending)} were lost and none came back within "
+                    f"env_runner_restart_timeout_s={timeout:g} s (healthy runners: "
+                    f"{group.num_healthy_remote_workers()}); see the runners' errors above.")
+            if not self.restore_env_runners(group):
+                time.sleep(1.0)
+        self.metrics.log_value("fault_tolerance/env_runner_restarts", self._num_runner_restarts,
+                               reduce="mean", window=1)
+        self.metrics.log_value("fault_tolerance/resampled_shares", self._num_resampled_shares,
+                               reduce="mean", window=1)
+        return [results[index] for index in sorted(results)]
+
+    def _sample_round(self, func: Callable[[Any, int], Any], pending: dict[int, int],
+                      assignment: dict[int, list[int]], results: dict[int, Any]) -> None:
+        """One ``foreach_env_runner``: each runner samples the shares assigned to it."""
+        work = {runner: [(index, pending[index]) for index in indices]
+                for runner, indices in assignment.items()}
+
+        def sample(er: Any, work: dict = work) -> list:
+            done = [(index, func(er, share)) for index, share in work[er.worker_index]]
+            return [(er.worker_index, done, er.get_state())]
+
+        for runner, done, state in (item for out in self.env_runner_group.foreach_env_runner(
+                sample, local_env_runner=False, remote_worker_ids=list(work),
+                healthy_only=True) for item in out):
+            self.runner_states[runner] = state
+            for index, result in done:
+                results[index] = result
+                pending.pop(index, None)
+
+    @override(Algorithm)
+    def restore_env_runners(self, env_runner_group: EnvRunnerGroup) -> list[int]:
+        """Bring restarted remote runners up to date before they sample: the learners'
+        current weights, then the data position and RNG state each had after its last good
+        sample (RLlib's default would restart its data from the beginning)."""
+        if env_runner_group is not self.env_runner_group or not self.config.is_online:
+            return super().restore_env_runners(env_runner_group)
+        restored = env_runner_group.probe_unhealthy_env_runners()
+        if not restored:
+            return []
+        weights = self.learner_group.get_state(
+            components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}/{DEFAULT_MODULE_ID}",
+            inference_only=True)[COMPONENT_LEARNER]
+        weights = {k: v for k, v in weights.items() if k in (COMPONENT_RL_MODULE, WEIGHTS_SEQ_NO)}
+        for index in restored:
+            state = {**self.runner_states.get(index, {}), **weights}
+            ref = ray.put(state)
+            env_runner_group.foreach_env_runner(
+                lambda er, ref=ref: er.set_state(ray.get(ref)), local_env_runner=False,
+                remote_worker_ids=[index], timeout_seconds=self.config.env_runner_restore_timeout_s)
+        self._num_runner_restarts += len(restored)
+        logger.warning("Env runner(s) %s restarted; they got the current weights and their "
+                       "data positions.", restored)
+        return restored
 
     # ------------------------------------------------------------------ progress
     def _stop_if_nothing_learned(self, rollout: Any) -> None:

@@ -259,6 +259,10 @@ class GRPOSettings:
         10, "training steps", "Stop the run when this many training steps in a row learned "
         "nothing: every optimizer step skipped for a non-finite gradient norm, or every "
         "reward call failed (0 = never stop).")
+    env_runner_restart_timeout_s: float = knob(
+        600.0, "seconds", "How long a training step whose remote env runners are all lost "
+        "waits for Ray to restart one (restart_failed_env_runners) before it fails; with a "
+        "healthy runner left, the lost share is sampled there at once.")
 
 
 # Settings the RLModule receives in its model_config (LoRA and memory levers).
