@@ -184,7 +184,7 @@ def test_old_log_probs_in_eval_mode_update_in_train_mode(tmp_path):
     from rllib_grpo.rllib.module import response_log_probs
 
     config = tiny_config(model_path=_dropout_model_dir(tmp_path / "dropout"), prompts_per_step=2,
-                         group_size=4, use_kl_loss=True)
+                         group_size=4, use_kl_loss=True, skip_old_log_prob_pass=False)
     learner = config.build_learner(spaces=_spaces())
     module = _module(learner)
     batch = _fixed_batch(module.lm.config.vocab_size, pad=0)

@@ -45,7 +45,14 @@ def test_the_expected_configs_ship():
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
-def test_each_config_explains_without_pitfalls(path, capsys):
+def test_each_config_explains_without_pitfalls(path, capsys, tmp_path, monkeypatch):
+    # The data files the configs name must exist (relative paths: from where it runs).
+    from rllib_grpo.envs._file_env import fixture_path
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data" / "gsm8k").mkdir(parents=True)
+    (tmp_path / "data" / "gsm8k" / "train.jsonl").write_bytes(
+        fixture_path("gsm8k_fixture.jsonl").read_bytes())
     code, out, err = _explain([str(path)], capsys)
     assert code == 0, out + err
     assert "No pitfalls found." in out and "trajectories per step:" in out

@@ -4,11 +4,15 @@
 flags, with every key checked (`rllib_grpo.cli.experiment.translate`);
 `build_config` turns the experiment into the algorithm's `AlgorithmConfig`;
 `resolve_stop` turns verl's ``trainer.total_epochs`` into iterations.
+Relative file paths are made absolute against the folder the command was started in
+(`absolutize_paths`): a Tune trial runs in its own folder.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
+from pathlib import Path
 from typing import Any
 
 from rllib_grpo.cli.algorithms import default_config, resolve_algo
@@ -69,7 +73,46 @@ def assemble(
     exp.storage_path = storage_path or exp.storage_path
     exp.checkpoint_freq = exp.checkpoint_freq if checkpoint_freq is None else checkpoint_freq
     exp.num_samples = exp.num_samples if num_samples is None else num_samples
+    absolutize_paths(exp.config, Path.cwd())
     return exp
+
+
+# (dict field or None for a top-level field, key) of config values that name files.
+PATH_KEYS = ((None, "model_path"), ("env_config", "path"), ("val_env_config", "path"),
+             ("env_config", "reward_fn"), ("val_env_config", "reward_fn"))
+
+
+def absolutize_paths(config: dict[str, Any], base: Path) -> None:
+    """Make the relative file paths in ``config`` absolute against ``base`` (in place).
+
+    Data files and ``"file.py:function"`` reward specs always; ``model_path`` only when
+    that folder exists (else it may be a built-in name or a hub id).  Grid searches are
+    resolved value by value."""
+    for field, key in PATH_KEYS:
+        holder = config if field is None else config.get(field)
+        if not isinstance(holder, dict) or key not in holder:
+            continue
+        value = holder[key]
+        if is_grid(value):
+            holder[key] = {"grid_search": [_absolute(key, v, base) for v in value["grid_search"]]}
+        else:
+            holder[key] = _absolute(key, value, base)
+
+
+def _absolute(key: str, value: Any, base: Path) -> Any:
+    if not isinstance(value, str) or not value or "://" in value:
+        return value
+    if key == "reward_fn":
+        file, sep, function = value.rpartition(":")
+        if not sep or not file.endswith(".py"):
+            return value  # "module:function" or a registered name
+        return f"{_absolute('path', file, base)}:{function}"
+    path = Path(value).expanduser()
+    if path.is_absolute():
+        return str(path)
+    if key == "model_path" and not (base / path).is_dir():
+        return value
+    return os.path.normpath(base / path)
 
 
 def _merge(exp: Experiment, t: Translated) -> None:

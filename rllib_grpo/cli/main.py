@@ -11,15 +11,16 @@ model or checkpoint, `rllib_grpo.cli.eval_command`).
     rllib-grpo explain configs/dr_grpo.yaml
     rllib-grpo export demo_output/checkpoint /tmp/demo_model
     rllib-grpo eval /tmp/demo_model --env rllib_grpo/Arithmetic-v0 --env-config '{"max_operand": 4}'
+    rllib train --resume ~/ray_results/GRPO_2026-11-30_12-00-00
 
 Exit codes: 0 done; 1 a trial failed (train) or problems found (explain);
-2 bad input (invalid JSON/YAML, unknown key, refused verl key, invalid setting).
+2 bad input (invalid JSON/YAML, unknown key, refused verl key, invalid setting);
+130 / 143 interrupted by SIGINT / SIGTERM (after saving a checkpoint; --resume continues).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,13 @@ from typing import Any
 from rllib_grpo.cli.eval_command import add_eval_parser, run_eval
 from rllib_grpo.cli.experiment import ConfigError, Experiment
 from rllib_grpo.cli.export import add_export_parser, run_export
+from rllib_grpo.cli.run import (  # noqa: F401  (check_resources, one_line_error: public API)
+    check_resources,
+    one_line_error,
+    resume,
+    run_tune,
+    storage_path_error,
+)
 
 # Commands that take their own arguments (no experiment sources).
 SELF_CONTAINED_COMMANDS = {"export": run_export, "eval": run_eval}
@@ -46,8 +54,13 @@ examples:
       --stop '{"training_iteration": 20}'
   rllib train --algo PPO --env CartPole-v1 --config '{"num_env_runners": 1}' \\
       --stop '{"training_iteration": 2}'
+  rllib train --resume ~/ray_results/GRPO_2026-11-30_12-00-00
 
-exit codes: 0 done, 1 a trial failed, 2 bad input (the message names the key).
+Ctrl+C (SIGINT) or SIGTERM: every trial finishes its iteration, saves a checkpoint and
+pauses; --resume RUN_DIR continues from the newest complete checkpoint of each trial.
+
+exit codes: 0 done, 1 a trial failed, 2 bad input (the message names the key),
+130 / 143 interrupted by SIGINT / SIGTERM.
 """
 
 EXPLAIN_EPILOG = """\
@@ -79,6 +92,10 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--storage-path", "--local-dir", dest="storage_path", metavar="DIR",
                    help="where Tune writes results and checkpoints (default ~/ray_results)")
     p.add_argument("--name", help="experiment name (a folder under the storage path)")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue an interrupted or failed run (the 'results:' folder it "
+                        "printed) from each trial's newest complete checkpoint; takes no "
+                        "config, only the Ray options")
     p.add_argument("--num-samples", type=int, metavar="N", help="trials to run (default 1)")
     p.add_argument("--ray-address", metavar="ADDR",
                    help="connect to this Ray cluster ('auto': $RAY_ADDRESS or the one `ray "
@@ -205,101 +222,13 @@ def train(args: argparse.Namespace, file: str | None, overrides: list[str]) -> i
     errors = config_errors(exp)
     if errors:
         raise ConfigError("invalid config: " + " | ".join(errors))
+    storage_error = storage_path_error(exp.storage_path)
+    if storage_error:
+        raise ConfigError(storage_error)
     stop = exp.stop
     for line in key_report(exp) + run_summary(exp, config, stop):
         print(line, flush=True)
     return run_tune(exp, config, stop, args)
-
-
-def run_tune(exp: Experiment, config: Any, stop: dict[str, Any],
-             args: argparse.Namespace) -> int:
-    """Run the experiment with ``tune.Tuner``; print where results and checkpoints went."""
-    import ray
-    from ray import tune
-
-    from rllib_grpo.cli.algorithms import resolve_algo
-    from rllib_grpo.cli.tune import CompletionsTBXCallback, ProgressPrinter, install_completions
-
-    callbacks: list[Any] = [ProgressPrinter()]
-    if getattr(config, "log_completions_every", 0):
-        install_completions(config)
-        callbacks.append(CompletionsTBXCallback())
-    algo_cls = resolve_algo(exp.algo)
-    started = _init_ray(args)
-    try:
-        if started and not args.ray_address:
-            check_resources(algo_cls, config, ray.cluster_resources())
-        tuner = tune.Tuner(
-            algo_cls, param_space=config,
-            tune_config=tune.TuneConfig(num_samples=exp.num_samples),
-            run_config=tune.RunConfig(
-                name=exp.name, storage_path=_storage_path(exp.storage_path), stop=stop,
-                callbacks=callbacks, verbose=args.verbose,
-                checkpoint_config=tune.CheckpointConfig(
-                    checkpoint_frequency=exp.checkpoint_freq,
-                    checkpoint_at_end=exp.checkpoint_at_end, num_to_keep=exp.num_to_keep)),
-        )
-        return report_results(tuner.fit())
-    finally:
-        if started:
-            ray.shutdown()
-
-
-def _init_ray(args: argparse.Namespace) -> bool:
-    """Start (or connect to) Ray unless it is up already; True if this call did."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    if args.ray_address:
-        sized = [f for f in ("num_cpus", "num_gpus", "object_store_memory") if getattr(args, f)]
-        if sized:
-            raise ConfigError(f"--{sized[0].replace('_', '-')} sizes a Ray started here; it "
-                              "cannot be used with --ray-address")
-        ray.init(address=args.ray_address)
-        return True
-    # A new local Ray, even when RAY_ADDRESS is set or a `ray start` cluster runs here.
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # workers inherit it
-    ray.init(address="local", num_cpus=args.num_cpus, num_gpus=args.num_gpus,
-             object_store_memory=args.object_store_memory, include_dashboard=False)
-    return True
-
-
-def check_resources(algo_cls: Any, config: Any, available: dict[str, float]) -> None:
-    """Refuse a trial larger than the Ray started here (Tune would wait for it forever)."""
-    try:
-        need = algo_cls.default_resource_request(config).required_resources
-    except Exception:  # noqa: BLE001  (a grid-search config: Tune resolves it per trial)
-        return
-    short = {k: v for k, v in need.items() if v > available.get(k, 0.0)}
-    if short:
-        wanted = ", ".join(f"{v:g} {k}" for k, v in short.items())
-        have = ", ".join(f"{available.get(k, 0.0):g} {k}" for k in short)
-        raise ConfigError(f"one trial needs {wanted} but this Ray has {have}: lower "
-                          "num_env_runners / num_learners (and their GPUs) or raise "
-                          "--num-cpus / --num-gpus")
-
-
-def _storage_path(path: str | None) -> str | None:
-    if path is None or "://" in path:
-        return path
-    return str(Path(path).expanduser().resolve())
-
-
-def report_results(grid: Any) -> int:
-    """Print each trial's checkpoint (or error) and the TensorBoard command; 1 if any failed."""
-    failed = 0
-    for result in grid:
-        if result.error is not None:
-            failed += 1
-            print(f"trial {result.path} failed: {result.error}", file=sys.stderr)
-        elif result.checkpoint is not None:
-            print(f"checkpoint: {result.checkpoint.path}")
-        else:
-            print(f"no checkpoint for {result.path} (use --checkpoint-freq)")
-    print(f"results: {grid.experiment_path}")
-    print(f"TensorBoard: tensorboard --logdir {grid.experiment_path}")
-    return 1 if failed else 0
 
 
 # ----------------------------------------------------------------------------- explain
@@ -370,6 +299,8 @@ def main(argv: list[str] | None = None, prog: str = "rllib") -> int:
         if file is not None and not Path(file).is_file():
             raise ConfigError(f"{file}: no such file")
         command = train if args.command == "train" else explain
+        if args.command == "train" and args.resume:
+            command = resume
         return command(args, file, overrides)
     except ConfigError as err:
         print(f"{prog}: error: {err}", file=sys.stderr)

@@ -13,6 +13,7 @@ import hashlib
 import importlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -89,6 +90,43 @@ def resolve_model(
     if builder_kwargs:
         raise ValueError(f"builder_kwargs only apply to built-in models, not {name_or_path!r}")
     return name_or_path
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def model_path_error(name_or_path: str, *, allow_hub_download: bool = False) -> str | None:
+    """Why ``name_or_path`` will not load as a model, or None.  Checked before anything
+    starts: a built-in name, a folder holding a saved model (``config.json``), a Hugging
+    Face hub id already in the local cache, or any hub id with ``allow_hub_download``."""
+    if not isinstance(name_or_path, str) or not name_or_path:
+        return f"model_path={name_or_path!r} must be a folder, a built-in name or a hub id"
+    if name_or_path in builtin_model_names():
+        return None
+    folder = Path(name_or_path).expanduser()
+    if folder.is_dir():
+        if (folder / "config.json").is_file():
+            return None
+        return (f"model_path={name_or_path!r} is a folder without config.json: not a "
+                "saved Hugging Face model (save_pretrained writes one)")
+    builtins = ", ".join(builtin_model_names())
+    if not HUB_ID.fullmatch(name_or_path) or name_or_path.startswith((".", "~", "/")):
+        return (f"model_path={name_or_path!r}: no such folder, and not a built-in model "
+                f"({builtins}) nor a Hugging Face hub id")
+    if allow_hub_download or _in_hub_cache(name_or_path):
+        return None
+    return (f"model_path={name_or_path!r} is no local folder nor a built-in model ({builtins}); "
+            "as a Hugging Face hub id it is not in the local cache: download it first "
+            f"(huggingface-cli download {name_or_path}), or set allow_hub_download=True so "
+            "that every worker downloads it")
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return False
+    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
 
 
 def _cache_key(name: str, params: Mapping[str, Any]) -> str:

@@ -99,6 +99,13 @@ def resolve_reward_fn(spec: RewardFn | str | None) -> RewardFn:
     return functools.partial(_score_with_named_scorer, spec)
 
 
+def is_builtin_reward_fn(fn: RewardFn) -> bool:
+    """True for this package's own scorers (safe to run on threads); False for user code,
+    which `RewardScorer` runs in worker processes it can kill."""
+    target = fn.func if isinstance(fn, functools.partial) else fn
+    return getattr(target, "__module__", "").startswith("rllib_grpo.rewards")
+
+
 def _score_with_named_scorer(
     name: str,
     data_source: str,

@@ -34,6 +34,7 @@ from rllib_grpo.data.recipes import (
 )
 from rllib_grpo.data.rollout import RolloutBatch, concat_rollouts, data_metrics
 from rllib_grpo.rllib.config import GRPOConfig
+from rllib_grpo.rllib.resilience import ResilientAlgorithm
 
 logger = logging.getLogger(__name__)
 REMOTE_RUNNERS = "remote_env_runners"
@@ -58,8 +59,10 @@ ACTOR_KEYS = (
 )
 
 
-class GRPO(Algorithm):
-    """Group Relative Policy Optimization for language models on RLlib's new API stack."""
+class GRPO(ResilientAlgorithm):
+    """Group Relative Policy Optimization for language models on RLlib's new API stack.
+
+    Checkpoint safety, resume and env runner restarts come from `ResilientAlgorithm`."""
 
     @override(Algorithm)
     @classmethod
@@ -96,6 +99,7 @@ class GRPO(Algorithm):
         self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
         self._log_value("timing_s/update_actor", time.perf_counter() - t0)
         self._surface_learner_metrics()
+        self._stop_if_nothing_learned(rollout)
 
         t0 = time.perf_counter()
         self._sync_weights()
@@ -157,8 +161,10 @@ class GRPO(Algorithm):
         self._data_position = state.get(DATA_POSITION, self._data_position)
         if REMOTE_RUNNERS in state and self.env_runner_group is not None:
             by_index = dict(state[REMOTE_RUNNERS])
+            self.runner_states.update(by_index)  # what a restarted runner continues from
             self.env_runner_group.foreach_env_runner(
-                lambda er: er.set_state(by_index[er.worker_index]), local_env_runner=False)
+                lambda er: er.set_state(by_index[er.worker_index])
+                if er.worker_index in by_index else None, local_env_runner=False)
 
     @override(Trainable)
     def export_model(self, path: str, *, dtype: str | None = None, lora_mode: str = "merge",
@@ -234,12 +240,11 @@ class GRPO(Algorithm):
             batches = [runner.sample(num_prompts=num_prompts, start=slices[0][0])]
             metrics = [runner.get_metrics()]
         else:
-            results = group.foreach_env_runner(
-                lambda er, slices=slices: (er.sample(
-                    num_prompts=slices[er.worker_index - 1][1],
-                    start=slices[er.worker_index - 1][0]), er.get_metrics()),
-                local_env_runner=False,
-            )
+            # A lost runner's slice is sampled again, at the same positions of the shared
+            # order, by a healthy or restarted runner (`ResilientAlgorithm.sample_on_runners`).
+            results = self.sample_on_runners(
+                lambda er, part: (er.sample(num_prompts=part[1], start=part[0]),
+                                  er.get_metrics()), slices)
             batches = [b for b, _ in results if len(b)]
             metrics = [m for _, m in results]
             if not batches:

@@ -19,6 +19,7 @@ from rllib_grpo.data.datasets import TRUNCATION_MODES
 from rllib_grpo.data.env import env_options
 from rllib_grpo.data.recipes import FILTER_METRICS
 from rllib_grpo.models.lora import LORA_SYNC_MODES
+from rllib_grpo.rllib.input_checks import input_errors
 from rllib_grpo.samplers import SAMPLER_KINDS
 
 
@@ -190,7 +191,7 @@ def find_errors(c: Any) -> list[str]:
     """Settings that cannot run, each naming the field and the fix."""
     return (_check_names(c) + _check_sizes(c) + _check_algorithm(c) + _check_recipes(c)
             + _check_lora_and_memory(c) + _check_precision(c) + _check_lr_schedule(c)
-            + _check_env_and_sampler(c))
+            + _check_env_and_sampler(c) + input_errors(c))
 
 
 def _precision_pitfalls(c: Any) -> list[str]:

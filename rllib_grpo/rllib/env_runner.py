@@ -150,11 +150,15 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         rows: dict[str, list] = {k: [] for k in (
             "prompt_ids", "response_ids", "log_probs", "scores", "group_index", "truncated",
             "errors", "infos", "baselines")}
+        # Every response of the step is scored at once: reward calls run in parallel.
+        scored = iter(self._score_many(self.env, [(prompt, sample.token_ids)
+                                                  for prompt, group in zip(prompts, groups, strict=True)
+                                                  for sample in group]))
         for i, (prompt, group) in enumerate(zip(prompts, groups, strict=True)):
             group_id = self._group_counter
             self._group_counter += 1
             for sample in group:
-                info = self._score(self.env, prompt, sample.token_ids)
+                info = next(scored)
                 info["reward"] += self._overlong_penalty(len(sample.token_ids), info)
                 rows["prompt_ids"].append(prompt["prompt_token_ids"])
                 rows["response_ids"].append(list(sample.token_ids))
@@ -188,8 +192,9 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         """ReMax: the reward of each prompt's greedy response (verl's ``gen_max``)."""
         greedy = SamplingParams(temperature=0.0, max_tokens=self.config.max_response_length)
         outputs = self.sampler.generate([p["prompt_token_ids"] for p in prompts], 1, greedy)
-        return [float(self._score(self.env, p, out[0].token_ids)["reward"])
-                for p, out in zip(prompts, outputs, strict=True)]
+        scored = self._score_many(self.env, [(p, out[0].token_ids)
+                                             for p, out in zip(prompts, outputs, strict=True)])
+        return [float(info["reward"]) for info in scored]
 
     def evaluate(self, num_prompts: int, n: int, params: SamplingParams,
                  start: int | None = None) -> list[ValidationSample]:
@@ -200,9 +205,11 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         prompts = [self._next_prompt(env) for _ in range(num_prompts)]
         outputs = self.sampler.generate([p["prompt_token_ids"] for p in prompts], n, params)
         samples = []
+        scored = iter(self._score_many(env, [(prompt, sample.token_ids) for prompt, group
+                                             in zip(prompts, outputs, strict=True) for sample in group]))
         for prompt, group in zip(prompts, outputs, strict=True):
-            for sample in group:
-                info = self._score(env, prompt, sample.token_ids)
+            for _ in group:
+                info = next(scored)
                 samples.append(ValidationSample(
                     prompt_index=int(prompt["index"]), data_source=str(prompt["data_source"]),
                     score=float(info["reward"]),
@@ -225,14 +232,26 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         obs, info = env.reset()
         return {"text": obs, **info}
 
-    def _score(self, env: gym.Env, prompt: dict[str, Any], response_ids: list[int]
-               ) -> dict[str, Any]:
-        text = self.tokenizer.decode(response_ids, skip_special_tokens=True)
-        env.reset(options={"index": prompt["index"]})
-        _, reward, _, _, info = env.step(text)
-        return {"reward": reward, "prompt": prompt["text"], "index": prompt["index"],
-                "response": text, **{
-            k: v for k, v in info.items() if k in ("score", "acc", "pred", "reward_error")}}
+    def _score_many(self, env: gym.Env, items: list[tuple[dict[str, Any], list[int]]]
+                    ) -> list[dict[str, Any]]:
+        """Score ``(prompt, response ids)`` pairs: all at once through the env's
+        `score_many` (parallel reward calls), else one episode each."""
+        texts = [self.tokenizer.decode(ids, skip_special_tokens=True) for _, ids in items]
+        if hasattr(env, "score_many"):
+            infos = env.score_many([(p["index"], text) for (p, _), text in zip(items, texts, strict=True)])
+            rewards = [float(info["score"]) for info in infos]
+        else:
+            infos, rewards = [], []
+            for (prompt, _), text in zip(items, texts, strict=True):
+                env.reset(options={"index": prompt["index"]})
+                _, reward, _, _, info = env.step(text)
+                infos.append(info)
+                rewards.append(reward)
+        return [{"reward": reward, "prompt": prompt["text"], "index": prompt["index"],
+                 "response": text, **{
+            k: v for k, v in info.items() if k in ("score", "acc", "pred", "reward_error",
+                                                 "reward_error_message")}}
+            for (prompt, _), text, reward, info in zip(items, texts, rewards, infos, strict=True)]
 
     def _log_sample_metrics(self, num_trajectories: int, t_gen: float, t_reward: float) -> None:
         m = self.metrics
@@ -242,6 +261,10 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         m.log_value(NUM_EPISODES_LIFETIME, num_trajectories, reduce="lifetime_sum")
         m.log_value("timing_s/gen", t_gen, reduce="mean", window=1)
         m.log_value("timing_s/reward", t_reward, reduce="mean", window=1)
+        dataset: Any = getattr(self.env, "dataset", None)
+        if hasattr(dataset, "skipped_metrics"):  # rows dropped at load, by kind
+            for key, count in dataset.skipped_metrics().items():
+                m.log_value(key, count, reduce="mean", window=1)
         self.num_env_steps_sampled_lifetime += num_trajectories
 
     @override(EnvRunner)
@@ -309,3 +332,7 @@ class TextEnvRunner(EnvRunner, Checkpointable):
     def stop(self) -> None:
         if self.sampler is not None and hasattr(self.sampler, "close"):
             self.sampler.close()
+        for env in (self.env, self._val_env):  # end the reward worker processes
+            scorer: Any = getattr(env, "scorer", None)
+            if hasattr(scorer, "close"):
+                scorer.close()

@@ -376,6 +376,7 @@ class GRPOLearner(TorchLearner):
         self._log("actor/loss", total.item())
         self._log("actor/grad_norm", grad_norm)
         self._log("actor/skipped_steps", float(self.skipped_steps))
+        self._log("actor/skipped_frac", 0.0 if math.isfinite(grad_norm) else 1.0)  # this step
         if self.config.use_kl_loss:
             self._log("actor/kl_coef", self.config.kl_loss_coef)
 

@@ -79,6 +79,10 @@ class GRPOSettings:
         "Causal LM: a local folder, a Hugging Face id, 'smollm2-135m', 'builtin:tiny' "
         "(random) or 'builtin:demo' (the demo's warmed-up char-level model).",
         "actor_rollout_ref.model.path")
+    allow_hub_download: bool = knob(
+        False, "flag", "Accept a model_path that is neither a local folder nor a built-in "
+        "model nor in the local Hugging Face cache, as a hub id every worker downloads; off, "
+        "such a path is refused before anything starts.")
     model_dtype: str = knob(
         "float32", "dtype", "Compute and sampling dtype: float32 | bfloat16 (| float16). With "
         "bfloat16 the learner keeps fp32 master weights and AdamW states "
@@ -321,6 +325,20 @@ class GRPOSettings:
         0, "training steps", "Write sampled completions to TensorBoard every N steps (0 = off).")
     warn_no_signal_after: int = knob(
         3, "training steps", "Warn when most groups carry no signal for this many steps.")
+
+    # --- checkpoints and faults -------------------------------------------------------
+    keep_checkpoints: int = knob(
+        0, "checkpoints", "Keep only this run's newest K checkpoints in the folder "
+        "save_to_path writes to (0 = keep all); `rllib train` also passes it to Tune as "
+        "num_to_keep. Checkpoints are written atomically with a manifest of checksums.")
+    max_skipped_steps: int = knob(
+        10, "training steps", "Stop the run when this many training steps in a row learned "
+        "nothing: every optimizer step skipped for a non-finite gradient norm, or every "
+        "reward call failed (0 = never stop).")
+    env_runner_restart_timeout_s: float = knob(
+        600.0, "seconds", "How long a training step whose remote env runners are all lost "
+        "waits for Ray to restart one (restart_failed_env_runners) before it fails; with a "
+        "healthy runner left, the lost share is sampled there at once.")
 
 
 # verl's spellings of a dtype (verl.utils.torch_dtypes.PrecisionType) -> ours.
