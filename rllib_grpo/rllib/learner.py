@@ -2,7 +2,9 @@
 
 Per training step each learner holds whole groups and, as in verl:
 1. recomputes the old log-probs (and entropy) at the sampling temperature, and
-   the reference log-probs when a KL term is on;
+   the reference log-probs when a KL term is on, on the update's own micro-batches
+   (`rllib_grpo.rllib.micro_batches`; packed rows without padding by default); on an
+   on-policy step the update's forward gives the old log-probs instead;
 2. turns scores into token-level rewards (minus the in-reward KL, if on) and
    advantages, with `rllib_grpo.algos`;
 3. runs epochs x mini-batches (RLlib's iterator), and inside each mini-batch
