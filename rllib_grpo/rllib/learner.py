@@ -122,12 +122,13 @@ class GRPOLearner(TorchLearner):
             for k in TENSOR_COLUMNS if k in module_batch
         }
         self.phase_times.reset()
-        prepared = self._prepare(tensors)
         c, minibatch = self.config, self.config.batch_plan().trajectories_per_minibatch_per_learner
-        order, epochs = minibatch_order(len(prepared["scores"]), minibatch, c.num_epochs,
+        order, epochs = minibatch_order(len(tensors["scores"]), minibatch, c.num_epochs,
                                         c.shuffle_batch_per_epoch, c.minibatch_shuffle_seed + rank())
-        if order is not None:  # verl's actor.shuffle (see minibatch_order)
-            prepared = _select(prepared, order)
+        if order is not None:  # verl's actor.shuffle (see minibatch_order); before the old-
+            # log-prob pass, whose micro-batches must be the update's (groups travel along)
+            tensors = _select(tensors, order)
+        prepared = self._prepare(tensors)
         kwargs.update(num_epochs=epochs, minibatch_size=minibatch, shuffle_batch_per_epoch=False)
         mab = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(prepared)}, env_steps=len(
             prepared["scores"]))
