@@ -66,7 +66,7 @@ def test_the_model_must_be_a_folder_a_builtin_or_an_allowed_hub_id(tmp_path):
 def _file_errors(tmp_path, name: str, content: bytes) -> list[str]:
     path = tmp_path / name
     path.write_bytes(content)
-    config = tiny_config()
+    config = tiny_config().environment("rllib_grpo/Prompts-v0")  # an env that reads files
     config.env_config = {"path": str(path)}
     from rllib_grpo.rllib.checks import find_errors
 
@@ -88,7 +88,9 @@ def test_data_files_must_exist_and_decode(tmp_path, name, content, needle):
 def test_a_good_data_file_passes_and_a_missing_one_is_named(tmp_path):
     row = json.dumps({"prompt": "1+1=", "answer": "2", "data_source": "arithmetic"})
     assert _file_errors(tmp_path, "ok.jsonl", (row + "\n").encode()) == []
-    config = tiny_config()
+    good = tmp_path / "ok.jsonl"  # written by _file_errors above
+    config = tiny_config().environment("rllib_grpo/Prompts-v0")
+    config.env_config = {"path": str(good)}
     config.val_env_config = {"path": str(tmp_path / "val.jsonl")}
     from rllib_grpo.rllib.checks import find_errors
 

@@ -217,14 +217,14 @@ def train(args: argparse.Namespace, file: str | None, overrides: list[str]) -> i
     from rllib_grpo.cli.build import build_config, config_errors, resolve_stop
 
     exp = assemble_from_args(args, file, overrides)
-    exp.stop = resolve_stop(exp, build_config(exp))  # the run's length is part of the config
-    config = build_config(exp)
-    errors = config_errors(exp)
+    errors = config_errors(exp)  # bad input (data files, ranges, ...) before counting prompts
     if errors:
         raise ConfigError("invalid config: " + " | ".join(errors))
     storage_error = storage_path_error(exp.storage_path)
     if storage_error:
         raise ConfigError(storage_error)
+    exp.stop = resolve_stop(exp, build_config(exp))  # the run's length is part of the config
+    config = build_config(exp)
     stop = exp.stop
     for line in key_report(exp) + run_summary(exp, config, stop):
         print(line, flush=True)
