@@ -217,6 +217,15 @@ def test_bad_input_is_one_line_and_exit_code_2(argv, needle, capsys):
     _assert_one_error_line(capsys.readouterr().err, needle)
 
 
+@pytest.mark.timeout(120)
+def test_contradicting_ray_flags_are_refused_while_ray_is_up(ray_session, capsys):
+    # Once refused only when Ray was down: with Ray up (a notebook, the test session)
+    # the run started with a default config and no stop, and never ended.
+    argv = ["--ray-address", "auto", "--num-cpus", "2"]
+    assert main(["train", *argv]) == 2
+    _assert_one_error_line(capsys.readouterr().err, "--num-cpus sizes a Ray started here")
+
+
 @pytest.mark.parametrize("text, needle", [
     ("exp:\n  config: {lr: [1, 2\n", "invalid YAML"),
     ("exp:\n  run: GRPO\n  stopp: {}\n", "unknown experiment key 'stopp'"),

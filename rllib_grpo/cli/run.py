@@ -108,13 +108,14 @@ def _init_ray(args: argparse.Namespace) -> bool:
     """Start (or connect to) Ray unless it is up already; True if this call did."""
     import ray
 
+    # Checked first: a flag that contradicts another is an error whether or not Ray is up.
+    sized = [f for f in ("num_cpus", "num_gpus", "object_store_memory") if getattr(args, f)]
+    if args.ray_address and sized:
+        raise ConfigError(f"--{sized[0].replace('_', '-')} sizes a Ray started here; it "
+                          "cannot be used with --ray-address")
     if ray.is_initialized():
         return False
     if args.ray_address:
-        sized = [f for f in ("num_cpus", "num_gpus", "object_store_memory") if getattr(args, f)]
-        if sized:
-            raise ConfigError(f"--{sized[0].replace('_', '-')} sizes a Ray started here; it "
-                              "cannot be used with --ray-address")
         ray.init(address=args.ray_address)
         return True
     # A new local Ray, even when RAY_ADDRESS is set or a `ray start` cluster runs here.
