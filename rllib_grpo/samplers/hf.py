@@ -5,13 +5,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import torch
 from transformers import GenerationConfig
 
 from rllib_grpo.models.loading import load_causal_lm
 from rllib_grpo.models.tokenizers import load_tokenizer
+from rllib_grpo.models.transfer import Manifest
+from rllib_grpo.models.transport import BucketReceiver, GroupSpec, SlotsSpec
 from rllib_grpo.samplers.base import CallSeeds, Sample, SamplingParams, state_dict_bytes
 
 logger = logging.getLogger(__name__)
@@ -49,6 +51,9 @@ class HFSampler:
         )
         self.seeds = CallSeeds(seed)
         self.max_batch_size = max_batch_size
+        self._weight_receiver = BucketReceiver()
+        self._live: dict[str, torch.Tensor] | None = None  # parameters and buffers by name
+        self._checked_names: tuple | None = None
 
     def generate(
         self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams
@@ -74,9 +79,67 @@ class HFSampler:
         ``partial=True`` (the LoRA sync's merged layers) copies a subset and keeps the rest.
         """
         start = time.perf_counter()
-        _check_state_dict_keys(self.model, state_dict, partial=partial)
-        self.model.load_state_dict(dict(state_dict), strict=False)
+        self._check_names(set(state_dict), partial)
+        self._copy_into_model(state_dict.items())
         return {"bytes": state_dict_bytes(state_dict), "seconds": time.perf_counter() - start}
+
+    # ------------------------------------------------------------------ weight transfer
+    # The receiving side of `rllib_grpo.models.transport`: weights stream in by bucket and
+    # are copied into the live parameters (in place, cast to the model's dtype).
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        """The dtype weights should travel in: the model's."""
+        return next(self.model.parameters()).dtype
+
+    def join_weight_group(self, spec: GroupSpec, rank: int) -> None:
+        """Join a weight group as ``rank`` (`rllib_grpo.models.transport.WeightGroup`)."""
+        self._weight_receiver.join(spec, rank)
+
+    def prepare_weights(self, manifest: Manifest, slots: SlotsSpec | None = None,
+                        check: bool = True) -> None:
+        """Refuse a partial or foreign manifest (before any byte moves); map the slots."""
+        if check:
+            self._check_names(manifest.names(), manifest.partial)
+        if slots is not None:
+            self._weight_receiver.map_slots(slots)
+
+    def receive_weights(self, manifest: Manifest, via: str, ipc: dict | None = None,
+                        materialize: bool = False) -> dict:
+        """Stream a sync in and copy it into the model; ``materialize`` returns the tensors
+        (copies) instead, for a payload the caller rebuilds (LoRA)."""
+        start = time.perf_counter()
+        stream = self._weight_receiver.stream(manifest, via, ipc)
+        if materialize:
+            tensors = {name: tensor.detach().to("cpu", copy=True) for name, tensor in stream}
+            return {"tensors": tensors, "seconds": time.perf_counter() - start}
+        self._copy_into_model(stream)
+        return {"bytes": manifest.nbytes, "seconds": time.perf_counter() - start}
+
+    def leave_weight_group(self) -> None:
+        self._weight_receiver.close()
+
+    def _check_names(self, names: set[str], partial: bool) -> None:
+        key = (frozenset(names), partial)
+        if key != self._checked_names:  # the same names every sync: check them once
+            _check_state_dict_keys(self.model, names, partial=partial)
+            self._checked_names = key
+
+    @torch.no_grad()
+    def _copy_into_model(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy in place; a tied weight given under both names is copied once."""
+        if self._live is None:
+            self._live = self.model.state_dict(keep_vars=True)
+        done: set[int] = set()
+        for name, tensor in weights:
+            target = self._live[name]
+            if id(target) in done:
+                continue
+            tensor = torch.as_tensor(tensor)
+            if target.shape != tensor.shape:  # copy_ would broadcast silently
+                raise ValueError(f"{name}: shape {tuple(tensor.shape)} does not fit the "
+                                 f"sampler's {tuple(target.shape)}")
+            target.copy_(tensor)
+            done.add(id(target))
 
     def sleep(self) -> None:
         """No-op: the transformers sampler keeps its weights where they are."""
@@ -86,7 +149,8 @@ class HFSampler:
 
     def close(self) -> None:
         """Drop the model."""
-        self.model = None
+        self._weight_receiver.close()
+        self.model, self._live = None, None
 
     # ------------------------------------------------------------------ internals
 
@@ -172,7 +236,8 @@ def _seeded_rng(seed: int, device: torch.device) -> Iterator[None]:
 
 
 def _check_state_dict_keys(
-    model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor], partial: bool = False
+    model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor] | set[str],
+    partial: bool = False,
 ) -> None:
     expected = set(model.state_dict())
     missing = set() if partial else expected - set(state_dict) - _tied_aliases(model, set(state_dict))
