@@ -7,6 +7,7 @@ from typing import Any
 
 from rllib_grpo.rllib.checks import find_errors, find_pitfalls
 from rllib_grpo.rllib.memory import memory_lines
+from rllib_grpo.rllib.weight_sync_plan import predict_transport
 
 
 def _lora_line(c: Any) -> str:
@@ -15,6 +16,12 @@ def _lora_line(c: Any) -> str:
     return (f"LoRA: rank {c.lora_rank}, alpha {c.lora_alpha} (scale {c.lora_alpha / c.lora_rank:g})"
             f", targets {c.lora_target_modules}; reference = the policy with the adapter "
             f"disabled; sync: full weights once, then {c.lora_sync}")
+
+
+def _weight_sync_line(c: Any) -> str:
+    transport, why = predict_transport(c)
+    return (f"weight sync:                   {c.weight_sync_transport} -> {transport} ({why}); "
+            f"buckets of {c.weight_sync_bucket_mb:g} MiB in the sampler's dtype")
 
 
 def _agg_effect(mode: str) -> str:
@@ -77,6 +84,7 @@ def explain_config(c: Any) -> str:
         f"loss aggregation:              {c.loss_agg_mode}: {_agg_effect(c.loss_agg_mode)}",
         _kl_line(c),
         _lora_line(c),
+        _weight_sync_line(c),
     ]
     lines += memory_lines(c)
     errors, pitfalls = find_errors(c), find_pitfalls(c)
