@@ -14,8 +14,8 @@
 
 `BucketSender.send` and `BucketReceiver.stream` are the two halves; what a receiver
 does with the ``(name, tensor)`` pairs it streams (copy into live parameters, vLLM's
-``reload_weights``) is the sampler's business.  The views it yields are valid until it
-is asked for the next bucket's first tensor.
+``reload_weights``) is the sampler's business.  It yields views of its buffers, no copies; a view the
+consumer still holds when it asks for the next bucket is given memory of its own first.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime
 import mmap
 import os
+import sys
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -32,7 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rllib_grpo.models.transfer import Manifest, bucket_views, pack_bucket, typed
+from rllib_grpo.models.transfer import Manifest, pack_bucket, typed
 
 VIA_COLLECTIVE, VIA_SHM, VIA_IPC = "collective", "shm", "ipc"
 NUM_SLOTS = 2  # double buffering
@@ -188,6 +189,25 @@ def open_cuda_tensors(shared: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 
 # --------------------------------------------------------------------------- the two halves
+def _views_kept_safe(bucket: Any, buffer: torch.Tensor, aliases_of: dict[str, list[str]]
+                     ) -> Iterator[tuple[str, torch.Tensor]]:
+    """A bucket's named views; once the consumer moves past the bucket, the views it still
+    holds get memory of their own, so the buffer can take the next bucket.
+
+    vLLM's layer-wise reload keeps the tensors of a layer until the layer is complete and
+    some (the tied embeddings) until the very end; a transformers sampler keeps none.
+    """
+    views = [buffer.narrow(0, e.offset, e.numel).view(e.shape) for e in bucket.entries]
+    for i, entry in enumerate(bucket.entries):
+        yield entry.name, views[i]
+        for alias in aliases_of.get(entry.name, ()):
+            yield alias, views[i]
+    for i in range(len(views)):
+        if sys.getrefcount(views[i]) > 2:  # more than this list and the call's argument
+            views[i].set_(views[i].clone())
+
+
+
 class BucketSender:
     """Rank 0 of a weight group: streams a manifest's buckets by broadcast or through slots."""
 
@@ -275,8 +295,8 @@ class BucketReceiver:
         if via == VIA_SHM:
             for k, bucket in enumerate(manifest.buckets):
                 self.group.barrier()  # the sender has packed bucket k
-                yield from bucket_views(bucket, typed(self.slots.tensors[k % NUM_SLOTS], bucket),
-                                        aliases_of)
+                yield from _views_kept_safe(
+                    bucket, typed(self.slots.tensors[k % NUM_SLOTS], bucket), aliases_of)
             return
         if via != VIA_COLLECTIVE:
             raise ValueError(f"BucketReceiver cannot receive via {via!r}")
@@ -291,9 +311,9 @@ class BucketReceiver:
         for k, bucket in enumerate(buckets):
             buffer = pending
             works[k % NUM_SLOTS].wait()
-            if k + 1 < len(buckets):  # its buffer held bucket k-1, loaded by now
+            if k + 1 < len(buckets):  # its buffer held bucket k-1: loaded or set apart
                 pending = post(k + 1)
-            yield from bucket_views(bucket, buffer, aliases_of)
+            yield from _views_kept_safe(bucket, buffer, aliases_of)
 
     def _buffer(self, i: int, nbytes: int) -> torch.Tensor:
         while len(self._buffers) <= i:
