@@ -95,3 +95,48 @@ def test_auto_falls_back_to_the_object_store_when_no_group_forms(ray_session, mo
         _assert_equal(_remote_sampler_state(algo), _learner_state(algo))
     finally:
         algo.stop()
+
+
+@pytest.mark.slow
+def test_fsdp_learners_gather_each_bucket_from_their_shards(ray_session):
+    """Two FSDP2 learners (Ray Train workers), the env runner in the driver: every tensor is
+    gathered from the shards bucket by bucket on both learners and sent by rank 0."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    config = tiny_config(weight_sync_bucket_mb=0.05)
+    config.learners(num_learners=2, num_cpus_per_learner=1)
+    config.resources(num_cpus_for_main_process=0)
+    algo = config.build_algo()
+    try:
+        group = algo.learner_group
+        weights = group.get_weights()[DEFAULT_MODULE_ID]
+        generator = torch.Generator().manual_seed(0)
+        moved = {k: v + 0.05 * torch.randn(v.shape, generator=generator)
+                 for k, v in weights.items()}
+        moved["lm_head.weight"] = moved["model.embed_tokens.weight"]  # tied
+        group.set_weights({DEFAULT_MODULE_ID: moved})
+        algo._sync_weights()
+        assert algo._weight_sync.transport_names() == {0: "shm"}
+        _assert_equal(algo.env_runner.sampler.model.state_dict(), moved)
+    finally:
+        algo.stop()
+
+
+@pytest.mark.slow
+def test_remote_learner_sends_to_the_drivers_env_runner(ray_session):
+    """``num_learners=1``: the learner is an actor and the env runner lives in the driver,
+    which joins the weight group from a thread while the learner sends."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    config = tiny_config(lr=1e-2, weight_sync_bucket_mb=0.05)
+    config.learners(num_learners=1, num_cpus_per_learner=1)
+    config.resources(num_cpus_for_main_process=0)
+    algo = config.build_algo()
+    try:
+        for _ in range(2):
+            algo.train()
+            learner = algo.learner_group.get_weights()[DEFAULT_MODULE_ID]
+            _assert_equal(algo.env_runner.sampler.model.state_dict(), learner)
+        assert algo._weight_sync.transport_names() == {0: "shm"}
+    finally:
+        algo.stop()

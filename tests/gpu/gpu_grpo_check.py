@@ -20,6 +20,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from rllib_grpo import GRPOConfig
 from rllib_grpo.models import build_char_tokenizer, register_builtin_model
+from rllib_grpo.rllib.weight_sync_plan import TRANSPORT_NAMES
 
 QWEN25_05B_SHAPE = dict(
     hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
@@ -70,6 +71,8 @@ def main() -> None:
                      "update_actor_s": r["timing_s/update_actor"],
                      "update_weights_s": r["timing_s/update_weights"],
                      "weight_bytes": r["env_runners"].get("weight_sync/bytes"),
+                     "weight_sync_transport": TRANSPORT_NAMES.get(
+                         int(r.get("weight_sync/transport", -1))),
                      "rollout_log_probs_diff_max": r.get("training/rollout_log_probs_diff_max")})
         print(json.dumps(rows[-1]), flush=True)
     algo.stop()
