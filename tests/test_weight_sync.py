@@ -29,6 +29,14 @@ def _assert_equal(sampler: dict, learner: dict) -> None:
         assert torch.equal(sampler[name], tensor), name
 
 
+def _forget_group(runner) -> None:
+    """What a restarted runner looks like: no weight group."""
+    from rllib_grpo.rllib.weight_sync import TOKEN_ATTR
+
+    runner.sampler.leave_weight_group()
+    del runner.__dict__[TOKEN_ATTR]
+
+
 def test_local_sync_hands_over_the_learners_own_tensors(ray_session):
     from rllib_grpo.rllib.weight_sender import sender_of
     from rllib_grpo.rllib.weight_sync_plan import TRANSPORT_CODES
@@ -73,8 +81,16 @@ def test_remote_env_runner_gets_the_learners_weights_exactly(ray_session, settin
         assert algo._weight_sync.transport_names() == {1: transport}
         assert result["weight_sync/transport"] == TRANSPORT_CODES[transport]
         assert result["env_runners"]["weight_sync/bytes"] > 0
-        if transport != "object_store":  # 0.05 MiB buckets: the tiny model takes several
-            assert result["weight_sync/bytes"] > 2 * 0.05 * 2**20
+        if transport == "object_store":
+            return
+        assert result["weight_sync/bytes"] > 2 * 0.05 * 2**20  # several 0.05 MiB buckets
+        # A restarted runner (as RLlib counts them) lost its group: a new one is formed.
+        token = algo._weight_sync._token
+        algo.env_runner_group.foreach_env_runner(_forget_group, local_env_runner=False)
+        algo.env_runner_group._worker_manager._num_actor_restarts += 1
+        algo.train()
+        assert algo._weight_sync._token not in (None, token)
+        _assert_equal(_remote_sampler_state(algo), _learner_state(algo))
     finally:
         algo.stop()
 

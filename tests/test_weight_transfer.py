@@ -105,8 +105,13 @@ def test_streamed_buckets_equal_the_senders_tensors(via):
     """Three receivers, buckets smaller than the model: every tensor arrives exactly."""
     state = _state(1)
     unique, aliases = split_aliases(state)
-    manifest = plan_manifest(unique, aliases=aliases, bucket_bytes=1500)
+    # Contiguous tensors of >= 1 KiB are sent from where they lie (collective), the rest packed.
+    manifest = plan_manifest(unique, aliases=aliases, bucket_bytes=1500, direct_min_bytes=1024)
     assert len(manifest.buckets) >= 3  # the two buffers / slots are reused
+    direct = {e.name for b in manifest.buckets for e in b.direct}
+    assert "model.layers.0.self_attn.q_proj.weight" in direct
+    assert "model.layers.0.mlp.gate_proj.weight" not in direct  # strided: packed
+    assert any(b.packed and b.direct for b in manifest.buckets)
     sender = BucketSender()
     slots = sender.ensure_slots(manifest.max_bucket_bytes) if via == "shm" else None
 
@@ -147,8 +152,11 @@ def test_hf_sampler_receives_into_its_live_parameters(tiny_path):
     unique, aliases = split_aliases(learner.state_dict())
     manifest = plan_manifest(unique, aliases=aliases, wire_dtype=sampler.weight_dtype,
                              bucket_bytes=64 * 1024)
+    sampler.prepare_weights(manifest)  # lays the parameters out like the buckets
     live = {name: p.data_ptr() for name, p in sampler.model.named_parameters()}
-    sampler.prepare_weights(manifest)
+    homes = [(h.data_ptr(), h.data_ptr() + h.numel() * h.element_size())
+             for h in sampler._homes]
+    assert all(any(lo <= ptr < hi for lo, hi in homes) for ptr in live.values())
 
     def body(rank, spec, store):
         if rank == 0:
@@ -162,8 +170,9 @@ def test_hf_sampler_receives_into_its_live_parameters(tiny_path):
     assert stats["bytes"] == manifest.nbytes > 0
     for name, tensor in learner.state_dict().items():
         assert torch.equal(sampler.model.state_dict()[name], tensor), name
-    # In place: the sampler's parameters kept their storage.
+    # Received straight into the parameters: they kept their place.
     assert {name: p.data_ptr() for name, p in sampler.model.named_parameters()} == live
+    assert all(b.numel() == 0 for b in sampler._weight_receiver._buffers)  # no staging copy
 
 
 def test_a_partial_or_foreign_manifest_is_refused_before_anything_moves(tiny_path):

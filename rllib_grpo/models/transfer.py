@@ -17,6 +17,7 @@ bucket of its own.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ class Entry:
     shape: tuple[int, ...]
     offset: int
     numel: int
+    direct: bool = False  # a collective sends it from the source tensor, not packed
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,21 @@ class Bucket:
     @property
     def nbytes(self) -> int:
         return self.numel * _itemsize(self.dtype)
+
+    @property
+    def packed(self) -> tuple[Entry, ...]:
+        return tuple(e for e in self.entries if not e.direct)
+
+    @property
+    def direct(self) -> tuple[Entry, ...]:
+        return tuple(e for e in self.entries if e.direct)
+
+    @property
+    def packed_used(self) -> int:
+        """Elements up to the end of the last packed entry: the packed part that travels
+        as one piece (the padding after it does not)."""
+        packed = self.packed
+        return packed[-1].offset + packed[-1].numel if packed else 0
 
 
 @dataclass(frozen=True)
@@ -84,13 +101,21 @@ class Manifest:
             out.setdefault(target, []).append(alias)
         return out
 
+    @functools.cached_property
     def fingerprint(self) -> str:
         """Equal for manifests with the same layout: receivers prepare once per layout."""
         return hashlib.sha1(repr((self.buckets, self.aliases, self.partial)).encode()).hexdigest()
 
 
+@functools.cache
 def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
+
+
+def wire_nbytes(tensors: Mapping[str, Any], wire_dtype: torch.dtype | None) -> int:
+    """Bytes of ``tensors`` in their wire dtypes."""
+    return sum(_numel(t.shape) * _itemsize(wire_dtype_of(t.dtype, wire_dtype))
+               for t in tensors.values())
 
 
 def fused_unit(name: str) -> str:
@@ -132,6 +157,13 @@ def split_aliases(state: Mapping[str, torch.Tensor]
     return unique, tuple(aliases)
 
 
+def pipelined_bucket_bytes(total_bytes: int, cap: int, min_buckets: int = 4,
+                           floor: int = 16 * 2**20) -> int:
+    """A bucket size of at most ``cap`` that cuts a sync into >= ``min_buckets`` buckets
+    (not below ``floor``), so packing, sending and loading overlap."""
+    return max(1, min(cap, max(-(-total_bytes // min_buckets), floor)))
+
+
 def wire_dtype_of(dtype: torch.dtype, wire_dtype: torch.dtype | None) -> torch.dtype:
     """Floating tensors travel in ``wire_dtype`` (None: their own); others keep theirs."""
     return wire_dtype if wire_dtype is not None and dtype.is_floating_point else dtype
@@ -151,10 +183,17 @@ def plan_manifest(
     unit_of: Callable[[str], str] = fused_unit,
     partial: bool = False,
     meta: Mapping[str, Any] | None = None,
+    direct_min_bytes: int | None = None,
 ) -> Manifest:
     """Lay distinct tensors (anything with ``shape`` and ``dtype``: tensors, DTensors, meta
     tensors) out in buckets of at most ``bucket_bytes``, one dtype per bucket, whole units
-    per bucket, in the order of ``tensors``."""
+    per bucket, in the order of ``tensors``.
+
+    With ``direct_min_bytes``, a contiguous tensor of at least that size that needs no
+    cast is marked ``direct``: a collective sends it from where it lies instead of copying
+    it into the bucket first.  Each bucket holds its packed entries first, then its direct
+    ones, so the packed part travels in one piece.
+    """
     if bucket_bytes < 1:
         raise ValueError(f"bucket_bytes={bucket_bytes} must be >= 1")
     units: dict[tuple[str, torch.dtype], list[str]] = {}
@@ -162,13 +201,18 @@ def plan_manifest(
         units.setdefault((unit_of(name), wire_dtype_of(tensor.dtype, wire_dtype)), []).append(name)
 
     buckets: list[Bucket] = []
-    open_entries: dict[torch.dtype, list[Entry]] = {}
+    open_items: dict[torch.dtype, list[tuple[str, tuple[int, ...], int, bool]]] = {}
     open_numel: dict[torch.dtype, int] = {}
 
     def close(dtype: torch.dtype) -> None:
-        if open_entries.get(dtype):
-            buckets.append(Bucket(dtype, open_numel[dtype], tuple(open_entries[dtype])))
-        open_entries[dtype], open_numel[dtype] = [], 0
+        items = sorted(open_items.get(dtype, ()), key=lambda item: item[3])  # packed first
+        entries, offset = [], 0
+        for name, shape, size, direct in items:
+            entries.append(Entry(name, shape, offset, _numel(shape), direct))
+            offset += size
+        if entries:
+            buckets.append(Bucket(dtype, offset, tuple(entries)))
+        open_items[dtype], open_numel[dtype] = [], 0
 
     for (_, dtype), names in units.items():
         itemsize = _itemsize(dtype)
@@ -176,15 +220,18 @@ def plan_manifest(
         unit_numel = sum(sizes)
         if open_numel.get(dtype, 0) and (open_numel[dtype] + unit_numel) * itemsize > bucket_bytes:
             close(dtype)
-        entries, offset = open_entries.setdefault(dtype, []), open_numel.setdefault(dtype, 0)
+        items = open_items.setdefault(dtype, [])
         for name, size in zip(names, sizes, strict=True):
-            shape = tuple(int(s) for s in tensors[name].shape)
-            entries.append(Entry(name, shape, offset, _numel(shape)))
-            offset += size
-        open_numel[dtype] = offset
-        if offset * itemsize >= bucket_bytes:
+            tensor = tensors[name]
+            shape = tuple(int(s) for s in tensor.shape)
+            direct = (direct_min_bytes is not None and tensor.dtype == dtype
+                      and _numel(shape) * itemsize >= direct_min_bytes
+                      and getattr(tensor, "is_contiguous", lambda: True)())
+            items.append((name, shape, size, direct))
+        open_numel[dtype] = open_numel.get(dtype, 0) + unit_numel
+        if open_numel[dtype] * itemsize >= bucket_bytes:
             close(dtype)
-    for dtype in list(open_entries):
+    for dtype in list(open_items):
         close(dtype)
     return Manifest(tuple(buckets), tuple(aliases), partial, tuple(sorted((meta or {}).items())))
 

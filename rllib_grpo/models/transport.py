@@ -234,17 +234,32 @@ class BucketSender:
             return
         if via != VIA_COLLECTIVE:
             raise ValueError(f"BucketSender cannot send via {via!r}")
-        works: list[Any] = [None] * NUM_SLOTS
+        works: list[list] = [[], []]  # per buffer: the ops in flight and what they send
         for k, bucket in enumerate(manifest.buckets):
             i = k % NUM_SLOTS
-            if works[i] is not None:
-                works[i].wait()
-            buffer = typed(self._buffer(i, manifest.max_bucket_bytes), bucket)
-            pack_bucket(bucket, tensor_of, buffer)
-            works[i] = self.group.broadcast(buffer)
-        for work in works:
-            if work is not None:
+            for work, _ in works[i]:
                 work.wait()
+            buffer = typed(self._buffer(i, manifest.max_bucket_bytes), bucket)
+            works[i] = []
+            if bucket.packed:
+                for e in bucket.packed:
+                    buffer.narrow(0, e.offset, e.numel).view(e.shape).copy_(tensor_of(e.name))
+                payload = buffer[: bucket.packed_used]
+                works[i].append((self.group.broadcast(payload), payload))
+            for e in bucket.direct:  # from where it lies: no copy into the bucket
+                payload = self._source(tensor_of(e.name), buffer.narrow(0, e.offset, e.numel))
+                works[i].append((self.group.broadcast(payload), payload))
+        for ops in works:
+            for work, _ in ops:
+                work.wait()
+
+    def _source(self, tensor: torch.Tensor, place: torch.Tensor) -> torch.Tensor:
+        """``tensor`` flat as it is, or copied into ``place`` where it cannot be sent so."""
+        tensor = tensor.detach()
+        if (tensor.dtype == place.dtype and tensor.is_contiguous()
+                and tensor.device == self.group.device):
+            return tensor.reshape(-1)
+        return place.copy_(tensor.reshape(-1))
 
     def _buffer(self, i: int, nbytes: int) -> torch.Tensor:
         while len(self._buffers) <= i:
@@ -281,9 +296,11 @@ class BucketReceiver:
                 self.slots.tensors.clear()
             self.slots = SharedSlots(spec)
 
-    def stream(self, manifest: Manifest, via: str, ipc: dict[str, Any] | None = None
+    def stream(self, manifest: Manifest, via: str, ipc: dict[str, Any] | None = None,
+               homes: list[torch.Tensor | None] | None = None
                ) -> Iterator[tuple[str, torch.Tensor]]:
-        """The manifest's tensors (and aliases) as they arrive."""
+        """The manifest's tensors (and aliases) as they arrive.  ``homes`` (collective
+        only): per bucket, memory to receive it into, e.g. the very parameters it fills."""
         aliases_of = manifest.aliases_of()
         if via == VIA_IPC:
             tensors = open_cuda_tensors(ipc)
@@ -300,17 +317,23 @@ class BucketReceiver:
             return
         if via != VIA_COLLECTIVE:
             raise ValueError(f"BucketReceiver cannot receive via {via!r}")
-        buckets, works = manifest.buckets, [None] * NUM_SLOTS
+        buckets, works = manifest.buckets, [[], []]
 
         def post(k: int) -> torch.Tensor:
-            buffer = typed(self._buffer(k % NUM_SLOTS, manifest.max_bucket_bytes), buckets[k])
-            works[k % NUM_SLOTS] = self.group.broadcast(buffer)
+            """Start receiving bucket k: its packed part, then each direct entry."""
+            home, bucket = (homes[k] if homes else None), buckets[k]
+            buffer = home if home is not None and home.device == self.group.device else typed(
+                self._buffer(k % NUM_SLOTS, manifest.max_bucket_bytes), bucket)
+            parts = [buffer[: bucket.packed_used]] if bucket.packed else []
+            parts += [buffer.narrow(0, e.offset, e.numel) for e in bucket.direct]
+            works[k % NUM_SLOTS] = [self.group.broadcast(part) for part in parts]
             return buffer
 
         pending = post(0) if buckets else None
         for k, bucket in enumerate(buckets):
             buffer = pending
-            works[k % NUM_SLOTS].wait()
+            for work in works[k % NUM_SLOTS]:
+                work.wait()
             if k + 1 < len(buckets):  # its buffer held bucket k-1: loaded or set apart
                 pending = post(k + 1)
             yield from _views_kept_safe(bucket, buffer, aliases_of)

@@ -22,7 +22,13 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from torch.distributed.fsdp import FSDPModule
 
 from rllib_grpo.models import lora
-from rllib_grpo.models.transfer import Manifest, plan_manifest, split_aliases
+from rllib_grpo.models.transfer import (
+    Manifest,
+    pipelined_bucket_bytes,
+    plan_manifest,
+    split_aliases,
+    wire_nbytes,
+)
 from rllib_grpo.models.transport import (
     VIA_IPC,
     VIA_SHM,
@@ -35,6 +41,9 @@ from rllib_grpo.rllib.distributed import rank
 from rllib_grpo.rllib.weight_sync_plan import Endpoint
 
 ATTR = "_rllib_grpo_weight_sender"
+# Tensors this large that need no cast are broadcast from where they lie (no packing copy);
+# smaller ones share a bucket, one message for many.
+DIRECT_MIN_BYTES = 1 << 20
 LORA_WEIGHT, LORA_A, LORA_B = "weights/", "lora_A/", "lora_B/"
 
 
@@ -96,6 +105,7 @@ class WeightSender:
         self.store: Any = None
         self.buckets = BucketSender()
         self.manifest: Manifest | None = None
+        self._planned_for: tuple | None = None
         self._tensors: dict[str, torch.Tensor] = {}
 
     @property
@@ -146,8 +156,16 @@ class WeightSender:
         else:
             tensors, aliases = split_aliases(module.lm.state_dict())
         self._tensors = tensors
-        self.manifest = plan_manifest(tensors, wire_dtype=wire_dtype, bucket_bytes=bucket_bytes,
-                                      aliases=aliases, meta=meta)
+        # The layout changes only with the tensors' names, shapes and dtypes: plan it once.
+        key = (tuple((n, tuple(t.shape), t.dtype, t.is_contiguous()) for n, t in tensors.items()),
+               aliases, wire_dtype, bucket_bytes, tuple(sorted(meta.items())))
+        if key != self._planned_for:
+            total = wire_nbytes(tensors, wire_dtype)
+            self.manifest = plan_manifest(
+                tensors, wire_dtype=wire_dtype, aliases=aliases, meta=meta,
+                bucket_bytes=pipelined_bucket_bytes(total, bucket_bytes),
+                direct_min_bytes=DIRECT_MIN_BYTES)
+            self._planned_for = key
         staged: dict[str, Any] = {"manifest": self.manifest, "rank": rank(), "slots": None,
                                   "ipc": None, "seq_no": self.weights_seq_no()}
         if rank() == 0 and VIA_SHM in vias:

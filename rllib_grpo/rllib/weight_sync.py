@@ -12,10 +12,11 @@ overrides).
 * ``object_store``: RLlib's own ``sync_weights`` (a state dict through Ray), the fallback
   where no group can be formed or a sampler cannot join one.
 
-Per sync the driver stages the sync on the learners (the bucket layout), has every
-runner check it (a partial or foreign state is refused before a byte moves; a runner
-that restarted and lost its group is noticed here and the group is formed again), then
-runs the learners' send and the runners' receive together.  Metrics: ``weight_sync/bytes``
+Per sync the driver stages the sync on the learners (the bucket layout); for a layout the
+runners have not seen it has every runner check it (a partial or foreign state is refused
+before a byte moves) and map the slots; then it runs the learners' send and the runners'
+receive together.  A runner that restarted (RLlib's restart count moves) or left makes
+the driver look at the placement again and form a new group.  Metrics: ``weight_sync/bytes``
 (one runner's bytes), ``weight_sync/gbps`` (10^9 bytes per second of the whole sync) and
 ``weight_sync/transport`` (`TRANSPORT_CODES`); the runners log their own load time.
 """
@@ -71,8 +72,8 @@ def runner_join(runner: Any, spec: Any, ranks: dict[int, int]) -> None:
 def runner_prepare(runner: Any, manifest: Any, slots: Any) -> str | None:
     """Check the names (LoRA payloads are checked where they are merged) and map the
     slots; returns the runner's group token (None after a restart)."""
-    is_lora = "lora_kind" in dict(manifest.meta)
-    runner.sampler.prepare_weights(manifest, slots, check=not is_lora)
+    whole = "lora_kind" not in dict(manifest.meta)
+    runner.sampler.prepare_weights(manifest, slots, check=whole, in_place=whole)
     return runner.__dict__.get(TOKEN_ATTR)
 
 
@@ -138,8 +139,9 @@ class WeightSync:
         self.sender: Endpoint | None = None
         self.wire_dtype: torch.dtype | None = None
         self.state_nbytes = 0
-        self._members: tuple[int, ...] | None = None
+        self._members: tuple | None = None
         self._token: str | None = None
+        self._prepared: tuple | None = None  # (group token, layout) the runners last checked
 
     @property
     def runners(self) -> Any:
@@ -151,8 +153,10 @@ class WeightSync:
         start = time.perf_counter()
         remote = tuple(sorted(self.runners.healthy_worker_ids())) \
             if self.runners.num_remote_env_runners() else ()
-        if self.transports is None or remote != self._members:
-            self._discover(remote)
+        # A restarted runner (fault tolerance) keeps its index but lost its group.
+        members = (remote, self.runners.num_remote_worker_restarts() if remote else 0)
+        if self.transports is None or members != self._members:
+            self._discover(remote, members)
         used = set(self.transports.values())
         if "object_store" in used:
             nbytes = self._sync_object_store()
@@ -179,7 +183,7 @@ class WeightSync:
         self._pool.shutdown(wait=False)
 
     # ---------------------------------------------------------------- placement
-    def _discover(self, remote: tuple[int, ...]) -> None:
+    def _discover(self, remote: tuple[int, ...], members: tuple) -> None:
         by_rank = {r: (ep, nbytes) for r, ep, nbytes in self._on_learners(_sender_endpoint)}
         self.sender, self.state_nbytes = by_rank[0]
         self.endpoints = {}
@@ -192,7 +196,7 @@ class WeightSync:
                            else t for i, t in self.transports.items()}
         dtypes = {ep.dtype for ep in self.endpoints.values() if ep.dtype is not None}
         self.wire_dtype = dtypes.pop() if len(dtypes) == 1 else None
-        self._members, self._token = remote, None
+        self._members, self._token, self._prepared = members, None, None
         logger.info("weight sync (%s): %s", self.setting, ", ".join(
             f"env runner {i} -> {t}" for i, t in sorted(self.transports.items())))
 
@@ -236,14 +240,19 @@ class WeightSync:
             staged = dict(self._on_learners(partial(
                 _stage, wire_dtype=self.wire_dtype, bucket_bytes=self.bucket_bytes,
                 vias=tuple(v for v in (via, "ipc" if ipc_ids else None) if v))))[0]
+            prepared = (self._token, staged["manifest"].fingerprint)
+            if prepared == self._prepared:  # the same layout, already checked and mapped
+                return staged
             tokens = self._on_runners(group_ids + ipc_ids, partial(
                 runner_prepare, manifest=staged["manifest"], slots=staged["slots"]))
             stale = [i for i in group_ids if tokens[i] != self._token]
             if not stale:
+                self._prepared = prepared
                 return staged
             # A runner restarted (fault tolerance) and lost its group: form it again.
             logger.warning("weight sync: env runners %s are not in the weight group (restarted?)"
                            "; forming it again", stale)
+            self._prepared = None
             if attempt or not self._form_group(group_ids, via):
                 break
         raise RuntimeError(f"weight sync: env runners {stale} could not join the weight group")

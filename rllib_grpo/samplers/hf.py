@@ -54,6 +54,8 @@ class HFSampler:
         self._weight_receiver = BucketReceiver()
         self._live: dict[str, torch.Tensor] | None = None  # parameters and buffers by name
         self._checked_names: tuple | None = None
+        self._homes: list[torch.Tensor | None] = []  # per bucket: the parameters' memory
+        self._homed: str | None = None  # the layout they follow
 
     def generate(
         self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams
@@ -96,19 +98,24 @@ class HFSampler:
         self._weight_receiver.join(spec, rank)
 
     def prepare_weights(self, manifest: Manifest, slots: SlotsSpec | None = None,
-                        check: bool = True) -> None:
-        """Refuse a partial or foreign manifest (before any byte moves); map the slots."""
+                        check: bool = True, in_place: bool = True) -> None:
+        """Refuse a partial or foreign manifest (before any byte moves); map the slots;
+        with ``in_place``, lay the parameters out like the manifest's buckets (once per
+        layout), so that a broadcast bucket lands in the parameters themselves."""
         if check:
             self._check_names(manifest.names(), manifest.partial)
         if slots is not None:
             self._weight_receiver.map_slots(slots)
+        if in_place and not manifest.partial and manifest.fingerprint != self._homed:
+            self._home(manifest)
 
     def receive_weights(self, manifest: Manifest, via: str, ipc: dict | None = None,
                         materialize: bool = False) -> dict:
         """Stream a sync in and copy it into the model; ``materialize`` returns the tensors
         (copies) instead, for a payload the caller rebuilds (LoRA)."""
         start = time.perf_counter()
-        stream = self._weight_receiver.stream(manifest, via, ipc)
+        homes = self._homes if manifest.fingerprint == self._homed else None
+        stream = self._weight_receiver.stream(manifest, via, ipc, homes=homes)
         if materialize:
             tensors = {name: tensor.detach().to("cpu", copy=True) for name, tensor in stream}
             return {"tensors": tensors, "seconds": time.perf_counter() - start}
@@ -126,20 +133,46 @@ class HFSampler:
 
     @torch.no_grad()
     def _copy_into_model(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy in place; a tied weight given under both names is copied once."""
-        if self._live is None:
-            self._live = self.model.state_dict(keep_vars=True)
+        """Copy in place; a tied weight given under both names is copied once, a tensor
+        received into the parameter itself (see `_home`) not at all."""
+        live = self._live_tensors()
         done: set[int] = set()
         for name, tensor in weights:
-            target = self._live[name]
+            target = live[name]
             if id(target) in done:
                 continue
             tensor = torch.as_tensor(tensor)
             if target.shape != tensor.shape:  # copy_ would broadcast silently
                 raise ValueError(f"{name}: shape {tuple(tensor.shape)} does not fit the "
                                  f"sampler's {tuple(target.shape)}")
-            target.copy_(tensor)
+            if not (tensor.data_ptr() == target.data_ptr() and tensor.dtype == target.dtype
+                    and tensor.stride() == target.stride()):
+                target.copy_(tensor)
             done.add(id(target))
+
+    def _live_tensors(self) -> dict[str, torch.Tensor]:
+        if self._live is None:
+            self._live = self.model.state_dict(keep_vars=True)
+        return self._live
+
+    @torch.no_grad()
+    def _home(self, manifest: Manifest) -> None:
+        """Move each bucket's parameters (those of its dtype and shape) into one flat
+        tensor laid out like the bucket: the parameters become views of it."""
+        live, homes = self._live_tensors(), []
+        for bucket in manifest.buckets:
+            targets = [live.get(e.name) for e in bucket.entries]
+            if any(t is None or t.dtype != bucket.dtype or tuple(t.shape) != e.shape
+                   for t, e in zip(targets, bucket.entries, strict=True)):
+                homes.append(None)
+                continue
+            flat = torch.empty(bucket.numel, dtype=bucket.dtype, device=self.device)
+            for entry, target in zip(bucket.entries, targets, strict=True):
+                view = flat.narrow(0, entry.offset, entry.numel).view(entry.shape)
+                view.copy_(target)
+                target.data = view
+            homes.append(flat)
+        self._homes, self._homed = homes, manifest.fingerprint
 
     def sleep(self) -> None:
         """No-op: the transformers sampler keeps its weights where they are."""

@@ -160,8 +160,9 @@ class VLLMSampler:
                                 kwargs={"spec": spec, "rank_offset": rank})
 
     def prepare_weights(self, manifest: Manifest, slots: SlotsSpec | None = None,
-                        check: bool = True) -> None:
-        """Refuse a partial or foreign manifest (before any byte moves); map the slots."""
+                        check: bool = True, in_place: bool = True) -> None:
+        """Refuse a partial or foreign manifest (before any byte moves); map the slots.
+        (``in_place`` is the transformers sampler's: vLLM's loader always copies.)"""
         if check:
             self._check_keys(self._with_tied_head(manifest).names(), partial=manifest.partial)
         if slots is not None:
