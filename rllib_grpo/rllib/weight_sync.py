@@ -263,7 +263,8 @@ class WeightSync:
         ranks, next_rank = {}, 1
         for i in sorted(members):
             ranks[i], next_rank = next_rank, next_rank + max(1, members[i].num_ranks)
-        backend = group_backend(self.sender, list(members.values()))
+        # Shared memory needs only host-side barriers: gloo, whatever the devices.
+        backend = "gloo" if via == "shm" else group_backend(self.sender, list(members.values()))
         try:
             spec = dict(self._on_learners(partial(
                 _open_group, world_size=next_rank, backend=backend,
