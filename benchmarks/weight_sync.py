@@ -16,8 +16,10 @@ For each shape, with the transformers sampler (it copies into its live parameter
   broadcast of the same bytes between the same two processes (target: collective <= 1.5x)
   and a memcpy of the same bytes in one process.
 
-Every figure is the median of ``--reps`` syncs after one warm-up; a sync's time is the
-driver's wall time of `WeightSync.sync` (what ``timing_s/update_weights`` reports).
+Every figure is the median of ``--reps`` rounds after a warm-up round; in a round each
+path runs once, in turns, so that all see the same load (the machine is shared).  A
+sync's time is the driver's wall time of `WeightSync.sync` (``timing_s/update_weights``);
+the remote paths take turns on one env runner and one weight group (see `_sync`).
 """
 
 from __future__ import annotations
@@ -67,24 +69,34 @@ def _build(folder: str, dtype: str, num_env_runners: int) -> Any:
     return config.build_algo()
 
 
-def _median_time(func: Any, reps: int) -> float:
-    func()  # warm-up: groups, slots, buffers, first-touch page faults
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        func()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def _interleaved(funcs: dict[str, Any], reps: int) -> dict[str, float]:
+    """Median seconds of each function, run in turns (one call of each per round) so that
+    every figure sees the same load on a shared machine; one warm-up round first."""
+    times: dict[str, list[float]] = {name: [] for name in funcs}
+    for round_ in range(reps + 1):
+        for name, func in funcs.items():
+            start = time.perf_counter()
+            seconds = func()
+            if round_:  # round 0 warms up: groups, slots, buffers, first-touch page faults
+                # A float is the function's own timing (the raw broadcast's); else wall time.
+                times[name].append(seconds if isinstance(seconds, float)
+                                   else time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
-def _sync(algo: Any, setting: str) -> dict[str, float]:
+def _sync(algo: Any, via: str | None = None) -> dict[str, float]:
+    """One `WeightSync.sync`; ``via`` overrides the remote runners' path.  All paths share
+    the one gloo group that ``auto`` formed (shm and collective differ only in where the
+    bytes go), so switching between them in turns costs nothing."""
     from rllib_grpo.rllib.weight_sync import WeightSync
 
     if getattr(algo, "_weight_sync", None) is None:
         algo._weight_sync = WeightSync(algo)
     sync = algo._weight_sync
-    if sync.setting != setting:
-        sync.setting, sync.transports = setting, None  # rediscover under the new setting
+    if sync.transports is None:
+        sync.sync()  # place the runners, form the group
+    if via is not None:
+        sync.transports = {i: t if t == "local" else via for i, t in sync.transports.items()}
     return sync.sync()
 
 
@@ -95,13 +107,11 @@ def _unique_state(algo: Any) -> dict[str, Any]:
     return split_aliases(policy_module(algo.learner_group._learner).lm.state_dict())[0]
 
 
-def measure_local(folder: str, dtype: str, reps: int) -> dict[str, float]:
+def measure_local(folder: str, dtype: str, reps: int) -> dict[str, Any]:
     import torch
 
     algo = _build(folder, dtype, 0)
     try:
-        sync_s = _median_time(lambda: _sync(algo, "auto"), reps)
-        metrics = _sync(algo, "auto")
         source = _unique_state(algo)
         live = algo.env_runner.sampler.model.state_dict(keep_vars=True)
         targets = [(live[name], tensor) for name, tensor in source.items()]
@@ -111,29 +121,32 @@ def measure_local(folder: str, dtype: str, reps: int) -> dict[str, float]:
             for target, tensor in targets:
                 target.copy_(tensor)
 
-        copy_s = _median_time(copy_in_place, reps)
+        times = _interleaved({"local_sync_s": lambda: _sync(algo),
+                              "copy_in_place_s": copy_in_place}, reps)
+        metrics = _sync(algo)
         transports = algo._weight_sync.transport_names()
     finally:
         algo.stop()
-    return {"local_sync_s": sync_s, "copy_in_place_s": copy_s,
-            "local_bytes": metrics["weight_sync/bytes"], "local_transport": transports[0]}
+    return {**times, "local_bytes": metrics["weight_sync/bytes"],
+            "local_transport": transports[0]}
 
 
-def _raw_gloo_receiver(runner: Any, spec: Any, nbytes: int, reps: int) -> None:
+def _raw_gloo_receiver(runner: Any, spec: Any, nbytes: int) -> None:
     import torch
 
     from rllib_grpo.models.transport import WeightGroup
 
     group = WeightGroup(spec, 1)
     buffer = torch.empty(nbytes, dtype=torch.uint8)
-    for _ in range(reps + 1):
+    for _ in range(2):  # a warm-up, then the timed one
         group.barrier()
         group.broadcast(buffer).wait()
         group.barrier()
 
 
-def raw_gloo_broadcast(algo: Any, nbytes: int, reps: int) -> float:
-    """One broadcast of ``nbytes`` from the driver to the env runner, barrier-timed."""
+def raw_gloo_broadcast(algo: Any, nbytes: int) -> float:
+    """Seconds of one broadcast of ``nbytes`` from the driver to the env runner (after a
+    warm-up one), timed from a barrier to a barrier: the receiver has it all."""
     import ray
     import torch
 
@@ -145,41 +158,41 @@ def raw_gloo_broadcast(algo: Any, nbytes: int, reps: int) -> float:
 
     def send() -> None:
         group = WeightGroup(spec, 0, store)
-        for _ in range(reps + 1):
+        for _ in range(2):
             group.barrier()
             start = time.perf_counter()
             group.broadcast(source).wait()
-            group.barrier()  # the receiver has it all
+            group.barrier()
             times.append(time.perf_counter() - start)
 
     thread = threading.Thread(target=send)
     thread.start()
     algo.env_runner_group.foreach_env_runner(
-        partial(_raw_gloo_receiver, spec=spec, nbytes=nbytes, reps=reps), local_env_runner=False)
+        partial(_raw_gloo_receiver, spec=spec, nbytes=nbytes), local_env_runner=False)
     thread.join()
-    return statistics.median(times[1:])
-
-
-def memcpy_time(nbytes: int, reps: int) -> float:
-    import torch
-
-    source = torch.ones(nbytes, dtype=torch.uint8)
-    target = torch.empty_like(source)
-    return _median_time(lambda: target.copy_(source), reps)
+    return times[-1]
 
 
 def measure_remote(folder: str, dtype: str, reps: int) -> dict[str, Any]:
+    import torch
+
     algo = _build(folder, dtype, 1)
     out: dict[str, Any] = {}
     try:
-        for setting in ("auto", "collective", "object_store"):
-            out[f"{setting}_sync_s"] = _median_time(lambda s=setting: _sync(algo, s), reps)
-            out[f"{setting}_transport"] = algo._weight_sync.transport_names()[1]
-            out[f"{setting}_bytes"] = _sync(algo, setting)["weight_sync/bytes"]
-        out["raw_gloo_s"] = raw_gloo_broadcast(algo, int(out["collective_bytes"]), reps)
+        out["auto_transport"] = (_sync(algo), algo._weight_sync.transport_names()[1])[1]
+        for via in ("shm", "collective", "object_store"):
+            out[f"{via}_bytes"] = _sync(algo, via)["weight_sync/bytes"]
+        nbytes = int(out["collective_bytes"])
+        source, target = torch.ones(nbytes, dtype=torch.uint8), torch.empty(nbytes, dtype=torch.uint8)
+        out.update(_interleaved({
+            "shm_sync_s": lambda: _sync(algo, "shm"),
+            "collective_sync_s": lambda: _sync(algo, "collective"),
+            "object_store_sync_s": lambda: _sync(algo, "object_store"),
+            "raw_gloo_s": lambda: raw_gloo_broadcast(algo, nbytes),
+            "memcpy_s": lambda: target.copy_(source),
+        }, reps))
     finally:
         algo.stop()
-    out["memcpy_s"] = memcpy_time(int(out["collective_bytes"]), reps)
     return out
 
 
@@ -187,10 +200,10 @@ def ratios(r: dict[str, float]) -> dict[str, float]:
     return {
         "local / copy_ in place": r["local_sync_s"] / r["copy_in_place_s"],
         "collective / raw gloo broadcast": r["collective_sync_s"] / r["raw_gloo_s"],
-        "shm (auto) / raw gloo broadcast": r["auto_sync_s"] / r["raw_gloo_s"],
-        "shm (auto) / object store": r["auto_sync_s"] / r["object_store_sync_s"],
+        "shm (auto) / raw gloo broadcast": r["shm_sync_s"] / r["raw_gloo_s"],
+        "shm (auto) / object store": r["shm_sync_s"] / r["object_store_sync_s"],
         "collective / object store": r["collective_sync_s"] / r["object_store_sync_s"],
-        "shm (auto) / memcpy": r["auto_sync_s"] / r["memcpy_s"],
+        "shm (auto) / memcpy": r["shm_sync_s"] / r["memcpy_s"],
     }
 
 
@@ -204,7 +217,7 @@ def format_table(results: dict[str, dict]) -> str:
     row("bytes per sync (one runner)", lambda r: f"{r['collective_bytes'] / 2**20:.0f} MiB "
         f"({r['dtype']})")
     for key, label in (("local_sync_s", "local sync"), ("copy_in_place_s", "copy_ in place"),
-                       ("auto_sync_s", "remote sync, shm (auto)"),
+                       ("shm_sync_s", "remote sync, shm (auto)"),
                        ("collective_sync_s", "remote sync, collective (gloo)"),
                        ("object_store_sync_s", "remote sync, object store (before)"),
                        ("raw_gloo_s", "raw gloo broadcast, 2 processes"),

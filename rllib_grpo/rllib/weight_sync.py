@@ -141,7 +141,7 @@ class WeightSync:
         self.state_nbytes = 0
         self._members: tuple | None = None
         self._token: str | None = None
-        self._prepared: tuple | None = None  # (group token, layout) the runners last checked
+        self._prepared: set[tuple] = set()  # (group, layout, path) the runners have checked
 
     @property
     def runners(self) -> Any:
@@ -196,7 +196,7 @@ class WeightSync:
                            else t for i, t in self.transports.items()}
         dtypes = {ep.dtype for ep in self.endpoints.values() if ep.dtype is not None}
         self.wire_dtype = dtypes.pop() if len(dtypes) == 1 else None
-        self._members, self._token, self._prepared = members, None, None
+        self._members, self._token, self._prepared = members, None, set()
         logger.info("weight sync (%s): %s", self.setting, ", ".join(
             f"env runner {i} -> {t}" for i, t in sorted(self.transports.items())))
 
@@ -240,19 +240,19 @@ class WeightSync:
             staged = dict(self._on_learners(partial(
                 _stage, wire_dtype=self.wire_dtype, bucket_bytes=self.bucket_bytes,
                 vias=tuple(v for v in (via, "ipc" if ipc_ids else None) if v))))[0]
-            prepared = (self._token, staged["manifest"].fingerprint)
-            if prepared == self._prepared:  # the same layout, already checked and mapped
+            prepared = (self._token, staged["manifest"].fingerprint, via, bool(ipc_ids))
+            if prepared in self._prepared:  # the same layout, already checked and mapped
                 return staged
             tokens = self._on_runners(group_ids + ipc_ids, partial(
                 runner_prepare, manifest=staged["manifest"], slots=staged["slots"]))
             stale = [i for i in group_ids if tokens[i] != self._token]
             if not stale:
-                self._prepared = prepared
+                self._prepared.add(prepared)
                 return staged
             # A runner restarted (fault tolerance) and lost its group: form it again.
             logger.warning("weight sync: env runners %s are not in the weight group (restarted?)"
                            "; forming it again", stale)
-            self._prepared = None
+            self._prepared = set()
             if attempt or not self._form_group(group_ids, via):
                 break
         raise RuntimeError(f"weight sync: env runners {stale} could not join the weight group")
