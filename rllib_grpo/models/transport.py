@@ -329,14 +329,14 @@ class BucketReceiver:
             works[k % NUM_SLOTS] = [self.group.broadcast(part) for part in parts]
             return buffer
 
-        pending = post(0) if buckets else None
+        posted = [post(0)] if buckets else []
         for k, bucket in enumerate(buckets):
-            buffer = pending
+            if k + 1 < len(buckets):  # two in flight; its buffer held bucket k-1, done with
+                posted.append(post(k + 1))
             for work in works[k % NUM_SLOTS]:
                 work.wait()
-            if k + 1 < len(buckets):  # its buffer held bucket k-1: loaded or set apart
-                pending = post(k + 1)
-            yield from _views_kept_safe(bucket, buffer, aliases_of)
+            yield from _views_kept_safe(bucket, posted[k], aliases_of)
+            posted[k] = None
 
     def _buffer(self, i: int, nbytes: int) -> torch.Tensor:
         while len(self._buffers) <= i:
