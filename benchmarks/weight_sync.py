@@ -70,11 +70,15 @@ def _build(folder: str, dtype: str, num_env_runners: int) -> Any:
 
 
 def _interleaved(funcs: dict[str, Any], reps: int) -> dict[str, float]:
-    """Median seconds of each function, run in turns (one call of each per round) so that
-    every figure sees the same load on a shared machine; one warm-up round first."""
+    """Median seconds of each function, run in turns (one call of each per round, the order
+    rotating) so that every figure sees the same load on a shared machine; one warm-up
+    round first."""
     times: dict[str, list[float]] = {name: [] for name in funcs}
+    names = list(funcs)
     for round_ in range(reps + 1):
-        for name, func in funcs.items():
+        shift = round_ % len(names)  # each path follows each other one in some round
+        for name in names[shift:] + names[:shift]:
+            func = funcs[name]
             start = time.perf_counter()
             seconds = func()
             if round_:  # round 0 warms up: groups, slots, buffers, first-touch page faults
