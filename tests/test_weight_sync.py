@@ -113,6 +113,18 @@ def test_auto_falls_back_to_the_object_store_when_no_group_forms(ray_session, mo
         algo.stop()
 
 
+def _has_direct_entries(learner) -> bool:
+    from rllib_grpo.rllib.weight_sender import sender_of
+
+    return any(bucket.direct for bucket in sender_of(learner).manifest.buckets)
+
+
+def _send_large_tensors_directly(learner) -> None:
+    from rllib_grpo.rllib import weight_sender
+
+    weight_sender.DIRECT_MIN_BYTES = 1024
+
+
 @pytest.mark.slow
 def test_fsdp_learners_gather_each_bucket_from_their_shards(ray_session):
     """Two FSDP2 learners (Ray Train workers), the env runner in the driver: every tensor is
@@ -131,9 +143,17 @@ def test_fsdp_learners_gather_each_bucket_from_their_shards(ray_session):
                  for k, v in weights.items()}
         moved["lm_head.weight"] = moved["model.embed_tokens.weight"]  # tied
         group.set_weights({DEFAULT_MODULE_ID: moved})
+        # Tensors of >= 1 KiB go from where they lie, the rest packed: both in one order.
+        group.foreach_learner(_send_large_tensors_directly)
         algo._sync_weights()
         assert algo._weight_sync.transport_names() == {0: "shm"}
         _assert_equal(algo.env_runner.sampler.model.state_dict(), moved)
+        # The same again through a gloo broadcast, where direct entries travel apart.
+        algo._weight_sync.transports = {0: "collective"}
+        group.set_weights({DEFAULT_MODULE_ID: weights})
+        algo._sync_weights()
+        _assert_equal(algo.env_runner.sampler.model.state_dict(), weights)
+        assert all(group._get_results(group.foreach_learner(_has_direct_entries)))
     finally:
         algo.stop()
 
