@@ -82,3 +82,20 @@ def test_results_keep_one_small_summary_per_workload_without_machine_paths():
     assert "model_dir" not in compact["workload"] and "records" not in compact["direct"]
     assert compact["direct"]["peak_rss_mb"] == 5.0
     assert json.loads(json.dumps(compact)) == compact
+
+
+def test_weight_sync_benchmark_times_in_rotating_turns_and_tabulates_ratios():
+    from benchmarks.weight_sync import _interleaved, format_table, ratios
+
+    calls = []
+    times = _interleaved({"a": lambda: calls.append("a") or 0.5,
+                          "b": lambda: calls.append("b")}, reps=3)
+    assert times["a"] == 0.5 and 0 <= times["b"] < 0.5  # a float return is the timing
+    assert calls == ["a", "b", "b", "a", "a", "b", "b", "a"]  # warm-up round, then rotated
+    measured = {"local_sync_s": 2.0, "copy_in_place_s": 1.0, "collective_sync_s": 3.0,
+                "raw_gloo_s": 2.0, "shm_sync_s": 1.0, "object_store_sync_s": 10.0,
+                "memcpy_s": 0.5, "collective_bytes": 2**20}
+    assert ratios(measured)["collective / raw gloo broadcast"] == 1.5
+    table = format_table({"m": {**measured, "dtype": "float32", "measured": measured}})
+    assert "| **local / copy_ in place** | **2.00x** |" in table
+    assert "| bytes per sync (one runner) | 1 MiB (float32) |" in table

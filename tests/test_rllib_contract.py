@@ -53,6 +53,8 @@ PRIVATE_RLLIB_NAMES = [
      "rllib/learner.py: trainable parameters"),
     ("ray.rllib.algorithms.algorithm_config", "AlgorithmConfig",
      "_dont_auto_sync_env_runner_states", None, "rllib/config.py: no connector-state sync"),
+    ("ray.rllib.core.learner.learner", "Learner", "_weights_seq_no", None,
+     "rllib/weight_sender.py: the sequence number a weight sync carries"),
 ]
 
 

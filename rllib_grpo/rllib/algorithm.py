@@ -21,7 +21,6 @@ from ray.rllib.utils.metrics import (
     ENV_RUNNER_RESULTS,
     LEARNER_RESULTS,
     NUM_ENV_STEPS_SAMPLED_LIFETIME,
-    WEIGHTS_SEQ_NO,
 )
 from ray.tune.registry import register_trainable
 from ray.tune.trainable import Trainable
@@ -35,6 +34,7 @@ from rllib_grpo.data.recipes import (
 from rllib_grpo.data.rollout import RolloutBatch, concat_rollouts, data_metrics
 from rllib_grpo.rllib.config import GRPOConfig
 from rllib_grpo.rllib.resilience import ResilientAlgorithm
+from rllib_grpo.rllib.weight_sync import WeightSync
 
 logger = logging.getLogger(__name__)
 REMOTE_RUNNERS = "remote_env_runners"
@@ -120,23 +120,20 @@ class GRPO(ResilientAlgorithm):
         return c.val_every > 0 and (step % c.val_every == 0 or step == c.total_training_steps)
 
     def _sync_weights(self) -> None:
-        """Push the learners' weights to every sampler before the next sample.
+        """Push the learners' weights to every sampler before the next sample, by the
+        fastest path the placement allows (`rllib_grpo.rllib.weight_sync`: device tensors in
+        one process, CUDA IPC / shared memory on one node, bucketed collectives across
+        nodes; Ray's object store as the fallback)."""
+        if getattr(self, "_weight_sync", None) is None:
+            self._weight_sync = WeightSync(self)
+        self._log_dict(self._weight_sync.sync())
 
-        With only a local env runner the state goes to it directly: RLlib's
-        ``sync_weights`` would first ``ray.put`` it into the object store, where nothing
-        reads it (2.2 s per step at SmolLM2-135M's size, see benchmarks/README.md).
-        """
-        group = self.env_runner_group
-        if group.num_remote_env_runners() or group.local_env_runner is None:
-            group.sync_weights(from_worker_or_learner_group=self.learner_group,
-                               policies=[DEFAULT_MODULE_ID], inference_only=True)
-            return
-        state = self.learner_group.get_state(
-            components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}/{DEFAULT_MODULE_ID}",
-            inference_only=True,
-        )[COMPONENT_LEARNER]
-        group.local_env_runner.set_state(
-            {k: v for k, v in state.items() if k in (COMPONENT_RL_MODULE, WEIGHTS_SEQ_NO)})
+    @override(Algorithm)
+    def cleanup(self) -> None:
+        if getattr(self, "_weight_sync", None) is not None:
+            self._weight_sync.close()
+            self._weight_sync = None
+        super().cleanup()
 
     # ------------------------------------------------------------------ checkpoints
     @override(Algorithm)

@@ -20,6 +20,7 @@ from rllib_grpo.data.env import env_options
 from rllib_grpo.data.recipes import FILTER_METRICS
 from rllib_grpo.models.lora import LORA_SYNC_MODES
 from rllib_grpo.rllib.input_checks import input_errors
+from rllib_grpo.rllib.weight_sync_plan import WEIGHT_SYNC_TRANSPORTS
 from rllib_grpo.samplers import SAMPLER_KINDS
 
 
@@ -155,6 +156,7 @@ def _check_lora_and_memory(c: Any) -> list[str]:
             errors.append(f"lora_rank={c.lora_rank} with FSDP sharding over {c.num_learners} "
                           "learners is not supported yet; set fsdp=False (each learner holds "
                           "the frozen base and DDP averages the small adapter's gradients).")
+    errors += _check_weight_sync(c)
     fraction = c.sampler_memory_fraction
     if fraction is not None and not 0 < fraction <= 1:
         errors.append(f"sampler_memory_fraction={fraction} must be in (0, 1] (a share of "
@@ -184,6 +186,30 @@ def _check_precision(c: Any) -> list[str]:
         errors.append("master_weights_dtype='bfloat16' with model_dtype='float32': the weights "
                       "would be stored less precisely than they are computed with. Use "
                       "model_dtype='bfloat16' (bf16 compute) with master_weights_dtype='float32'.")
+    return errors
+
+
+def _check_weight_sync(c: Any) -> list[str]:
+    transport = getattr(c, "weight_sync_transport", "auto")
+    if transport not in WEIGHT_SYNC_TRANSPORTS:
+        return [f"weight_sync_transport={transport!r} is unknown; use one of: "
+                f"{', '.join(WEIGHT_SYNC_TRANSPORTS)}."]
+    errors = []
+    if not getattr(c, "weight_sync_bucket_mb", 1) > 0:
+        errors.append(f"weight_sync_bucket_mb={c.weight_sync_bucket_mb} must be > 0 (MiB per "
+                      "bucket; 256-1024 suits most models).")
+    if transport == "local" and (c.num_learners > 0 or c.num_env_runners > 0):
+        errors.append(f"weight_sync_transport='local' needs the learner and the sampler in "
+                      f"one process, but num_learners={c.num_learners} and num_env_runners="
+                      f"{c.num_env_runners}: set both to 0, or use 'auto'.")
+    if transport == "ipc" and not ((c.num_gpus_per_learner or 0) > 0
+                                   and (c.num_gpus_per_env_runner or 0) > 0):
+        errors.append("weight_sync_transport='ipc' shares CUDA memory: it needs "
+                      "num_gpus_per_learner > 0 and num_gpus_per_env_runner > 0; use 'shm' "
+                      "or 'auto' on CPUs.")
+    if transport == "ipc" and c.num_learners >= 2 and c.fsdp and not c.lora_rank:
+        errors.append("weight_sync_transport='ipc' cannot share FSDP shards; use "
+                      "'collective' (gathered per bucket) or 'auto'.")
     return errors
 
 

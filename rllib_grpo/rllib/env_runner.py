@@ -310,6 +310,15 @@ class TextEnvRunner(EnvRunner, Checkpointable):
                                               self.config.sampler_dtype)
         return self._lora_merger.apply(self.sampler, module_state)
 
+    def weights_received(self, stats: dict[str, Any], seq_no: int) -> None:
+        """Record a sync that streamed straight into the sampler (`rllib_grpo.rllib.weight_sync`)."""
+        self.last_weight_sync = stats
+        self._weights_seq_no = max(self._weights_seq_no, seq_no)
+        self.metrics.log_value("weight_sync/bytes", stats.get("bytes", 0), reduce="mean",
+                               window=1)
+        self.metrics.log_value("timing_s/load_weights", stats.get("seconds", 0.0),
+                               reduce="mean", window=1)
+
     @override(Checkpointable)
     def get_state(self, components=None, *, not_components=None, **kwargs) -> dict[str, Any]:
         """Data position and RNG state, so a restored run continues the same prompts."""

@@ -7,6 +7,7 @@ from typing import Any
 
 from rllib_grpo.rllib.checks import find_errors, find_pitfalls
 from rllib_grpo.rllib.memory import memory_lines
+from rllib_grpo.rllib.weight_sync_plan import predict_transport
 
 
 def _lora_line(c: Any) -> str:
@@ -31,6 +32,10 @@ def _precision_line(c: Any) -> str:
                    f"gradients reduced in {c.fsdp_reduce_dtype})"
     return (f"precision:                     {master}; compute in {compute}; reference in "
             f"{c.model_dtype}; samplers get {c.sampler_dtype} weights")
+def _weight_sync_line(c: Any) -> str:
+    transport, why = predict_transport(c)
+    return (f"weight sync:                   {c.weight_sync_transport} -> {transport} ({why}); "
+            f"buckets of {c.weight_sync_bucket_mb:g} MiB in the sampler's dtype")
 
 
 def _agg_effect(mode: str) -> str:
@@ -158,6 +163,7 @@ def explain_config(c: Any) -> str:
         _precision_line(c),
         *_schedule_lines(c),
         *_recipe_lines(c),
+        _weight_sync_line(c),
     ]
     lines += memory_lines(c)
     errors, pitfalls = find_errors(c), find_pitfalls(c)

@@ -316,6 +316,19 @@ class GRPOSettings:
         "env runner's GPU share when fractional, else vLLM's default.",
         _ROLLOUT + "gpu_memory_utilization")
 
+    # --- weight sync ----------------------------------------------------------------
+    weight_sync_transport: str = knob(
+        "auto", "name", "How the learner's weights reach the samplers after each step: 'auto' "
+        "(by placement: 'local' in one process, 'ipc' on one node's GPUs, 'shm' on one node, "
+        "'collective' across nodes), 'local' (device tensors copied in place), 'ipc' (CUDA "
+        "IPC handles), 'shm' (buckets through shared memory), 'collective' (buckets "
+        "broadcast over a gloo/NCCL group) or 'object_store' (a state dict through Ray, "
+        "RLlib's sync_weights; also auto's fallback when no group can be formed).")
+    weight_sync_bucket_mb: float = knob(
+        512, "MiB", "Size of one weight-sync bucket (in the sampler's dtype): each side of a "
+        "'shm' or 'collective' sync holds at most two of them besides the model; a tensor "
+        "larger than this travels in a bucket of its own.")
+
     # --- reporting ------------------------------------------------------------------
     peak_tflops: float | None = knob(
         None, "TFLOP/s per learner device", "Peak of one learner device for perf/mfu/actor "

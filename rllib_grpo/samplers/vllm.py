@@ -23,8 +23,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from rllib_grpo.models.transfer import Manifest
+from rllib_grpo.models.transport import GroupSpec, SlotsSpec
 from rllib_grpo.models.weights import fused_closure, module_of
 from rllib_grpo.samplers.base import CallSeeds, Sample, SamplingParams, state_dict_bytes
+from rllib_grpo.samplers.vllm_worker import EXTENSION_QUALNAME
 
 logger = logging.getLogger(__name__)
 
@@ -139,6 +142,57 @@ class VLLMSampler:
         self.llm.reset_prefix_cache()
         return {"bytes": state_dict_bytes(state_dict), "seconds": time.perf_counter() - start}
 
+    # ------------------------------------------------------------------ weight transfer
+    # Each vLLM worker joins the learner's weight group itself (`vllm_worker.WeightSyncExtension`).
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        """The dtype weights should travel in: the engine's."""
+        return self.llm.llm_engine.model_config.dtype
+
+    @property
+    def num_weight_ranks(self) -> int:
+        """Ranks this engine takes in a weight group: one per worker."""
+        return self.llm.llm_engine.vllm_config.parallel_config.world_size
+
+    def join_weight_group(self, spec: GroupSpec, rank: int) -> None:
+        """Every worker joins, as ranks ``rank`` .. ``rank + num_weight_ranks - 1``."""
+        self.llm.collective_rpc("grpo_join_weight_group",
+                                kwargs={"spec": spec, "rank_offset": rank})
+
+    def prepare_weights(self, manifest: Manifest, slots: SlotsSpec | None = None,
+                        check: bool = True, in_place: bool = True) -> None:
+        """Refuse a partial or foreign manifest (before any byte moves); map the slots.
+        (``in_place`` is the transformers sampler's: vLLM's loader always copies.)"""
+        if check:
+            self._check_keys(self._with_tied_head(manifest).names(), partial=manifest.partial)
+        if slots is not None:
+            self.llm.collective_rpc("grpo_map_slots", kwargs={"slots": slots})
+
+    def receive_weights(self, manifest: Manifest, via: str, ipc: dict | None = None,
+                        materialize: bool = False) -> dict:
+        """Stream a sync into the engine's ``reload_weights``, then drop cached prefixes;
+        ``materialize`` returns copies of the tensors instead (LoRA payloads)."""
+        start = time.perf_counter()
+        manifest = manifest if materialize else self._with_tied_head(manifest)
+        result = self.llm.collective_rpc(
+            "grpo_receive_weights",
+            kwargs={"manifest": manifest, "via": via, "ipc": ipc, "materialize": materialize})
+        if materialize:
+            return {"tensors": result[0], "seconds": time.perf_counter() - start}
+        self.llm.reset_prefix_cache()
+        return {"bytes": manifest.nbytes, "seconds": time.perf_counter() - start}
+
+    def leave_weight_group(self) -> None:
+        self.llm.collective_rpc("grpo_leave_weight_group")
+
+    def _with_tied_head(self, manifest: Manifest) -> Manifest:
+        """vLLM keeps a tied head it is not given: send the embeddings under its name too."""
+        names = manifest.names()
+        if self.tied_embeddings and LM_HEAD_KEY not in names and EMBED_KEY in names:
+            return dataclasses.replace(manifest,
+                                       aliases=(*manifest.aliases, (LM_HEAD_KEY, EMBED_KEY)))
+        return manifest
+
     def sleep(self, level: int = 1) -> None:
         """Free GPU memory (weights offloaded at level 1); a no-op on CPU."""
         if self.on_cpu:
@@ -197,7 +251,8 @@ class VLLMSampler:
             weights[LM_HEAD_KEY] = weights[EMBED_KEY]
         return weights
 
-    def _check_keys(self, weights: Mapping[str, torch.Tensor], partial: bool = False) -> None:
+    def _check_keys(self, weights: Mapping[str, torch.Tensor] | set[str],
+                    partial: bool = False) -> None:
         """vLLM keeps any weight it is not given; refuse a partial (unless ``partial``: then
         an incomplete fused layer) or foreign state dict."""
         if not self._checkpoint_keys:  # a hub id: nothing on disk to compare with
@@ -238,6 +293,8 @@ def _global_rng_kept() -> Iterator[None]:
 def _engine_args(vllm: Any, **kwargs: Any) -> dict[str, Any]:
     """Add ``logprobs_mode="processed_logprobs"`` where this vLLM knows it."""
     fields = {field.name for field in dataclasses.fields(vllm.EngineArgs)}
+    if "worker_extension_cls" in fields:  # weight syncs stream into the workers
+        kwargs.setdefault("worker_extension_cls", EXTENSION_QUALNAME)
     if "logprobs_mode" in fields:
         kwargs.setdefault("logprobs_mode", "processed_logprobs")
     else:
