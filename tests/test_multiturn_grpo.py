@@ -108,7 +108,8 @@ def test_multi_turn_step_runs_logs_and_agrees_with_the_learner(ray_session):
 
     config = tiny_config(max_response_length=12, max_prompt_length=16, val_every=1,
                          val_num_prompts=2)
-    config.environment("rllib_grpo/GuessNumber-v0", env_config={"num_problems": 100})
+    config.environment("rllib_grpo/GuessNumber-v0")
+    config.env_config = {"num_problems": 100}  # .environment() merges into Arithmetic's
     algo = config.build_algo()
     try:
         first = flatten(algo.train())

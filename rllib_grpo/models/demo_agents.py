@@ -40,10 +40,11 @@ _MODEL_SHAPE: dict[str, Any] = {"hidden_size": 64, "num_layers": 2, "num_heads":
                                 "num_kv_heads": 1, "intermediate_size": 256,
                                 "max_position_embeddings": 128}
 TOOLS_DEMO_PARAMS: dict[str, Any] = {"version": 1, "seed": 0, "num_problems": 2000,
-                                     "tool_fraction": 0.3, "warmup_steps": 300, **_MODEL_SHAPE}
+                                     "tool_fraction": 0.3, "warmup_steps": 800,
+                                     "batch_size": 64, **_MODEL_SHAPE}
 GUESS_DEMO_PARAMS: dict[str, Any] = {"version": 1, "seed": 0, "num_problems": 2000,
-                                     "optimal_fraction": 0.3, "warmup_steps": 200,
-                                     **_MODEL_SHAPE}
+                                     "optimal_fraction": 0.7, "warmup_steps": 300,
+                                     "batch_size": 64, **_MODEL_SHAPE}
 Policy = Callable[[Episode, random.Random], str]
 
 
@@ -78,13 +79,13 @@ def play_demonstration(env: MultiTurnTextEnv, index: int, policy: Policy, rng: r
 
 
 def _warm_up(env: MultiTurnTextEnv, policy: Policy, *, seed: int, num_problems: int,
-             warmup_steps: int, **shape: Any) -> ModelAndTokenizer:
+             warmup_steps: int, batch_size: int, **shape: Any) -> ModelAndTokenizer:
     tokenizer = env.tokenizer
     model = build_tiny_causal_lm(tokenizer, seed=seed, arch="llama", **shape)
     rng, renderer = random.Random(seed), ConversationRenderer(tokenizer)
     examples = [play_demonstration(env, i, policy, rng, renderer) for i in range(num_problems)]
     sft_on_examples(model, examples, pad_id=tokenizer.pad_token_id, steps=warmup_steps,
-                    lr=3e-3, batch_size=32, seed=seed)
+                    lr=3e-3, batch_size=batch_size, seed=seed)
     return model, tokenizer
 
 
@@ -105,12 +106,13 @@ def tool_arithmetic_policy(tool_fraction: float) -> Policy:
 
 
 def build_demo_tools_model(*, version: int, seed: int, num_problems: int, tool_fraction: float,
-                           warmup_steps: int, **shape: Any) -> ModelAndTokenizer:
+                           warmup_steps: int, batch_size: int, **shape: Any) -> ModelAndTokenizer:
     """``builtin:demo-tools``: the agent tokenizer and model after a tool-use warm-up."""
     env = ToolArithmeticEnv(num_problems=num_problems, seed=seed, data_seed=seed + 1,
                             tokenizer=build_agent_tokenizer(), shuffle=False)
     return _warm_up(env, tool_arithmetic_policy(tool_fraction), seed=seed,
-                    num_problems=num_problems, warmup_steps=warmup_steps, **shape)
+                    num_problems=num_problems, warmup_steps=warmup_steps,
+                    batch_size=batch_size, **shape)
 
 
 # ---------------------------------------------------------------------- GuessNumber
@@ -134,13 +136,14 @@ def guess_number_policy(optimal_fraction: float) -> Policy:
 
 
 def build_demo_guess_model(*, version: int, seed: int, num_problems: int,
-                           optimal_fraction: float, warmup_steps: int,
+                           optimal_fraction: float, warmup_steps: int, batch_size: int,
                            **shape: Any) -> ModelAndTokenizer:
     """``builtin:demo-guess``: the agent tokenizer and model after a guessing warm-up."""
     env = GuessNumberEnv(num_problems=num_problems, seed=seed, data_seed=seed + 1,
                          tokenizer=build_agent_tokenizer(), shuffle=False)
     return _warm_up(env, guess_number_policy(optimal_fraction), seed=seed,
-                    num_problems=num_problems, warmup_steps=warmup_steps, **shape)
+                    num_problems=num_problems, warmup_steps=warmup_steps,
+                    batch_size=batch_size, **shape)
 
 
 register_builtin_model("builtin:demo-tools", build_demo_tools_model, params=TOOLS_DEMO_PARAMS)

@@ -86,6 +86,7 @@ class VLLMSampler:
                 )
             )
         self.seeds = CallSeeds(seed)
+        self.last_num_cached_tokens = 0
         self.weights_through_files = tensor_parallel_size > 1
         self.engine_start_seconds = time.perf_counter() - start
         hf_config = self.llm.llm_engine.model_config.hf_text_config
@@ -119,6 +120,9 @@ class VLLMSampler:
             for i in range(len(prompts))
         ]
         outputs = self.llm.generate(requests, per_prompt_params, use_tqdm=False)
+        # Prompt tokens served from the prefix cache (e.g. a multi-turn episode's earlier turns).
+        self.last_num_cached_tokens = sum(getattr(o, "num_cached_tokens", 0) or 0
+                                          for o in outputs)
         return [_samples(output, copies) for output in outputs]
 
     def load_weights(
