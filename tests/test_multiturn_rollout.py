@@ -168,3 +168,15 @@ def test_limits_and_estimators_are_checked():
     errors = find_errors(tiny_config(max_tokens_per_turn=8, max_response_length=4, max_turns=0))
     assert any("max_tokens_per_turn=8 exceeds" in e for e in errors)
     assert any(e.startswith("max_turns=0") for e in errors)
+
+
+def test_verl_multi_turn_command_line_maps():
+    from rllib_grpo.cli.build import assemble, build_config
+
+    exp = assemble(overrides=["actor_rollout_ref.rollout.multi_turn.enable=True",
+                              "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
+                              "actor_rollout_ref.rollout.multi_turn.max_tool_response_length=64"],
+                   env="rllib_grpo/ToolArithmetic-v0")
+    config = build_config(exp)
+    assert (config.max_turns, config.max_observation_tokens) == (3, 64)
+    assert "actor_rollout_ref.rollout.multi_turn.enable" in exp.ignored

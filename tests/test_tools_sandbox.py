@@ -146,3 +146,23 @@ def test_network_namespace_when_available():
     result = sandbox.run("print(open('/proc/net/dev').read())")
     interfaces = {line.split(":")[0].strip() for line in result.output.splitlines()[2:]}
     assert result.ok and interfaces == {"lo"}, result.output
+
+
+def test_failing_python_calls_are_turns_and_the_episode_goes_on():
+    from rllib_grpo.data.multiturn import ToolTextEnv
+
+    env = ToolTextEnv([{"prompt": "what is 6*7?", "answer": 42, "data_source": "arithmetic"}],
+                      tools={"python": {"timeout_s": TIMEOUT_S}}, max_turns=4)
+    env.reset()
+    obs, reward, terminated, truncated, _ = env.step("<tool>python: while True: pass</tool>")
+    assert (obs, reward, terminated, truncated) == (
+        f"<result>error: timed out after {TIMEOUT_S:g} s</result>", 0.0, False, False)
+    # Several episodes' calls run at once; each gets its own result.
+    episodes = [env.start_episode(0) for _ in range(3)]
+    results = env.step_many(episodes, ["<tool>python: x = [0] * 10**10</tool>",
+                                       "<tool>python: print(6*7)</tool>", "41"])
+    assert "MemoryError" in results[0].observation
+    assert results[1].observation == "<result>42</result>"
+    assert results[2].terminated and results[2].reward == 0.0
+    assert episodes[0].summary()["tool_errors"] == {"memory": 1}
+    assert env.step("42")[1:3] == (1.0, True)

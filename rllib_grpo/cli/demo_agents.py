@@ -62,9 +62,12 @@ def task_config(task: str, seed: int = 0, sampler: str = "auto", model_path: str
 
 
 def multi_turn_progress(result: dict[str, Any]) -> str:
-    """``turns 1.8  tools/ep 0.9  tool ok 0.95`` for a multi-turn result, else ``""``."""
+    """``  turns 1.80  tools/ep 0.90  tool ok 0.95`` for a multi-turn result (the tool part
+    only when the step had tool calls), else ``""``."""
     if "num_turns/mean" not in result:
         return ""
-    return (f"  turns {result['num_turns/mean']:.2f}  tools/ep "
-            f"{result.get('tool_calls/per_episode', 0.0):.2f}  tool ok "
-            f"{result.get('tool_calls/success_rate', 0.0):.2f}")
+    line = f"  turns {result['num_turns/mean']:.2f}"
+    if result.get("tool_calls/per_episode", 0.0) > 0:
+        line += (f"  tools/ep {result['tool_calls/per_episode']:.2f}  tool ok "
+                 f"{result.get('tool_calls/success_rate', 0.0):.2f}")
+    return line
