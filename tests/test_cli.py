@@ -230,7 +230,7 @@ def test_contradicting_ray_flags_are_refused_while_ray_is_up(ray_session, capsys
     ("exp:\n  config: {lr: [1, 2\n", "invalid YAML"),
     ("exp:\n  run: GRPO\n  stopp: {}\n", "unknown experiment key 'stopp'"),
     ("exp:\n  config: {nosuch: 1}\n", "unknown config key 'nosuch'"),
-    ("exp:\n  config:\n    actor_rollout_ref.rollout.multi_turn.format: hermes\n",
+    ("exp:\n  config:\n    actor_rollout_ref.rollout.multi_turn.tool_config_path: t.yaml\n",
      "has no rllib-grpo equivalent yet"),
     ("- a\n- b\n", "expected a mapping"),
 ])

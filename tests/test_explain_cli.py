@@ -101,7 +101,7 @@ def test_grid_points_are_explained_one_by_one(capsys):
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["actor_rollout_ref.rollout.multi_turn.format=hermes"], "no rllib-grpo equivalent"),
+    (["actor_rollout_ref.rollout.multi_turn.tool_config_path=t.yaml"], "no rllib-grpo equivalent"),
     (["bogus=1"], "unknown config key 'bogus'"),
     (["--config", "[1"], "--config: invalid JSON"),
 ])

@@ -9,6 +9,9 @@ checkpoint and the final policy exported as a Hugging Face model folder
 (``<out>/model``), which ``rllib-grpo eval`` scores.
 
     python -m rllib_grpo.demo [--iterations N] [--out DIR] [--sampler auto|vllm|hf]
+                              [--task arithmetic|tool-arithmetic|guess-number]
+
+``--task`` picks a multi-turn demo instead (`rllib_grpo.cli.demo_agents`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import os
 import time
 from pathlib import Path
 
+from rllib_grpo.cli.demo_agents import TASKS, multi_turn_progress, task_config
 from rllib_grpo.cli.tensorboard import TensorBoardLogger
 
 # `rllib-grpo eval` arguments that score a model on the demo's task.
@@ -43,7 +47,7 @@ def demo_config(seed: int = 0, sampler: str = "auto"):
     )
 
 
-def plot_curve(history: list[dict], path: Path) -> None:
+def plot_curve(history: list[dict], path: Path, task: str = "Arithmetic-v0") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -57,7 +61,7 @@ def plot_curve(history: list[dict], path: Path) -> None:
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
-    ax.set_title("GRPO on rllib_grpo/Arithmetic-v0 (CPU demo)")
+    ax.set_title(f"GRPO on rllib_grpo/{task} (CPU demo)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -83,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="demo_output")
     parser.add_argument("--sampler", default="auto", choices=["auto", "vllm", "hf"])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--task", default="arithmetic", choices=("arithmetic", *TASKS))
+    parser.add_argument("--model", default=None,
+                        help="a model folder instead of the task's built-in (multi-turn tasks)")
     args = parser.parse_args(argv)
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
@@ -93,7 +100,13 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     ray.init(num_cpus=2, object_store_memory=500 * 1024**2, include_dashboard=False,
              log_to_driver=False, configure_logging=False)
-    algo = demo_config(args.seed, args.sampler).build_algo()
+    if args.task == "arithmetic":
+        config = demo_config(args.seed, args.sampler)
+        if args.model:
+            config.training(model_path=args.model)
+    else:
+        config = task_config(args.task, args.seed, args.sampler, args.model)
+    algo = config.build_algo()
     print(f"built in {time.perf_counter() - t_start:.1f}s; training "
           f"(logs: {out / 'tensorboard'})", flush=True)
     tb = TensorBoardLogger(str(out / "tensorboard"), completions_every=5)
@@ -116,12 +129,13 @@ def main(argv: list[str] | None = None) -> int:
         history.append(row)
         tb.log(result, it, infos=algo.last_rollout.infos if algo.last_rollout else None)
         print(f"iter {it:3d}  reward {row['reward']:.3f}  response_len {row['length']:.2f}  "
-              f"kl {row['kl']:.4f}  step {row['time']:.2f}s", flush=True)
+              f"kl {row['kl']:.4f}  step {row['time']:.2f}s{multi_turn_progress(result)}",
+              flush=True)
         recent = [h["reward"] for h in history[-10:]]
         if len(recent) == 10 and sum(recent) / 10 >= args.target_reward:
             break
     tb.close()
-    plot_curve(history, out / "reward_curve.png")
+    plot_curve(history, out / "reward_curve.png", algo.config.env.split("/")[-1])
     checkpoint = algo.save_to_path(str(out / "checkpoint"))
     model_dir = algo.export_model(str(out / "model"), overwrite=True)
     first = sum(h["reward"] for h in history[:10]) / min(10, len(history))

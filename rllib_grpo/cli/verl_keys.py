@@ -53,6 +53,10 @@ VERL_IGNORED: dict[str, str] = {
     _AR + "ref.log_prob_micro_batch_size_per_gpu": _LOGPROB_CHUNKS,
     _AR + "ref.log_prob_max_token_len_per_gpu": _LOGPROB_CHUNKS,
     _AR + "ref.log_prob_use_dynamic_bsz": _LOGPROB_CHUNKS,
+    _AR + "rollout.multi_turn.enable": "multi-turn is the env's property (env.multi_turn): a "
+                                       "multi-turn env plays several turns, others one",
+    _AR + "rollout.multi_turn.format": "tool calls are parsed in both <tool> and Hermes "
+                                       "<tool_call> JSON formats (docs/multi_turn.md)",
     "data.return_raw_chat": "prompts are rendered with the tokenizer's chat template in the env",
     "reward_model.overlong_buffer.log": "overlong_reward and overlong are always recorded in "
                                         "each sample's info",

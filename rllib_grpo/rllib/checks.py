@@ -213,11 +213,25 @@ def _check_weight_sync(c: Any) -> list[str]:
     return errors
 
 
+def _check_multi_turn(c: Any) -> list[str]:
+    errors = []
+    for field in ("max_turns", "max_tokens_per_turn", "max_observation_tokens"):
+        value = getattr(c, field, None)
+        if value is not None and (not isinstance(value, int) or value < 1):
+            errors.append(f"{field}={value!r} must be an integer >= 1, or None (no limit).")
+    per_turn = getattr(c, "max_tokens_per_turn", None)
+    if isinstance(per_turn, int) and per_turn > c.max_response_length:
+        errors.append(f"max_tokens_per_turn={per_turn} exceeds max_response_length="
+                      f"{c.max_response_length}, the whole episode's response budget (model and "
+                      "environment tokens); lower it or raise max_response_length.")
+    return errors
+
+
 def find_errors(c: Any) -> list[str]:
     """Settings that cannot run, each naming the field and the fix."""
     return (_check_names(c) + _check_sizes(c) + _check_algorithm(c) + _check_recipes(c)
             + _check_lora_and_memory(c) + _check_precision(c) + _check_lr_schedule(c)
-            + _check_env_and_sampler(c) + input_errors(c))
+            + _check_env_and_sampler(c) + _check_multi_turn(c) + input_errors(c))
 
 
 def _precision_pitfalls(c: Any) -> list[str]:

@@ -5,6 +5,9 @@ For each prompt it resets the env (the env owns the data order), has its
 response by resetting the env to that prompt and stepping it with the
 response text.  Reward functions therefore run here, next to the data, in
 every runner in parallel.  It returns a `RolloutBatch`.
+
+Multi-turn envs (``env.multi_turn``) take a separate branch: the episodes of a
+step are played turn by turn by `rllib_grpo.rllib.multiturn.EpisodeSampler`.
 """
 
 from __future__ import annotations
@@ -33,6 +36,12 @@ from rllib_grpo.data.rollout import RolloutBatch, build_rollout_batch
 from rllib_grpo.models.lora import AdapterMerger, is_lora_payload
 from rllib_grpo.models.registry import resolve_model
 from rllib_grpo.models.tokenizers import load_tokenizer
+from rllib_grpo.rllib.multiturn import (
+    EpisodeSampler,
+    check_multi_turn_config,
+    episode_limits,
+    is_multi_turn,
+)
 from rllib_grpo.samplers import SamplingParams, make_sampler
 
 COMPONENT_RL_MODULE = "rl_module"
@@ -105,6 +114,8 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         self.tokenizer = load_tokenizer(model_path)
         # ... but all runners hold the same prompts in the same shared order.
         self.env = make_text_env(c, self.tokenizer, data_seed(c))
+        if is_multi_turn(self.env):
+            check_multi_turn_config(c)  # before the (expensive) sampler starts
         self._val_env: gym.Env | None = None
         self.sampler = make_sampler(
             c.sampler, model_path=model_path, dtype=c.sampler_dtype, seed=seed,
@@ -114,6 +125,9 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         self._group_counter = 0
         self._torch_gen_seed = seed
         self.last_weight_sync: dict[str, float] = {}
+        self._episodes = (EpisodeSampler(self.env, self.sampler, self.tokenizer,
+                                         episode_limits(c), seed)
+                          if is_multi_turn(self.env) else None)
 
     # ------------------------------------------------------------------ EnvRunner API
     @override(EnvRunner)
@@ -139,8 +153,10 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         at positions ``start ..`` of the shared order (None: where this env stands)."""
         c = self.config
         num_prompts = num_prompts or c.prompts_per_step
-        t0 = time.perf_counter()
         _seek(self.env, start)
+        if self._episodes is not None:
+            return self._sample_episodes(num_prompts)
+        t0 = time.perf_counter()
         prompts = [self._next_prompt(self.env) for _ in range(num_prompts)]
         groups = self.sampler.generate(
             [p["prompt_token_ids"] for p in prompts], c.group_size, self.sampling_params()
@@ -177,6 +193,20 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         self._log_sample_metrics(len(batch), t_gen, time.perf_counter() - t0 - t_gen)
         return batch
 
+    def _sample_episodes(self, num_prompts: int) -> RolloutBatch:
+        """Multi-turn branch of `sample`: the step's episodes, every turn batched."""
+        c = self.config
+        t0 = time.perf_counter()
+        prompts = [self._next_prompt(self.env) for _ in range(num_prompts)]
+        group_ids = list(range(self._group_counter, self._group_counter + num_prompts))
+        self._group_counter += num_prompts
+        episodes = self._episodes.sample(prompts, group_ids, c.group_size, self.sampling_params())
+        batch = self._episodes.to_batch(episodes, pad_token_id=self.tokenizer.pad_token_id or 0,
+                                        score_adjustment=self._overlong_penalty)
+        t_env = self._episodes.env_seconds
+        self._log_sample_metrics(len(batch), time.perf_counter() - t0 - t_env, t_env)
+        return batch
+
     def _overlong_penalty(self, response_length: int, info: dict[str, Any]) -> float:
         """DAPO's soft overlong punishment, added to the reward (``acc`` is unchanged)."""
         c = self.config
@@ -202,6 +232,8 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         positions ``start ..`` of the held-out order; None: the next ones) and score them."""
         env = self._validation_env()
         _seek(env, start)
+        if self._episodes is not None:
+            return self._evaluate_episodes(env, num_prompts, n, params)
         prompts = [self._next_prompt(env) for _ in range(num_prompts)]
         outputs = self.sampler.generate([p["prompt_token_ids"] for p in prompts], n, params)
         samples = []
@@ -216,6 +248,20 @@ class TextEnvRunner(EnvRunner, Checkpointable):
                     acc=None if info.get("acc") is None else float(info["acc"]),
                     pred=info.get("pred"), has_pred="pred" in info))
         return samples
+
+    def _evaluate_episodes(self, env: gym.Env, num_prompts: int, n: int,
+                           params: SamplingParams) -> list[ValidationSample]:
+        """Multi-turn branch of `evaluate`: whole episodes, scored by their return."""
+        prompts = [self._next_prompt(env) for _ in range(num_prompts)]
+        runner = EpisodeSampler(env, self.sampler, self.tokenizer, episode_limits(self.config),
+                                self._seed_base + 10_007)
+        episodes = runner.sample(prompts, list(range(len(prompts))), n, params)
+        batch = runner.to_batch(episodes, pad_token_id=self.tokenizer.pad_token_id or 0)
+        return [ValidationSample(
+            prompt_index=int(e.prompt["index"]), data_source=str(e.prompt["data_source"]),
+            score=float(info["reward"]), acc=None if info.get("acc") is None else float(info["acc"]),
+            pred=info.get("pred"), has_pred="pred" in info)
+            for e, info in zip(episodes, batch.infos, strict=True)]
 
     def _validation_env(self) -> gym.Env:
         if self._val_env is None:

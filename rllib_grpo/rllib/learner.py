@@ -12,6 +12,11 @@ Per training step each learner holds whole groups and, as in verl:
    mini-batch's *global* token and sequence counts (all-reduced once), so the
    update does not depend on how the batch was split; one optimizer step per
    mini-batch, skipped when the gradient norm is not finite.
+
+Multi-turn batches carry a ``loss_mask`` (1 on the model's own tokens, 0 on the
+environment's, `rllib_grpo.data.trajectory`): everything after the forward pass
+(advantages, losses, token counts, entropy and rollout metrics) uses it instead
+of ``response_mask``, which stays the attention mask.
 """
 
 from __future__ import annotations
@@ -63,7 +68,7 @@ logger = logging.getLogger(__name__)
 # Columns the learner reads from the rollout batch (see rllib_grpo.data.rollout.RolloutBatch).
 TENSOR_COLUMNS = (
     "prompt_ids", "prompt_mask", "response_ids", "response_mask", "rollout_log_probs",
-    "scores", "group_index", "sample_mask", "reward_baselines", "truncated",
+    "scores", "group_index", "sample_mask", "reward_baselines", "truncated", "loss_mask",
 )
 # Per-token rates from the policy loss, averaged over micro-batches by token count.
 RATE_METRICS = ("actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl")
@@ -178,6 +183,8 @@ class GRPOLearner(TorchLearner):
                 ref[index] = ref_out
         if ref is not None:
             batch["ref_log_probs"] = ref
+        # Multi-turn: only the model's tokens count from here on (env tokens: loss_mask 0).
+        mask = batch["loss_mask"].float() if "loss_mask" in batch else mask
         if old_pass:
             batch["old_log_probs"] = old
             self._log_old_log_prob_metrics(batch, entropy)
@@ -213,7 +220,7 @@ class GRPOLearner(TorchLearner):
 
     def _log_old_log_prob_metrics(self, batch: dict[str, torch.Tensor],
                                   entropy: torch.Tensor) -> None:
-        mask = batch["response_mask"].float()
+        mask = batch.get("loss_mask", batch["response_mask"]).float()
         self._log_rollout_agreement(batch, mask)
         # verl aggregates the entropy over the whole batch: global counts, summed over learners.
         totals = self._minibatch_totals(batch)
@@ -234,9 +241,14 @@ class GRPOLearner(TorchLearner):
 
     @staticmethod
     def _scores_to_tokens(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Scalar score on the last valid response token (index 0 for empty responses)."""
+        """Scalar score on the last valid response token (index 0 for empty responses).
+
+        The last position where ``mask`` is 1, so a multi-turn loss mask (with holes where the
+        environment's tokens are) puts the score on the model's last token.
+        """
         token_scores = torch.zeros_like(mask)
-        last = (mask.sum(-1).long() - 1).clamp(min=0)
+        positions = torch.arange(mask.shape[-1], device=mask.device)
+        last = torch.where(mask > 0, positions, -1).max(-1).values.clamp(min=0)
         token_scores[torch.arange(len(scores)), last] = scores
         return token_scores
 
@@ -303,6 +315,8 @@ class GRPOLearner(TorchLearner):
                 micro = _select(minibatch, rows) if rows else _select(minibatch, [0])
                 if not rows:  # an empty token-budget bin: a zero-weight pass keeps ranks in step
                     micro["response_mask"] = torch.zeros_like(micro["response_mask"])
+                    if "loss_mask" in micro:
+                        micro["loss_mask"] = torch.zeros_like(micro["loss_mask"])
                 fwd = module.forward_train(
                     {k: micro[k] for k in FORWARD_COLUMNS},
                     with_entropy=self.config.entropy_coeff != 0 or seen is not None,

@@ -234,6 +234,21 @@ class GRPOSettings:
         "mini-batches from a permutation per epoch, the first included, seeded with this + "
         "the learner's rank.", _ACTOR + "data_loader_seed")
 
+    # --- multi-turn episodes (envs with env.multi_turn; docs/multi_turn.md) -----------
+    max_turns: int | None = knob(
+        None, "model turns", "Most model turns per multi-turn episode; an episode still running "
+        "after them is truncated (counted in episode/turn_limit_ratio, masked with "
+        "mask_truncated_completions). None = the env's own limit. max_response_length is the "
+        "episode's whole response budget (model and environment tokens).",
+        _ROLLOUT + "multi_turn.max_assistant_turns")
+    max_tokens_per_turn: int | None = knob(
+        None, "tokens", "Most tokens of one model turn in a multi-turn episode; None = what is "
+        "left of max_response_length.")
+    max_observation_tokens: int | None = knob(
+        None, "tokens", "Longest environment reply (tool result, feedback) in a multi-turn "
+        "episode; longer ones are cut. None = only the episode's budget limits it.",
+        _ROLLOUT + "multi_turn.max_tool_response_length")
+
     # --- rollout correction ---------------------------------------------------------
     rollout_is: str | None = knob(
         None, "mode", "Truncated importance sampling against the rollout/trainer mismatch: "

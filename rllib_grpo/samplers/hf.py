@@ -15,7 +15,13 @@ from rllib_grpo.models.loading import load_causal_lm
 from rllib_grpo.models.tokenizers import load_tokenizer
 from rllib_grpo.models.transfer import Manifest
 from rllib_grpo.models.transport import BucketReceiver, GroupSpec, SlotsSpec
-from rllib_grpo.samplers.base import CallSeeds, Sample, SamplingParams, state_dict_bytes
+from rllib_grpo.samplers.base import (
+    CallSeeds,
+    Sample,
+    SamplingParams,
+    combined_seed,
+    state_dict_bytes,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -61,9 +67,14 @@ class HFSampler:
         self._homed: str | None = None  # the layout they follow
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams
+        self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams,
+        *, seeds: Sequence[int] | None = None,
     ) -> list[list[Sample]]:
-        """``n`` samples per prompt; reproducible for a given ``params.seed``."""
+        """``n`` samples per prompt; reproducible for a given ``params.seed``.
+
+        ``seeds`` (one per prompt): one batched ``generate`` has one RNG, so the call
+        is seeded from all of them (`rllib_grpo.samplers.base.combined_seed`).
+        """
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         rows = [list(prompt) for prompt in prompts for _ in range(n)]
@@ -71,7 +82,8 @@ class HFSampler:
         config = self._generation_config(params, stop_ids)
         chunk = self.max_batch_size or max(len(rows), 1)
         samples: list[Sample] = []
-        with _seeded_rng(self.seeds.next(params), self.device):
+        call_seed = combined_seed(seeds) if seeds is not None else self.seeds.next(params)
+        with _seeded_rng(call_seed, self.device):
             for start in range(0, len(rows), chunk):
                 samples += self._generate_rows(rows[start : start + chunk], config, stop_ids)
         return [samples[i * n : (i + 1) * n] for i in range(len(prompts))]

@@ -89,32 +89,43 @@ class VLLMSampler:
                 )
             )
         self.seeds = CallSeeds(seed)
+        self.last_num_cached_tokens = 0
         self.weights_through_files = tensor_parallel_size > 1
         self.engine_start_seconds = time.perf_counter() - start
         hf_config = self.llm.llm_engine.model_config.hf_text_config
         self.tied_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams
+        self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams,
+        *, seeds: Sequence[int] | None = None,
     ) -> list[list[Sample]]:
         """``n`` samples per prompt; reproducible for a given ``params.seed``.
 
         Every request is seeded (prompt ``i`` of a call with seed ``s`` uses
-        ``s + i*n``, and vLLM adds the sample's index), so results do not
-        depend on the engine's shared RNG or on how requests are batched.
+        ``s + i*n``, or ``seeds[i]`` when given, and vLLM adds the sample's
+        index), so results do not depend on the engine's shared RNG or on how
+        requests are batched.  A multi-turn episode's next turn is a request
+        for its whole conversation so far: vLLM's prefix cache (on by default
+        in the V1 engine) finds the earlier turns' KV blocks, so only the new
+        tokens are prefilled.
         """
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         if not prompts:
             return []
-        call_seed = self.seeds.next(params)
+        call_seed = self.seeds.next(params) if seeds is None else 0
         # vLLM refuses n > 1 for greedy requests: sample once, copy.
         copies, n = (n, 1) if params.temperature == 0 else (1, n)
         requests = [{"prompt_token_ids": list(prompt)} for prompt in prompts]
         per_prompt_params = [
-            self._request_params(params, n, seed=call_seed + i * n) for i in range(len(prompts))
+            self._request_params(params, n, seed=call_seed + i * n if seeds is None
+                                 else int(seeds[i]))
+            for i in range(len(prompts))
         ]
         outputs = self.llm.generate(requests, per_prompt_params, use_tqdm=False)
+        # Prompt tokens served from the prefix cache (e.g. a multi-turn episode's earlier turns).
+        self.last_num_cached_tokens = sum(getattr(o, "num_cached_tokens", 0) or 0
+                                          for o in outputs)
         return [_samples(output, copies) for output in outputs]
 
     def load_weights(
