@@ -74,7 +74,7 @@ class Episode:
         prompt = record.prompt
         self.messages: list[dict] = ([{"role": "user", "content": prompt}]
                                      if isinstance(prompt, str) else [dict(m) for m in prompt])
-        self.tool_calls = Counter()  # "ok" and each error kind
+        self.tool_calls: Counter[str] = Counter()  # "ok" and each error kind
         self.done = False
         self.last_info: dict = {}
         self.state: dict[str, Any] = {}

@@ -62,7 +62,7 @@ class Tool(Protocol):
     description: str
     argument_key: str
 
-    def __call__(self, argument: str) -> str: ...
+    def __call__(self, argument: str, /) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -183,7 +183,8 @@ def make_tools(spec: Iterable[str | Tool] | Mapping[str, Mapping[str, Any]] | No
     (``{"python": {"timeout_s": 2}}``) or tool objects."""
     if spec is None:
         return {}
-    items = spec.items() if isinstance(spec, Mapping) else ((s, {}) for s in spec)
+    items: Iterable[tuple[Any, Any]] = (spec.items() if isinstance(spec, Mapping)
+                                        else ((s, {}) for s in spec))
     tools: dict[str, Tool] = {}
     for entry, options in items:
         if isinstance(entry, str):

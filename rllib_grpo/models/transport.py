@@ -72,6 +72,7 @@ class WeightGroup:
         self._store = store  # keep the connection alive with the group
         prefixed = dist.PrefixStore(f"rllib_grpo/weights/{spec.token}", store)
         self.spec, self.rank = spec, rank
+        self.pg: Any
         if spec.backend == "nccl":
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = timeout
@@ -204,7 +205,7 @@ def _views_kept_safe(bucket: Any, buffer: torch.Tensor, aliases_of: dict[str, li
             yield alias, views[i]
     for i in range(len(views)):
         if sys.getrefcount(views[i]) > 2:  # more than this list and the call's argument
-            views[i].set_(views[i].clone())
+            views[i].set_(views[i].clone())  # type: ignore[call-overload]
 
 
 
@@ -215,6 +216,16 @@ class BucketSender:
         self.group = group
         self.slots: SharedSlots | None = None
         self._buffers: list[torch.Tensor] = []
+
+    def _group(self) -> WeightGroup:
+        if self.group is None:
+            raise RuntimeError("BucketSender: no weight group (closed, or never joined)")
+        return self.group
+
+    def _slots(self) -> SharedSlots:
+        if self.slots is None:
+            raise RuntimeError("BucketSender: no shared-memory slots (call ensure_slots)")
+        return self.slots
 
     def ensure_slots(self, nbytes: int) -> SlotsSpec:
         """Shared-memory slots of at least ``nbytes`` (new files when they grow)."""
@@ -229,11 +240,12 @@ class BucketSender:
         """Stream every bucket; returns when the last one is out (``shm``: in its slot)."""
         if via == VIA_SHM:
             for k, bucket in enumerate(manifest.buckets):
-                pack_bucket(bucket, tensor_of, typed(self.slots.tensors[k % NUM_SLOTS], bucket))
-                self.group.barrier()  # receivers are past bucket k-1: slot (k+1) % 2 is free
+                pack_bucket(bucket, tensor_of, typed(self._slots().tensors[k % NUM_SLOTS], bucket))
+                self._group().barrier()  # receivers are past bucket k-1: slot (k+1) % 2 is free
             return
         if via != VIA_COLLECTIVE:
             raise ValueError(f"BucketSender cannot send via {via!r}")
+        group = self._group()
         works: list[list] = [[], []]  # per buffer: the ops in flight and what they send
         for k, bucket in enumerate(manifest.buckets):
             i = k % NUM_SLOTS
@@ -245,10 +257,10 @@ class BucketSender:
                 for e in bucket.packed:
                     buffer.narrow(0, e.offset, e.numel).view(e.shape).copy_(tensor_of(e.name))
                 payload = buffer[: bucket.packed_used]
-                works[i].append((self.group.broadcast(payload), payload))
+                works[i].append((group.broadcast(payload), payload))
             for e in bucket.direct:  # from where it lies: no copy into the bucket
                 payload = self._source(tensor_of(e.name), buffer.narrow(0, e.offset, e.numel))
-                works[i].append((self.group.broadcast(payload), payload))
+                works[i].append((group.broadcast(payload), payload))
         for ops in works:
             for work, _ in ops:
                 work.wait()
@@ -257,15 +269,16 @@ class BucketSender:
         """``tensor`` flat as it is, or copied into ``place`` where it cannot be sent so."""
         tensor = tensor.detach()
         if (tensor.dtype == place.dtype and tensor.is_contiguous()
-                and tensor.device == self.group.device):
+                and tensor.device == self._group().device):
             return tensor.reshape(-1)
         return place.copy_(tensor.reshape(-1))
 
     def _buffer(self, i: int, nbytes: int) -> torch.Tensor:
+        device = self._group().device
         while len(self._buffers) <= i:
-            self._buffers.append(torch.empty(0, dtype=torch.uint8, device=self.group.device))
+            self._buffers.append(torch.empty(0, dtype=torch.uint8, device=device))
         if self._buffers[i].numel() < nbytes:
-            self._buffers[i] = torch.empty(nbytes, dtype=torch.uint8, device=self.group.device)
+            self._buffers[i] = torch.empty(nbytes, dtype=torch.uint8, device=device)
         return self._buffers[i]
 
     def close(self) -> None:
@@ -281,6 +294,16 @@ class BucketReceiver:
         self.group: WeightGroup | None = None
         self.slots: SharedSlots | None = None
         self._buffers: list[torch.Tensor] = []
+
+    def _group(self) -> WeightGroup:
+        if self.group is None:
+            raise RuntimeError("BucketReceiver: not in a weight group (call join first)")
+        return self.group
+
+    def _slots(self) -> SharedSlots:
+        if self.slots is None:
+            raise RuntimeError("BucketReceiver: no shared-memory slots (call map_slots first)")
+        return self.slots
 
     def join(self, spec: GroupSpec, rank: int) -> None:
         self.close()
@@ -303,6 +326,8 @@ class BucketReceiver:
         only): per bucket, memory to receive it into, e.g. the very parameters it fills."""
         aliases_of = manifest.aliases_of()
         if via == VIA_IPC:
+            if ipc is None:
+                raise ValueError("a CUDA IPC sync needs the sender's handles (ipc=...)")
             tensors = open_cuda_tensors(ipc)
             for name, tensor in tensors.items():
                 yield name, tensor
@@ -311,38 +336,44 @@ class BucketReceiver:
             return
         if via == VIA_SHM:
             for k, bucket in enumerate(manifest.buckets):
-                self.group.barrier()  # the sender has packed bucket k
+                self._group().barrier()  # the sender has packed bucket k
                 yield from _views_kept_safe(
-                    bucket, typed(self.slots.tensors[k % NUM_SLOTS], bucket), aliases_of)
+                    bucket, typed(self._slots().tensors[k % NUM_SLOTS], bucket), aliases_of)
             return
         if via != VIA_COLLECTIVE:
             raise ValueError(f"BucketReceiver cannot receive via {via!r}")
-        buckets, works = manifest.buckets, [[], []]
+        group = self._group()
+        buckets = manifest.buckets
+        works: list[list[Any]] = [[], []]
 
         def post(k: int) -> torch.Tensor:
             """Start receiving bucket k: its packed part, then each direct entry."""
             home, bucket = (homes[k] if homes else None), buckets[k]
-            buffer = home if home is not None and home.device == self.group.device else typed(
+            buffer = home if home is not None and home.device == group.device else typed(
                 self._buffer(k % NUM_SLOTS, manifest.max_bucket_bytes), bucket)
             parts = [buffer[: bucket.packed_used]] if bucket.packed else []
             parts += [buffer.narrow(0, e.offset, e.numel) for e in bucket.direct]
-            works[k % NUM_SLOTS] = [self.group.broadcast(part) for part in parts]
+            works[k % NUM_SLOTS] = [group.broadcast(part) for part in parts]
             return buffer
 
-        posted = [post(0)] if buckets else []
+        posted: list[torch.Tensor | None] = [post(0)] if buckets else []
         for k, bucket in enumerate(buckets):
             if k + 1 < len(buckets):  # two in flight; its buffer held bucket k-1, done with
                 posted.append(post(k + 1))
             for work in works[k % NUM_SLOTS]:
                 work.wait()
-            yield from _views_kept_safe(bucket, posted[k], aliases_of)
-            posted[k] = None
+            received = posted[k]
+            posted[k] = None  # the buffer is free for bucket k + 2
+            assert received is not None
+            yield from _views_kept_safe(bucket, received, aliases_of)
+            del received
 
     def _buffer(self, i: int, nbytes: int) -> torch.Tensor:
+        device = self._group().device
         while len(self._buffers) <= i:
-            self._buffers.append(torch.empty(0, dtype=torch.uint8, device=self.group.device))
+            self._buffers.append(torch.empty(0, dtype=torch.uint8, device=device))
         if self._buffers[i].numel() < nbytes:
-            self._buffers[i] = torch.empty(nbytes, dtype=torch.uint8, device=self.group.device)
+            self._buffers[i] = torch.empty(nbytes, dtype=torch.uint8, device=device)
         return self._buffers[i]
 
     def close(self) -> None:

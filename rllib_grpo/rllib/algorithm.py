@@ -124,15 +124,17 @@ class GRPO(ResilientAlgorithm):
         fastest path the placement allows (`rllib_grpo.rllib.weight_sync`: device tensors in
         one process, CUDA IPC / shared memory on one node, bucketed collectives across
         nodes; Ray's object store as the fallback)."""
-        if getattr(self, "_weight_sync", None) is None:
-            self._weight_sync = WeightSync(self)
-        self._log_dict(self._weight_sync.sync())
+        sync: WeightSync | None = getattr(self, "_weight_sync", None)
+        if sync is None:
+            sync = self._weight_sync = WeightSync(self)
+        self._log_dict(sync.sync())
 
     @override(Algorithm)
     def cleanup(self) -> None:
-        if getattr(self, "_weight_sync", None) is not None:
-            self._weight_sync.close()
-            self._weight_sync = None
+        sync: WeightSync | None = getattr(self, "_weight_sync", None)
+        if sync is not None:
+            sync.close()
+            del self._weight_sync
         super().cleanup()
 
     # ------------------------------------------------------------------ checkpoints

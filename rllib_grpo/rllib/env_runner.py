@@ -200,10 +200,12 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         prompts = [self._next_prompt(self.env) for _ in range(num_prompts)]
         group_ids = list(range(self._group_counter, self._group_counter + num_prompts))
         self._group_counter += num_prompts
-        episodes = self._episodes.sample(prompts, group_ids, c.group_size, self.sampling_params())
-        batch = self._episodes.to_batch(episodes, pad_token_id=self.tokenizer.pad_token_id or 0,
-                                        score_adjustment=self._overlong_penalty)
-        t_env = self._episodes.env_seconds
+        sampler = self._episodes
+        assert sampler is not None  # sample() calls this for multi-turn envs only
+        episodes = sampler.sample(prompts, group_ids, c.group_size, self.sampling_params())
+        batch = sampler.to_batch(episodes, pad_token_id=self.tokenizer.pad_token_id or 0,
+                                 score_adjustment=self._overlong_penalty)
+        t_env = sampler.env_seconds
         self._log_sample_metrics(len(batch), time.perf_counter() - t0 - t_env, t_env)
         return batch
 

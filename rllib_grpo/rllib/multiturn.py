@@ -170,7 +170,8 @@ class EpisodeSampler:
                                                  "infos")}
         for e in episodes:
             t, summary = e.trajectory, e.episode.summary()
-            info = {"reward": t.episode_return(self.limits.gamma), "prompt": e.prompt["text"],
+            info: dict[str, Any] = {
+                    "reward": t.episode_return(self.limits.gamma), "prompt": e.prompt["text"],
                     "response": self.tokenizer.decode(t.response_ids, skip_special_tokens=True),
                     **{k: summary[k] for k in ("score", "acc", "pred", "reward_error")
                        if k in summary},

@@ -91,7 +91,7 @@ def _gathered(tensor: torch.Tensor) -> torch.Tensor:
     """A full tensor from FSDP shards (collective over the learners); others as they are."""
     if not hasattr(tensor, "full_tensor"):
         return tensor.detach()
-    mesh_device = tensor.device_mesh.device_type
+    mesh_device = tensor.device_mesh.device_type  # type: ignore[attr-defined]  # a DTensor
     if tensor.device.type != mesh_device:  # CPU-offloaded shards of a GPU mesh
         tensor = tensor.to(mesh_device)
     return tensor.full_tensor().detach()
@@ -151,7 +151,8 @@ class WeightSender:
         meta: dict[str, Any] = {}
         if module.lora is not None:
             payload = module.get_state(inference_only=True)
-            tensors, aliases = lora_to_tensors(payload), ()
+            tensors = lora_to_tensors(payload)
+            aliases: tuple[tuple[str, str], ...] = ()
             meta = {"lora_kind": payload.kind, "lora_scaling": payload.scaling}
         else:
             tensors, aliases = split_aliases(module.lm.state_dict())
@@ -166,13 +167,19 @@ class WeightSender:
                 bucket_bytes=pipelined_bucket_bytes(total, bucket_bytes),
                 direct_min_bytes=DIRECT_MIN_BYTES)
             self._planned_for = key
-        staged: dict[str, Any] = {"manifest": self.manifest, "rank": rank(), "slots": None,
+        manifest = self._manifest()
+        staged: dict[str, Any] = {"manifest": manifest, "rank": rank(), "slots": None,
                                   "ipc": None, "seq_no": self.weights_seq_no()}
         if rank() == 0 and VIA_SHM in vias:
-            staged["slots"] = self.buckets.ensure_slots(max(1, self.manifest.max_bucket_bytes))
+            staged["slots"] = self.buckets.ensure_slots(max(1, manifest.max_bucket_bytes))
         if rank() == 0 and VIA_IPC in vias:
             staged["ipc"] = share_cuda_tensors(self._tensors)
         return staged
+
+    def _manifest(self) -> Manifest:
+        if self.manifest is None:
+            raise RuntimeError("WeightSender: nothing staged yet (stage() plans the manifest)")
+        return self.manifest
 
     def tensor(self, name: str) -> torch.Tensor:
         return _gathered(self._tensors[name])
@@ -198,9 +205,9 @@ class WeightSender:
             if via == VIA_SHM and self.buckets.slots is not None:
                 self.buckets.slots.unlink()  # every receiver has mapped them by now
             with self._on_device():
-                self.buckets.send(self.manifest, self.tensor, via)
+                self.buckets.send(self._manifest(), self.tensor, via)
         elif self.sharded:
-            for bucket in self.manifest.buckets:
+            for bucket in self._manifest().buckets:
                 for entry in bucket.entries:
                     self.tensor(entry.name)
         self._tensors = {}

@@ -134,7 +134,7 @@ class WeightSync:
         self.setting = algo.config.weight_sync_transport
         self.bucket_bytes = max(1, int(algo.config.weight_sync_bucket_mb * 2**20))
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="weight_sync")
-        self.transports: dict[int, str] | None = None
+        self.transports: dict[int, str] = {}  # env runner index -> transport
         self.endpoints: dict[int, Endpoint] = {}
         self.sender: Endpoint | None = None
         self.wire_dtype: torch.dtype | None = None
@@ -155,7 +155,7 @@ class WeightSync:
             if self.runners.num_remote_env_runners() else ()
         # A restarted runner (fault tolerance) keeps its index but lost its group.
         members = (remote, self.runners.num_remote_worker_restarts() if remote else 0)
-        if self.transports is None or members != self._members:
+        if self._members is None or members != self._members:
             self._discover(remote, members)
         used = set(self.transports.values())
         if "object_store" in used:
@@ -172,7 +172,7 @@ class WeightSync:
 
     def transport_names(self) -> dict[int, str]:
         """The transport of each env runner (0 = the local one), after the first sync."""
-        return dict(self.transports or {})
+        return dict(self.transports)
 
     def close(self) -> None:
         """Close the learners' groups and shared memory (the runners' go with them)."""
@@ -217,7 +217,7 @@ class WeightSync:
 
     def _sync_remote(self) -> int:
         group_ids, ipc_ids = self._ids(*GROUP_TRANSPORTS), self._ids("ipc")
-        via = self.transports[group_ids[0]] if group_ids else None
+        via = self.transports[group_ids[0]] if group_ids else ""  # "": no group
         if group_ids and self._token is None and not self._form_group(group_ids, via):
             return self._sync_object_store()
         staged = self._stage_and_prepare(group_ids, ipc_ids, via)
@@ -234,7 +234,7 @@ class WeightSync:
                 sending.result()
         return manifest.nbytes
 
-    def _stage_and_prepare(self, group_ids: list[int], ipc_ids: list[int], via: str | None
+    def _stage_and_prepare(self, group_ids: list[int], ipc_ids: list[int], via: str
                            ) -> dict:
         for attempt in range(2):
             staged = dict(self._on_learners(partial(
@@ -264,6 +264,7 @@ class WeightSync:
         for i in sorted(members):
             ranks[i], next_rank = next_rank, next_rank + max(1, members[i].num_ranks)
         # Shared memory needs only host-side barriers: gloo, whatever the devices.
+        assert self.sender is not None  # set by _discover
         backend = "gloo" if via == "shm" else group_backend(self.sender, list(members.values()))
         try:
             spec = dict(self._on_learners(partial(
@@ -308,6 +309,6 @@ class WeightSync:
                 results[0] = local.result()
         missing = sorted(set(ids) - set(results))
         if missing:
-            self.transports = None  # rediscover at the next sync
+            self._members = None  # rediscover at the next sync
             raise RuntimeError(f"weight sync: env runners {missing} did not answer")
         return results

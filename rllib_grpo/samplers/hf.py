@@ -174,11 +174,14 @@ class HFSampler:
     def _home(self, manifest: Manifest) -> None:
         """Move each bucket's parameters (those of its dtype and shape) into one flat
         tensor laid out like the bucket: the parameters become views of it."""
-        live, homes = self._live_tensors(), []
+        live = self._live_tensors()
+        homes: list[torch.Tensor | None] = []
         for bucket in manifest.buckets:
-            targets = [live.get(e.name) for e in bucket.entries]
-            if any(t is None or t.dtype != bucket.dtype or tuple(t.shape) != e.shape
-                   for t, e in zip(targets, bucket.entries, strict=True)):
+            found = [live.get(e.name) for e in bucket.entries]
+            targets = [t for t in found if t is not None]
+            if len(targets) < len(found) or any(
+                    t.dtype != bucket.dtype or tuple(t.shape) != e.shape
+                    for t, e in zip(targets, bucket.entries, strict=True)):
                 homes.append(None)
                 continue
             flat = torch.empty(bucket.numel, dtype=bucket.dtype, device=self.device)

@@ -42,7 +42,7 @@ class WeightSyncExtension:
         stream = self.grpo_weight_receiver().stream(manifest, via, ipc)
         if materialize:
             return {name: tensor.detach().to("cpu", copy=True) for name, tensor in stream}
-        self.reload_weights(weights_iterator=stream)
+        self.reload_weights(weights_iterator=stream)  # type: ignore[attr-defined]  # vLLM's worker
         return None
 
     def grpo_leave_weight_group(self) -> None:
