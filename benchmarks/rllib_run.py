@@ -5,7 +5,7 @@ The learner and the env runner live in this (the driver) process
 log itself are timed by wrapping the functions that do them (probes), without
 changing the project's code:
 
-* generation: the sampler's ``generate``;  reward: ``TextEnvRunner._score``;
+* generation: the sampler's ``generate``;  reward: ``TextEnvRunner._score_many``;
 * old_log_prob: `response_log_probs` as the learner calls it in ``_prepare``;
 * ref: ``CausalLMRLModule.reference_log_probs``;  adv: the rest of ``_prepare``;
 * update: ``GRPOLearner._uncompiled_update`` (forward, backward, optimizer step);
@@ -81,7 +81,7 @@ class Probes:
         self.wrap(module.CausalLMRLModule, "reference_log_probs", "ref")
         self.wrap(learner.GRPOLearner, "_prepare", "prepare")
         self.wrap(learner.GRPOLearner, "_uncompiled_update", "update")
-        self.wrap(TextEnvRunner, "_score", "reward")
+        self.wrap(TextEnvRunner, "_score_many", "reward")
 
     def install_driver(self, algo: Any) -> None:
         """Probes on the built algorithm: sampler, sampling, update, weight sync, step."""

@@ -97,6 +97,22 @@ def test_a_good_data_file_passes_and_a_missing_one_is_named(tmp_path):
     assert find_errors(config) == [f"val_env_config.path: {tmp_path / 'val.jsonl'}: no such file."]
 
 
+def test_a_list_of_data_files_is_checked_file_by_file(tmp_path):
+    # verl's data.train_files may be a list (run_qwen2-7b_math.sh); the env reads lists,
+    # so the check must too, naming the file that is wrong.
+    row = json.dumps({"prompt": "1+1=", "answer": "2", "data_source": "arithmetic"})
+    good = tmp_path / "ok.jsonl"
+    good.write_text(row + "\n")
+    config = tiny_config().environment("rllib_grpo/Prompts-v0")
+    config.env_config = {"path": [str(good), str(good)]}
+    from rllib_grpo.rllib.checks import find_errors
+
+    assert find_errors(config) == []
+    config.env_config = {"path": [str(good), str(tmp_path / "gone.jsonl")]}
+    assert find_errors(config) == [
+        f"env_config.path[1]: {tmp_path / 'gone.jsonl'}: no such file."]
+
+
 # ----------------------------------------------------------------------------- rllib train
 @pytest.fixture()
 def no_ray(monkeypatch):

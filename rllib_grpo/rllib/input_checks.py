@@ -79,11 +79,17 @@ def range_errors(c: Any) -> list[str]:
 
 
 def _data_paths(c: Any) -> list[tuple[str, Any]]:
+    """``(field, path)`` of every data file; a list of files (verl's ``data.train_files``
+    may be one) gives one entry per file, named by its position."""
     paths = []
     for field in ("env_config", "val_env_config"):
         settings = getattr(c, field, None) or {}
         if isinstance(settings, dict) and settings.get("path") is not None:
-            paths.append((f"{field}.path", settings["path"]))
+            given = settings["path"]
+            if isinstance(given, list | tuple):
+                paths += [(f"{field}.path[{i}]", path) for i, path in enumerate(given)]
+            else:
+                paths.append((f"{field}.path", given))
     return paths
 
 
