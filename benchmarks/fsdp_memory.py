@@ -161,7 +161,7 @@ def main() -> None:
     num_params = sum(p.numel() for p in load_causal_lm(model_path).parameters())
     assert num_params >= 10_000_000, num_params
 
-    ray.init(num_cpus=2, object_store_memory=500 * 1024**2, include_dashboard=False,
+    ray.init(address="local", num_cpus=2, object_store_memory=500 * 1024**2, include_dashboard=False,
              log_to_driver=False, configure_logging=False)
     try:
         results = [measure(model_path, n, args.iters) for n in (1, 2)]

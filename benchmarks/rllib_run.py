@@ -166,7 +166,9 @@ def build_config(w: Workload) -> Any:
 def init_ray(w: Workload) -> None:
     import ray
 
-    ray.init(num_cpus=max(2, os.cpu_count() or 2), num_gpus=0 if w.device == "cpu" else 1,
+    # A Ray of its own even when another runs here (a test session, a `ray start`).
+    ray.init(address="local", num_cpus=max(2, os.cpu_count() or 2),
+             num_gpus=0 if w.device == "cpu" else 1,
              object_store_memory=(500 if w.device == "cpu" else 4000) * 1024**2,
              include_dashboard=False, log_to_driver=False, configure_logging=False)
 

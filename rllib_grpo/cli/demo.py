@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
-    ray.init(num_cpus=2, object_store_memory=500 * 1024**2, include_dashboard=False,
+    ray.init(address="local", num_cpus=2, object_store_memory=500 * 1024**2, include_dashboard=False,
              log_to_driver=False, configure_logging=False)
     if args.task == "arithmetic":
         config = demo_config(args.seed, args.sampler)
