@@ -256,7 +256,7 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         """Multi-turn branch of `evaluate`: whole episodes, scored by their return."""
         prompts = [self._next_prompt(env) for _ in range(num_prompts)]
         runner = EpisodeSampler(env, self.sampler, self.tokenizer, episode_limits(self.config),
-                                self._seed_base + 10_007)
+                                self._torch_gen_seed + 10_007)
         episodes = runner.sample(prompts, list(range(len(prompts))), n, params)
         batch = runner.to_batch(episodes, pad_token_id=self.tokenizer.pad_token_id or 0)
         return [ValidationSample(
