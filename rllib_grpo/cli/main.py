@@ -15,12 +15,12 @@ Exit codes: 0 done; 1 a trial failed (train) or problems found (explain);
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from rllib_grpo.cli.experiment import ConfigError, Experiment
+from rllib_grpo.logs import console_env, quiet_console
 
 TRAIN_EPILOG = """\
 sources, later ones winning: the experiment file, --config, KEY=VALUE overrides, flags.
@@ -82,7 +82,9 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
                    help="object store size of the Ray started here (default: Ray's)")
     p.add_argument("-v", "--verbose", type=int, default=0, choices=range(4),
                    help="Tune's own output 0-3 (default 0: none; 1: status tables and each "
-                        "trial's config); one progress line per iteration is always printed")
+                        "trial's config; 2 and 3 also restore vLLM/Ray/transformers INFO logs "
+                        "and their known-harmless warnings, see rllib_grpo.logs); one "
+                        "progress line per iteration is always printed")
 
 
 def build_parser(prog: str = "rllib") -> argparse.ArgumentParser:
@@ -189,6 +191,9 @@ def train(args: argparse.Namespace, file: str | None, overrides: list[str]) -> i
 def run_tune(exp: Experiment, config: Any, stop: dict[str, Any],
              args: argparse.Namespace) -> int:
     """Run the experiment with ``tune.Tuner``; print where results and checkpoints went."""
+    # Before Ray starts: its workers (the trials, which import vLLM and transformers)
+    # inherit these settings (`rllib_grpo.logs`).
+    quiet_console(verbose=args.verbose >= 2)
     import ray
     from ray import tune
 
@@ -231,13 +236,23 @@ def _init_ray(args: argparse.Namespace) -> bool:
         if sized:
             raise ConfigError(f"--{sized[0].replace('_', '-')} sizes a Ray started here; it "
                               "cannot be used with --ray-address")
-        ray.init(address=args.ray_address)
+        # Workers of an existing cluster do not inherit this process's environment.
+        ray.init(address=args.ray_address,
+                 runtime_env={"env_vars": console_env()}, logging_level=_ray_log_level(args))
         return True
     # A new local Ray, even when RAY_ADDRESS is set or a `ray start` cluster runs here.
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # workers inherit it
+    # Its workers inherit the console settings (`rllib_grpo.logs`) from this environment.
     ray.init(address="local", num_cpus=args.num_cpus, num_gpus=args.num_gpus,
-             object_store_memory=args.object_store_memory, include_dashboard=False)
+             object_store_memory=args.object_store_memory, include_dashboard=False,
+             logging_level=_ray_log_level(args))
     return True
+
+
+def _ray_log_level(args: argparse.Namespace) -> int:
+    """Ray's driver log level: WARNING unless ``--verbose 2`` or more."""
+    import logging
+
+    return logging.INFO if args.verbose >= 2 else logging.WARNING
 
 
 def check_resources(algo_cls: type, config: Any, available: dict[str, float]) -> None:
