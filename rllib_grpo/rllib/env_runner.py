@@ -166,8 +166,15 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         return [float(self._score(self.env, p, out[0].token_ids)["reward"])
                 for p, out in zip(prompts, outputs, strict=True)]
 
-    def evaluate(self, num_prompts: int, n: int, temperature: float) -> list[ValidationSample]:
-        """Sample ``n`` responses for ``num_prompts`` held-out prompts and score them."""
+    def evaluate(self, num_prompts: int, n: int, temperature: float, *,
+                 restart: bool = False) -> list[ValidationSample]:
+        """Sample ``n`` responses for ``num_prompts`` held-out prompts and score them.
+
+        Successive calls continue through the held-out prompts; ``restart=True`` starts
+        them over, so that repeated calls score the same prompts (before/after training).
+        """
+        if restart:
+            self._val_env = None
         env = self._validation_env()
         prompts = [self._next_prompt(env) for _ in range(num_prompts)]
         params = SamplingParams(temperature=temperature, max_tokens=self.config.max_response_length)
