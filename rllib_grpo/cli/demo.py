@@ -34,8 +34,8 @@ TIMING_KEYS = {"gen": ("env_runners", "timing_s/gen"), "reward_fn": ("env_runner
 
 
 def plot_curve(history: list[dict], path: Path, title: str,
-               heldout: tuple[float, float] | None = None) -> None:
-    """Reward (and accuracy) per step; the held-out accuracy before/after as two points."""
+               heldout: tuple[dict, dict] | None = None) -> None:
+    """Reward per step; held-out accuracy (greedy and sampled) before and after as points."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -45,8 +45,10 @@ def plot_curve(history: list[dict], path: Path, title: str,
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(steps, [h["reward"] for h in history], label="mean reward (critic/score/mean)")
     if heldout is not None:
-        ax.plot([0, steps[-1] if steps else 0], list(heldout), "o--", color="tab:red",
-                label="held-out accuracy (greedy)")
+        ends = [0, steps[-1] if steps else 0]
+        for kind, color in (("greedy", "tab:red"), ("sampled", "tab:green")):
+            ax.plot(ends, [heldout[0][kind], heldout[1][kind]], "o--", color=color,
+                    label=f"held-out accuracy, {kind}")
     ax.set_xlabel("training step")
     ax.set_ylabel("reward / accuracy")
     ax.set_ylim(-0.02, 1.02)
@@ -207,8 +209,7 @@ def _train(algo: Any, iterations: int, target: float | None, out: Path) -> list[
 def _finish(algo: Any, spec: DemoSpec, history: list[dict], out: Path, t_start: float,
             heldout: tuple[dict, dict] | None) -> None:
     plot = out / "reward_curve.png"
-    plot_curve(history, plot, spec.title,
-               (heldout[0]["greedy"], heldout[1]["greedy"]) if heldout else None)
+    plot_curve(history, plot, spec.title, heldout)
     checkpoint = algo.save_to_path(str(out / "checkpoint"))
     exported = export_model(algo, out / "model")
     n = min(10, len(history))

@@ -15,6 +15,7 @@ Exit codes: 0 done; 1 a trial failed (train) or problems found (explain);
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -194,6 +195,10 @@ def run_tune(exp: Experiment, config: Any, stop: dict[str, Any],
     # Before Ray starts: its workers (the trials, which import vLLM and transformers)
     # inherit these settings (`rllib_grpo.logs`).
     quiet_console(verbose=args.verbose >= 2)
+    if args.verbose == 0:
+        # Tune's newer console prints an experiment banner even at verbose 0; the classic
+        # one prints nothing there (our progress lines and the final paths remain).
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     import ray
     from ray import tune
 
