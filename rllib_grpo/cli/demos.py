@@ -44,7 +44,7 @@ def smollm2_config(seed: int = 0, sampler: str = "auto") -> Any:
     Sampling at temperature 1, the model mostly rambles ("What a delightful moment...")
     and gets about one answer in six right (greedy: two in three); GRPO teaches it to
     answer briefly and right.  No KL term: the reference forward would cost a fifth of
-    each step on CPU, and 30 small steps stay close to the start anyway.
+    each step on CPU, and 15 small steps stay close to the start anyway.
     """
     from rllib_grpo.rllib.config import GRPOConfig
 
@@ -79,7 +79,7 @@ DEMOS: dict[str, DemoSpec] = {
     spec.name: spec for spec in (
         DemoSpec("demo", demo_config, iterations=400, target_reward=0.9, heldout=False,
                  title="GRPO on rllib_grpo/Arithmetic-v0 (built-in demo model, CPU)"),
-        DemoSpec("smollm2-135m", smollm2_config, iterations=30, target_reward=None,
+        DemoSpec("smollm2-135m", smollm2_config, iterations=15, target_reward=None,
                  heldout=True, title="GRPO: SmolLM2-135M-Instruct on one-digit sums (CPU)"),
     )
 }
