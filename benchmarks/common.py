@@ -54,6 +54,10 @@ class Workload:
     device: str = "cpu"
     dtype: str = "float32"
     fixed_length: bool = True
+    # The RLlib run's learner: padding-free rows (use_remove_padding) and the on-policy
+    # shortcut (skip_old_log_prob_pass), the package's defaults; the plain loop is padded.
+    remove_padding: bool = True
+    old_log_prob_pass: bool = False
     profile_dir: str | None = None
     # Proposed framework changes tried by patching at run time (see benchmarks.rllib_run).
     experiments: list[str] = dataclasses.field(default_factory=list)

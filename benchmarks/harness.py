@@ -58,6 +58,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--micro-batch-size", type=int, default=None,
                    help="trajectories per forward/backward (default: the whole batch)")
     p.add_argument("--no-kl", action="store_true", help="no KL loss, hence no reference model")
+    p.add_argument("--padded", action="store_true",
+                   help="RLlib run: use_remove_padding=False (padded rows, as the plain loop)")
+    p.add_argument("--old-log-prob-pass", action="store_true",
+                   help="RLlib run: skip_old_log_prob_pass=False (a separate old-log-prob pass "
+                   "even on an on-policy step, as the plain loop)")
     p.add_argument("--threads", type=int, default=None, help="torch threads in both runs (1)")
     p.add_argument("--max-operand", type=int, default=9, help="Arithmetic-v0 operand bound")
     p.add_argument("--no-fixed-length", action="store_true",
@@ -75,7 +80,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="patch the RLlib run at run time (repeatable): old-weight-sync (the "
                    "weight sync before the fix: through the object store, with a clone), "
                    "item-metrics (the driver's per-step values as RLlib 'item' stats)")
-    p.add_argument("--json", default=None, help="write the report here")
+    p.add_argument("--json", default=None,
+                   help="write the report here (a summary: no per-iteration records)")
+    p.add_argument("--keep-records", action="store_true",
+                   help="with --json: keep every iteration's record and the machine paths")
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="cProfile the measured iterations of each run into DIR")
     p.add_argument("--verbose", action="store_true", help="show the runs' logs")
@@ -101,6 +109,7 @@ def workload_from_args(args: argparse.Namespace) -> Workload:
     return Workload(
         **preset, iterations=args.iterations, warmup=args.warmup, kl=not args.no_kl,
         max_operand=args.max_operand, fixed_length=not args.no_fixed_length,
+        remove_padding=not args.padded, old_log_prob_pass=args.old_log_prob_pass,
         profile_dir=args.profile, experiments=list(args.experiment),
     )
 
@@ -191,7 +200,9 @@ def role_main(args: argparse.Namespace) -> int:
 
 
 def summarise(run: dict[str, Any]) -> dict[str, Any]:
-    """Mean record of a run plus its tokens/s."""
+    """Mean record of a run plus its tokens/s (a compact report keeps only the mean)."""
+    if "records" not in run:
+        return run["mean"]
     mean = mean_record(run["records"])
     mean["median_iteration"] = statistics.median(r["iteration"] for r in run["records"])
     compute = mean["old_log_prob"] + mean["ref"] + mean["update"]
@@ -210,6 +221,25 @@ def build_report(w: Workload, runs: dict[str, dict], load: tuple[float, float]) 
     for role, run in runs.items():
         report[role] = {**run, "mean": summarise(run)}
     return add_overheads(report)
+
+
+def compact_report(report: dict) -> dict:
+    """The report without per-iteration records or machine paths: what results/ keeps."""
+    out = {k: v for k, v in report.items() if k not in ("direct", "rllib")}
+    out["workload"] = {k: v for k, v in report["workload"].items()
+                       if k not in ("model_dir", "profile_dir")}
+    for role in ("direct", "rllib"):
+        if role in report:
+            run = report[role]
+            out[role] = {**{k: v for k, v in run.items() if k != "records"},
+                         "mean": summarise(run)}
+    return out
+
+
+def load_reports(path: str) -> list[dict]:
+    """The reports in a results file: one report, or a list of them (one per run)."""
+    data = json.loads(Path(path).read_text())
+    return [add_overheads(r) for r in (data if isinstance(data, list) else [data])]
 
 
 def add_overheads(report: dict) -> dict:
@@ -310,6 +340,8 @@ def _header(w: dict, run: dict, mean: dict) -> str:
             f"{mean['prompt_tokens'] / max(w['prompts'] * w['group_size'], 1):.1f}, "
             f"{w['sampler']} sampler, {kl}, micro-batch {w['micro_batch_size'] or 'all'}, "
             f"{w['device']} {w['dtype']}, {run.get('torch_threads')} torch thread(s), "
+            f"RLlib learner {'padded' if not w.get('remove_padding', False) else 'packed'}"
+            f"{'' if w.get('old_log_prob_pass', True) else ' + on-policy shortcut'}, "
             f"{w['iterations']} iterations after {w['warmup']} warm-up"
             + (f"; experiments: {', '.join(w['experiments'])}" if w.get("experiments") else ""))
 
@@ -394,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.role:
         return role_main(args)
     if args.show:
-        reports = [add_overheads(json.loads(Path(path).read_text())) for path in args.show]
+        reports = [r for path in args.show for r in load_reports(path)]
         if len(reports) > 1:
             print(format_markdown_runs(reports, args.labels))
         else:
@@ -414,7 +446,8 @@ def main(argv: list[str] | None = None) -> int:
     print("driver overhead parts:\n" + print_overhead_docs())
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        kept = report if args.keep_records else compact_report(report)
+        Path(args.json).write_text(json.dumps(kept, indent=2) + "\n")
     return 0
 
 

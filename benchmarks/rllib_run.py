@@ -153,6 +153,7 @@ def build_config(w: Workload) -> Any:
             max_prompt_length=w.max_prompt_length, max_response_length=w.response_length,
             micro_batch_size_per_learner=w.micro_batch_size, use_kl_loss=w.kl, lr=w.lr,
             sampler=w.sampler, model_dtype=w.dtype, sampler_config=w.engine_options(),
+            use_remove_padding=w.remove_padding, skip_old_log_prob_pass=not w.old_log_prob_pass,
         )
         .env_runners(num_env_runners=0)
         .debugging(seed=w.seed)

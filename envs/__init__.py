@@ -17,6 +17,9 @@ BUILTIN_ENV_IDS: dict[str, str] = {
     "rllib_grpo/Countdown-v0": "rllib_grpo.envs.countdown:CountdownEnv",
     "rllib_grpo/GSM8K-v0": "rllib_grpo.envs.gsm8k:GSM8KEnv",
     "rllib_grpo/MATH-v0": "rllib_grpo.envs.math:MATHEnv",
+    "rllib_grpo/Prompts-v0": "rllib_grpo.envs._file_env:PromptFileEnv",
+    "rllib_grpo/ToolArithmetic-v0": "rllib_grpo.envs.tool_arithmetic:ToolArithmeticEnv",
+    "rllib_grpo/GuessNumber-v0": "rllib_grpo.envs.guess_number:GuessNumberEnv",
 }
 
 _LAZY_CLASSES = {entry.rpartition(":")[2]: entry for entry in BUILTIN_ENV_IDS.values()}

@@ -81,7 +81,7 @@ class _RegistryHook(importlib.abc.MetaPathFinder):
                 continue
             spec = finder.find_spec(fullname, path, target)
             if spec is not None and spec.loader is not None:
-                spec.loader = _WrappingLoader(spec.loader)
+                spec.loader = _WrappingLoader(spec.loader)  # type: ignore[assignment]
                 return spec
         return None
 

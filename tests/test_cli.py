@@ -27,6 +27,9 @@ from rllib_grpo.cli.build import (
 from rllib_grpo.cli.experiment import (
     VERL_IGNORED,
     VERL_IGNORED_AT,
+    VERL_MUST_MATCH,
+    VERL_RECORDED,
+    VERL_REFUSED_LAYOUTS,
     VERL_TO_RUN,
     VERL_TO_SUB_KEY,
     ConfigError,
@@ -99,7 +102,9 @@ def test_later_sources_win_but_one_source_may_not_contradict_itself(tmp_path):
 def test_verl_file_keys_merge_into_env_config(tmp_path):
     path = _yaml(tmp_path, "exp:\n  config:\n    env_config: {max_operand: 4}\n"
                            "    data.train_files: a.jsonl\n")
-    assert assemble(path).config["env_config"] == {"max_operand": 4, "path": "a.jsonl"}
+    # (relative paths resolve against the launch folder, see tests/test_paths.py)
+    assert assemble(path).config["env_config"] == {"max_operand": 4,
+                                                   "path": str(Path.cwd() / "a.jsonl")}
     with pytest.raises(ConfigError, match="sets env_config.path='b.jsonl' but it is already"):
         assemble(overrides=["env_config={path: a.jsonl}", "data.train_files=b.jsonl"])
 
@@ -127,7 +132,8 @@ def test_total_epochs_counts_the_prompts_like_verl():
 
 
 def test_verl_tables_are_explained_and_disjoint():
-    tables = [VERL_IGNORED, VERL_IGNORED_AT, VERL_TO_RUN, VERL_TO_SUB_KEY]
+    tables = [VERL_IGNORED, VERL_IGNORED_AT, VERL_TO_RUN, VERL_TO_SUB_KEY, VERL_RECORDED,
+              VERL_REFUSED_LAYOUTS, VERL_MUST_MATCH]
     keys = [k for table in tables for k in table]
     assert len(keys) == len(set(keys))
     assert not set(keys) & set(VERL_ALIASES), "a verl key with a real mapping belongs there"
@@ -195,8 +201,8 @@ def _assert_one_error_line(err: str, needle: str) -> None:
     (["not_a_key=1"], "unknown config key 'not_a_key'"),
     (["algorithm.filter_groups.nope=1"], "verl key 'algorithm.filter_groups.nope' has no "
                                          "rllib-grpo equivalent yet"),
-    (["actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
-     "'actor_rollout_ref.rollout.tensor_model_parallel_size'=2 has no rllib-grpo equivalent"),
+    (["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"],
+     "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 is refused: Ulysses"),
     (["actor_rollout_ref.rollout.n=abc"], "actor_rollout_ref.rollout.n='abc': expected int"),
     (["train_batch_size=4"], "'train_batch_size' is derived for GRPO"),
     (["--algo", "PPO", "actor_rollout_ref.rollout.n=3"], "only applies to --algo GRPO"),
@@ -211,11 +217,20 @@ def test_bad_input_is_one_line_and_exit_code_2(argv, needle, capsys):
     _assert_one_error_line(capsys.readouterr().err, needle)
 
 
+@pytest.mark.timeout(120)
+def test_contradicting_ray_flags_are_refused_while_ray_is_up(ray_session, capsys):
+    # Once refused only when Ray was down: with Ray up (a notebook, the test session)
+    # the run started with a default config and no stop, and never ended.
+    argv = ["--ray-address", "auto", "--num-cpus", "2"]
+    assert main(["train", *argv]) == 2
+    _assert_one_error_line(capsys.readouterr().err, "--num-cpus sizes a Ray started here")
+
+
 @pytest.mark.parametrize("text, needle", [
     ("exp:\n  config: {lr: [1, 2\n", "invalid YAML"),
     ("exp:\n  run: GRPO\n  stopp: {}\n", "unknown experiment key 'stopp'"),
     ("exp:\n  config: {nosuch: 1}\n", "unknown config key 'nosuch'"),
-    ("exp:\n  config:\n    actor_rollout_ref.rollout.tensor_model_parallel_size: 4\n",
+    ("exp:\n  config:\n    actor_rollout_ref.rollout.multi_turn.tool_config_path: t.yaml\n",
      "has no rllib-grpo equivalent yet"),
     ("- a\n- b\n", "expected a mapping"),
 ])

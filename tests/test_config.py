@@ -36,6 +36,9 @@ def test_verl_dotted_names_set_the_same_fields():
     assert c.lr == 3e-6 and c.adv_estimator == "rloo"
     d = GRPOConfig().update_from_dict({"actor_rollout_ref.actor.use_kl_loss": False})
     assert d.use_kl_loss is False
+    assert GRPOConfig().use_remove_padding is True  # verl's switch: on by default, honoured
+    e = GRPOConfig().training(**{"actor_rollout_ref.model.use_remove_padding": False})
+    assert e.use_remove_padding is False and e.module_config()["use_remove_padding"] is False
 
 
 def test_batch_plan_units():
@@ -63,6 +66,7 @@ def test_valid_config_has_no_errors():
     ({"temperature": 0.0}, "temperature=0.0"),
     ({"use_dynamic_bsz": True, "max_tokens_per_micro_batch": 10}, "max_tokens_per_micro_batch=10"),
     ({"clip_ratio_c": 1.0}, "clip_ratio_c=1.0"),
+    ({"peak_tflops": 0.0}, "peak_tflops=0.0"),
 ])
 def test_validation_names_field_and_fix(training, needle):
     errors = _errors(**training)

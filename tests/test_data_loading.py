@@ -157,7 +157,7 @@ def test_bad_rows_are_skipped_and_counted_per_kind(tmp_path):
     assert [r.ground_truth for r in dataset] == [2, "72", 4]
     report = dataset.report()
     assert "3 prompts, 8 rows skipped" in report
-    assert "2 x missing 'answer': first at " in report and "row 3; " in report and "answer_key" in report
+    assert "2 x missing 'answer': first at " in report and "line 3; " in report and "answer_key" in report
 
 
 def test_rows_without_data_source_are_skipped_without_a_default():
@@ -168,12 +168,12 @@ def test_rows_without_data_source_are_skipped_without_a_default():
 
 def test_strict_names_row_field_and_fix(tmp_path):
     path = write_jsonl(tmp_path / "bad.jsonl", [BAD_LINES[0], BAD_LINES[2]])
-    with pytest.raises(ValueError, match=r"row 2: missing 'answer'.*answer_key="):
+    with pytest.raises(ValueError, match=r"line 2: missing 'answer'.*answer_key="):
         load_prompts(path, data_source="arithmetic", strict=True)
 
 
 def test_strict_invalid_json(tmp_path):
-    with pytest.raises(ValueError, match="row 1: invalid JSON"):
+    with pytest.raises(ValueError, match="line 1: invalid JSON"):
         load_prompts(write_jsonl(tmp_path / "b.jsonl", ["{"]), strict=True)
 
 

@@ -38,9 +38,9 @@ def _check_console(code: int, lines: list[str], tmp_path: Path, iterations: int)
     assert code == 0, text[-3000:]
     assert not [line for line in lines if NOISE.search(line)], text
     other = [line for line in lines if not PROGRESS.search(line)]
-    # ready, start-up, time split, plot, TensorBoard, checkpoint (+ the summary's own line
-    # counts as progress: it names the reward).
-    assert len(other) <= 8, other
+    # ready, start-up, time split, plot, TensorBoard, checkpoint, exported model, how to
+    # score it (+ the summary's own line counts as progress: it names the reward).
+    assert len(other) <= 10, other
     steps = [line for line in lines if line.startswith("iter ")]
     assert len(steps) == iterations, text
     for line in steps:
@@ -55,6 +55,9 @@ def _check_console(code: int, lines: list[str], tmp_path: Path, iterations: int)
     assert re.search(rf"^checkpoint:     {re.escape(str(out / 'checkpoint'))}", text,
                      re.MULTILINE)
     assert (out / "checkpoint" / "rllib_checkpoint.json").is_file()
+    assert f"exported model: {out / 'model'}" in text
+    assert (out / "model" / "config.json").is_file()
+    assert f"score it:       rllib-grpo eval {out / 'model'} --env rllib_grpo/Arithmetic-v0" in text
 
 
 def test_demo_console_shows_progress_and_outputs_without_library_noise(tmp_path):

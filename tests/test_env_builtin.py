@@ -19,7 +19,10 @@ from rllib_grpo.envs.countdown import make_countdown_records
 from rllib_grpo.envs.prepare_data import convert_gsm8k_row, convert_math_row, main
 from rllib_grpo.rewards import compute_score
 
-SMALL = {"rllib_grpo/Arithmetic-v0": {"num_problems": 50}, "rllib_grpo/Countdown-v0": {"num_problems": 50}}
+SMALL = {"rllib_grpo/Arithmetic-v0": {"num_problems": 50}, "rllib_grpo/Countdown-v0": {"num_problems": 50},
+         "rllib_grpo/Prompts-v0": {"path": str(fixture_path("gsm8k_fixture.jsonl"))},
+         "rllib_grpo/ToolArithmetic-v0": {"num_problems": 50},
+         "rllib_grpo/GuessNumber-v0": {"num_problems": 50}}
 
 
 def test_arithmetic_random_agent_loop():
@@ -42,7 +45,13 @@ def test_each_builtin_id_makes_and_steps_with_the_env_checker(env_id):
         obs, info = env.reset()
         assert env.observation_space.contains(obs) and info["ground_truth"] is not None
         obs, reward, terminated, truncated, info = env.step("I am not sure.")
+        turns = 1
+        while getattr(env.unwrapped, "multi_turn", False) and not (terminated or truncated):
+            assert env.observation_space.contains(obs) and obs and reward == 0.0
+            obs, reward, terminated, truncated, info = env.step("I am not sure.")
+            turns += 1  # a multi-turn env replies until its rules or limits end the episode
     assert (obs, reward, terminated, truncated) == ("", 0.0, True, False)
+    assert turns <= getattr(env.unwrapped, "max_turns", 1)
 
 
 def test_register_envs_is_idempotent():

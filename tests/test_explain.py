@@ -16,6 +16,8 @@ def test_plan_lines():
     assert "trajectories per step:         32" in text
     assert "optimizer steps per step:      2" in text
     assert "KL: in the loss, low_var_kl" in text
+    assert "packed rows, no padding (use_remove_padding); old log-probs from a separate" in text
+    assert "from the update's own forward" in _explain(prompts_per_step=8, group_size=4)
     assert "No pitfalls found." in text
 
 
@@ -29,6 +31,8 @@ def test_plan_lines():
     ({"temperature": 0.0}, "no group has a signal"),
     ({"temperature": 0.1}, "temperature=0.1 is low"),
     ({"policy_loss": "gspo"}, "always aggregates with 'seq-mean-token-mean'"),
+    ({"use_dynamic_bsz": True, "max_tokens_per_micro_batch": 64, "use_remove_padding": False},
+     "verl's budget assumes padding removal"),
 ])
 def test_each_pitfall_is_reported(training, needle):
     assert needle in _explain(**training)

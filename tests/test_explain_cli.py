@@ -45,7 +45,14 @@ def test_the_expected_configs_ship():
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
-def test_each_config_explains_without_pitfalls(path, capsys):
+def test_each_config_explains_without_pitfalls(path, capsys, tmp_path, monkeypatch):
+    # The data files the configs name must exist (relative paths: from where it runs).
+    from rllib_grpo.envs._file_env import fixture_path
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data" / "gsm8k").mkdir(parents=True)
+    (tmp_path / "data" / "gsm8k" / "train.jsonl").write_bytes(
+        fixture_path("gsm8k_fixture.jsonl").read_bytes())
     code, out, err = _explain([str(path)], capsys)
     assert code == 0, out + err
     assert "No pitfalls found." in out and "trajectories per step:" in out
@@ -64,6 +71,8 @@ def test_verl_qwen3_8b_config_matches_verls_script():
         True, 24576, "Qwen/Qwen3-8B")
     assert c.env == "rllib_grpo/GSM8K-v0" and "path" in c.env_config
     assert (c.num_learners, exp.checkpoint_freq, exp.total_epochs) == (8, 20, 15)
+    assert (c.master_weights_dtype, c.model_dtype, c.sampler_dtype) == (
+        "float32", "bfloat16", "bfloat16")
 
 
 def test_verl_command_line_with_an_error_exits_1(capsys):
@@ -92,7 +101,7 @@ def test_grid_points_are_explained_one_by_one(capsys):
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["actor_rollout_ref.rollout.tensor_model_parallel_size=2"], "no rllib-grpo equivalent"),
+    (["actor_rollout_ref.rollout.multi_turn.tool_config_path=t.yaml"], "no rllib-grpo equivalent"),
     (["bogus=1"], "unknown config key 'bogus'"),
     (["--config", "[1"], "--config: invalid JSON"),
 ])

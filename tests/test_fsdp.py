@@ -2,7 +2,8 @@
 
 * One update on the same batch gives the same weights with 2 sharded learners as
   with 1 (the loss is normalised by global counts and FSDP averages gradients
-  over ranks, so `dp_size` = world size makes the split invisible).
+  over ranks, so `dp_size` = world size makes the split invisible), and the same on
+  padding-free (packed) rows as on padded ones.
 * A checkpoint written by 2 learners restores into 1 (and back) and training goes on;
   sharded DCP files reshard from 2 learners to 1.
 * Slow: the same exactness with RLlib's DDP (``fsdp=False``); bf16 compute with CPU
@@ -39,6 +40,13 @@ CASES = {
                                     max_tokens_per_micro_batch=13),
     "seq-norm/token-budget": dict(loss_agg_mode="seq-mean-token-sum-norm",
                                   use_dynamic_bsz=True, max_tokens_per_micro_batch=13),
+    # Batch-wide estimators (verl whitens / counts over the whole batch): the learners'
+    # statistics are all-reduced, so two shards give the one-learner advantages.
+    "reinforce_plus_plus": dict(adv_estimator="reinforce_plus_plus",
+                                micro_batch_size_per_learner=2),
+    "reinforce_plus_plus_baseline": dict(adv_estimator="reinforce_plus_plus_baseline",
+                                         micro_batch_size_per_learner=2),
+    "gpg": dict(adv_estimator="gpg", micro_batch_size_per_learner=2),
 }
 
 
@@ -133,20 +141,30 @@ def _reset(group, weights: dict[str, torch.Tensor]) -> None:
     group.foreach_learner(clear)
 
 
-def _assert_same_update(one, two, case: str, initial: dict[str, torch.Tensor]) -> None:
-    """One update of ``one`` (1 learner) and ``two`` (2 learners) from the same weights."""
-    # Perturb the policy (the same way in both) so old != ref and the KL has a gradient.
+def _perturbed(initial: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The policy moved off the reference (the same way every time): old != ref and the
+    KL has a gradient."""
     gen = torch.Generator().manual_seed(0)
     start = {k: v + 0.05 * torch.randn(v.shape, generator=gen) for k, v in initial.items()}
     start["lm_head.weight"] = start["model.embed_tokens.weight"]  # tied embeddings
+    return start
+
+
+def _assert_same_update(one, two, case: str, initial: dict[str, torch.Tensor]) -> None:
+    """One update of ``one`` (1 learner) and ``two`` (2 learners) from the same weights."""
+    start = _perturbed(initial)
     _reset(one, start)
     _reset(two, start)
     assert _max_diff(_weights(two), start) == 0.0  # full state in, full state out
 
     batch = _batch(vocab=len(start["model.embed_tokens.weight"]))
     with _configured(one, 0, CASES[case]), _configured(two, 2, CASES[case]):
-        norm_one = _logged(one.update(batch=batch), "actor/grad_norm")
-        norm_two = _logged(two.update(batch=batch), "actor/grad_norm")
+        results_one, results_two = one.update(batch=batch), two.update(batch=batch)
+        norm_one = _logged(results_one, "actor/grad_norm")
+        norm_two = _logged(results_two, "actor/grad_norm")
+    # verl's actor/entropy is aggregated over the whole batch, not averaged per learner.
+    assert _logged(results_two, "actor/entropy") == pytest.approx(
+        _logged(results_one, "actor/entropy"), rel=1e-5)
 
     grads_one = _grads(one._learner)
     grads_two = two._get_results(two.foreach_learner(_grads))[0]
@@ -170,6 +188,33 @@ def test_two_fsdp_learners_match_one_learner(algos, case):
         lambda learner: isinstance(learner, FSDPGRPOLearner)
         and type(learner.module["default_policy"].lm).__name__.startswith("FSDP"))))
     _assert_same_update(one.learner_group, two.learner_group, case, initial)
+
+
+PACKED_CASES = {"seq-norm/one-row-micro-batches": dict(loss_agg_mode="seq-mean-token-sum-norm",
+                                                      micro_batch_size_per_learner=1),
+                "token-mean/token-budget": CASES["token-mean/token-budget"]}
+
+
+@pytest.mark.parametrize("case", list(PACKED_CASES))
+def test_two_fsdp_learners_packed_equal_padded(algos, case):
+    """Padding-free rows under FSDP2: one update equals the padded one.  With micro-batches
+    of one row, one learner has a micro-batch with no response token (row 3), whose
+    zero-weight backward must still take part in the gradient reduce-scatter."""
+    _, two, initial = algos
+    group, start = two.learner_group, _perturbed(initial)
+    batch = _batch(vocab=len(start["model.embed_tokens.weight"]))
+    runs = {}
+    for packed in (False, True):
+        _reset(group, start)
+        settings = {**PACKED_CASES[case], "use_remove_padding": packed}
+        with _configured(group, 2, settings):
+            norm = _logged(group.update(batch=batch), "actor/grad_norm")
+        runs[packed] = norm, group._get_results(group.foreach_learner(_grads))[0], _weights(group)
+    (norm_padded, grads_padded, padded), (norm_packed, grads_packed, packed) = runs.values()
+    assert norm_packed == pytest.approx(norm_padded, rel=1e-6)
+    assert _max_diff(grads_packed, grads_padded) < 1e-6
+    assert _max_diff(padded, start) > 1e-5
+    assert _max_diff(packed, padded) < 1e-6
 
 
 def _two_cpus_free(ray, timeout_s: float = 30.0) -> bool:
@@ -204,7 +249,10 @@ def test_two_ddp_learners_match_one_learner(ray_session):
 
 
 @pytest.mark.slow
-def test_bf16_mixed_precision_and_cpu_offload_run_close_to_fp32(ray_session):
+@pytest.mark.parametrize("precision", [dict(fsdp_param_dtype="bfloat16"),
+                                       dict(model_dtype="bfloat16")],  # verl's policy
+                         ids=["fsdp_param_dtype", "model_dtype"])
+def test_bf16_mixed_precision_and_cpu_offload_run_close_to_fp32(ray_session, precision):
     """bf16 compute (fp32 master weights and reduce) with CPU offload: one update runs
     and lands near the fp32 single learner (bf16 log-probs are good to ~1e-2)."""
     from rllib_grpo.rllib.config import TEXT_SPACE
@@ -213,7 +261,7 @@ def test_bf16_mixed_precision_and_cpu_offload_run_close_to_fp32(ray_session):
         pytest.skip("the FSDP learners of the `algos` fixture hold both CPUs")
     spaces = {"default_policy": (TEXT_SPACE, TEXT_SPACE)}
     one = _config(0).build_learner_group(spaces=spaces)
-    mixed = _config(2, fsdp_param_dtype="bfloat16", fsdp_cpu_offload=True).build_learner_group(
+    mixed = _config(2, fsdp_cpu_offload=True, **precision).build_learner_group(
         spaces=spaces)
     try:
         start = _weights(one)

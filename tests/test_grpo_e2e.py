@@ -14,6 +14,9 @@ VERL_METRICS = (
     "actor/kl_loss", "actor/entropy", "actor/grad_norm", "timing_s/gen", "timing_s/update_actor",
     "timing_s/update_weights", "perf/throughput", "groups/zero_variance_frac",
     "groups/all_right_frac", "groups/all_wrong_frac", "training/rollout_probs_diff_max",
+    # learner throughput (rllib_grpo.rllib.perf); MFU with a configured peak on CPU
+    "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_policy", "perf/actor_tokens_per_s",
+    "perf/mfu/actor",
 )
 
 
@@ -30,7 +33,7 @@ def _flat(result: dict) -> dict:
 
 
 def test_one_iteration_logs_verl_metrics_and_syncs_weights(ray_session):
-    algo = tiny_config().build_algo()
+    algo = tiny_config(peak_tflops=1.0).build_algo()
     try:
         before = _learner_state(algo)
         result = _flat(algo.train())
@@ -68,7 +71,9 @@ def test_groups_share_a_prompt_and_rewards_match_info(ray_session):
 def test_checkpoint_round_trip_continues_identically(ray_session, tmp_path, num_env_runners):
     from rllib_grpo.rllib.algorithm import GRPO
 
-    config = tiny_config(use_kl_in_reward=True, use_kl_loss=False, kl_ctrl_type="adaptive")
+    # A warm-up still running at the checkpoint: the restored LR schedule must continue it.
+    config = tiny_config(use_kl_in_reward=True, use_kl_loss=False, kl_ctrl_type="adaptive",
+                         lr_warmup_steps=6)
     config.env_runners(num_env_runners=num_env_runners,
                        create_local_env_runner=num_env_runners == 0)
     algo = config.build_algo()

@@ -32,6 +32,20 @@ def test_filter_groups_drops_flat_groups_and_counts_them():
     assert kept.group_index.tolist() == [2, 2, 3, 3]
 
 
+def test_filter_groups_metric_score_is_the_scorers_value_not_the_shaped_reward():
+    from rllib_grpo.data.recipes import filter_groups
+    from rllib_grpo.data.rollout import build_rollout_batch
+
+    # One group: the scorer says 1 and 0, the overlong penalty (-1 on the long right answer)
+    # makes both rewards 0.  verl's "score" is the scorer's; "seq_reward" the shaped reward.
+    infos = [{"acc": True, "score": 1.0, "overlong_reward": -1.0},
+             {"acc": False, "score": 0.0, "overlong_reward": 0.0}]
+    batch = build_rollout_batch([[5], [5]], [[7, 1], [7]], [[-0.1, -0.2], [-0.1]], [0.0, 0.0],
+                                [0, 0], [True, False], [False, False], infos, pad_token_id=0)
+    assert filter_groups(batch, "score")[1].kept == 1
+    assert filter_groups(batch, "seq_reward")[1].kept == 0
+
+
 def test_dynamic_sampling_keeps_exactly_prompts_per_step_whole_groups():
     from rllib_grpo.data.recipes import filter_groups, first_groups
     from rllib_grpo.data.rollout import concat_rollouts
@@ -85,7 +99,8 @@ def _train(**training):
 
 
 def test_dapo_recipe_runs(ray_session):
-    results, _ = _train(filter_groups=True, filter_groups_metric="score", max_num_gen_batches=0,
+    results, _ = _train(filter_groups=True, filter_groups_metric="seq_reward",
+                        max_num_gen_batches=0,
                         group_size=4, clip_ratio_high=0.28, clip_ratio_c=10.0, use_kl_loss=False,
                         overlong_buffer_len=2, mask_truncated_completions=True,
                         model_path="builtin:demo")
@@ -119,8 +134,10 @@ def test_recipe_short_run(ray_session, training):
         assert "val-core/arithmetic/acc/maj@3/mean" in r
 
 
-def test_evaluate_restart_scores_the_same_heldout_prompts_again(ray_session):
+def test_evaluate_from_start_scores_the_same_heldout_prompts_again(ray_session):
     """The demo's before/after accuracy compares the same held-out prompts."""
+    from rllib_grpo.samplers import SamplingParams
+
     algo = tiny_config(model_path="builtin:demo").build_algo()
     try:
         runner = algo.env_runner_group.local_env_runner
@@ -128,8 +145,9 @@ def test_evaluate_restart_scores_the_same_heldout_prompts_again(ray_session):
         def indices(samples):
             return [s.prompt_index for s in samples]
 
-        first = indices(runner.evaluate(6, 1, 0.0))
-        assert indices(runner.evaluate(6, 1, 0.0)) != first  # calls continue through them
-        assert indices(runner.evaluate(6, 1, 0.0, restart=True)) == first
+        greedy = SamplingParams(temperature=0.0, max_tokens=4)
+        first = indices(runner.evaluate(6, 1, greedy, start=0))
+        assert indices(runner.evaluate(6, 1, greedy)) != first  # calls continue through them
+        assert indices(runner.evaluate(6, 1, greedy, start=0)) == first
     finally:
         algo.stop()

@@ -9,12 +9,14 @@ from pathlib import Path
 from tests.test_rewards_arith_countdown import ARITHMETIC_CASES, COUNTDOWN_CASES
 from tests.test_rewards_gsm8k import GSM8K_CASES
 from tests.test_rewards_math import MATH_CASES
+from tests.test_rewards_math_dapo import MATH_DAPO_CASES
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "rewards.md"
 BEGIN, END = "<!-- cases:begin -->", "<!-- cases:end -->"
 TABLES = [
     ("gsm8k", GSM8K_CASES),
     ("math", MATH_CASES),
+    ("math_dapo", MATH_DAPO_CASES),
     ("arithmetic", ARITHMETIC_CASES),
     ("countdown", COUNTDOWN_CASES),
 ]

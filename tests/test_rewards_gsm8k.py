@@ -21,6 +21,7 @@ GSM8K_CASES = [
     ("sign matters", "#### -5", "5", {}, 0.0, "-5"),
     ("wrong answer", "#### 17", "18", {}, 0.0, "17"),
     ("last #### wins", "#### 12\nWait, I forgot the tip.\n#### 18", "18", {}, 1.0, "18"),
+    ("last #### on one line wins", "#### 12 no, #### 18", "18", {}, 1.0, "18"),
     ("empty #### ignored", "#### 18\n####", "18", {}, 1.0, "18"),
     ("ground truth is a full solution", "#### 72", "48+24=72\n#### 72", {}, 1.0, "72"),
     ("strict: no ####", "The answer is 18.", "18", {}, 0.0, None),

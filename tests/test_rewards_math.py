@@ -31,6 +31,7 @@ MATH_CASES = [
     ("sympy: expanded polynomial", r"\boxed{x^2+2x+1}", "(x+1)^2", {}, 1.0, "x^2+2x+1"),
     ("sympy: cube root", r"\boxed{\sqrt[3]{8}}", "2", {}, 1.0, r"\sqrt[3]{8}"),
     ("Answer: fallback", "So the total is 12.\nAnswer: 12", "12", {}, 1.0, "12"),
+    ("last Answer: on one line wins", "Answer: 10. No wait, Answer: 12", "12", {}, 1.0, "12"),
     ("wrong value", r"\boxed{\frac{1}{3}}", "0.333", {}, 0.0, r"\frac{1}{3}"),
     ("wrong polynomial", r"\boxed{x^2+1}", "(x+1)^2", {}, 0.0, "x^2+1"),
     ("tuple order matters", r"\boxed{(1,4)}", "(4,1)", {}, 0.0, "(1,4)"),

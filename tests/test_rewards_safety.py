@@ -47,7 +47,9 @@ def test_timeout_scores_zero_quickly_and_later_calls_still_work():
         calls["n"] += 1
         return slow_fn(data_source, solution_str, ground_truth) if calls["n"] == 1 else 0.5
 
-    scorer = RewardScorer(sometimes_slow, timeout_s=0.1)
+    # On threads the function's state is shared between calls (a forked worker process,
+    # the default for user code, would start from the parent's copy each time).
+    scorer = RewardScorer(sometimes_slow, timeout_s=0.1, isolation="thread")
     start = time.perf_counter()
     first = scorer("any", "x", "y")
     assert time.perf_counter() - start < 0.6

@@ -71,6 +71,16 @@ def test_same_seed_same_samples(model_path, sampler, prompts):
     assert [fresh.generate(prompts, 3, SamplingParams(max_tokens=12)) for _ in range(2)] == unseeded
 
 
+def test_request_seeds_seed_the_call_and_leave_the_stream(sampler, prompts):
+    """Multi-turn episodes pass their own seeds: one batched call is seeded from all of them."""
+    params = SamplingParams(max_tokens=12)
+    calls = sampler.seeds.calls
+    first = sampler.generate(prompts, 1, params, seeds=[1, 2, 3])
+    assert sampler.generate(prompts, 1, params, seeds=[1, 2, 3]) == first
+    assert sampler.generate(prompts, 1, params, seeds=[1, 2, 4]) != first
+    assert sampler.seeds.calls == calls
+
+
 @pytest.mark.parametrize(
     "params",
     [

@@ -145,3 +145,15 @@ def test_sleep_and_wake_up_are_harmless_on_cpu(sampler, prompts):
     sampler.sleep()
     sampler.wake_up()
     assert len(sampler.generate(prompts[:1], 2, SamplingParams(max_tokens=4))[0]) == 2
+
+
+def test_per_request_seeds_do_not_depend_on_the_batch(sampler, prompts):
+    """Multi-turn episodes pass their own seeds: a request's sample ignores its neighbours."""
+    params = SamplingParams(max_tokens=8)
+    calls = sampler.seeds.calls
+    all_four = sampler.generate(prompts, 1, params, seeds=[5, 6, 7, 8])
+    assert sampler.generate([prompts[2], prompts[0]], 1, params, seeds=[7, 5]) == [
+        all_four[2], all_four[0]]
+    assert sampler.generate(prompts[:1], 1, params, seeds=[9]) != all_four[:1]
+    assert sampler.seeds.calls == calls  # the call-seed stream is left alone
+

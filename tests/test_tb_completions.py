@@ -104,3 +104,14 @@ def test_progress_line_names_the_main_metrics(capsys):
     assert "return 21.5" in progress_line(ppo)
     ProgressPrinter().on_trial_result(3, ["a"], "a", result)
     assert capsys.readouterr().out.startswith("iter 3  reward 0.500")
+
+
+def test_multi_turn_rows_show_the_whole_conversation():
+    from rllib_grpo.cli.tensorboard import completions_table
+
+    conversation = "user: 3*9=\nassistant: <tool>calculator: 3*9</tool>\ntool: <result>27</result>"
+    table = completions_table([{"prompt": "3*9=", "response": "ignored", "reward": 1.0,
+                                "acc": True, "conversation": conversation + "\nassistant: 27"}])
+    row = table.splitlines()[2]
+    assert row.count("<br>") == 3 and "ignored" not in row  # one line per turn, in one row
+    assert "&lt;tool&gt;calculator: 3*9&lt;/tool&gt;" in row  # shown, not parsed as HTML

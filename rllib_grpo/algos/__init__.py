@@ -10,7 +10,8 @@ build on this package, never the reverse).  One module per concept:
 * :mod:`~rllib_grpo.algos.kl_control`: fixed / adaptive KL coefficient controllers;
 * :mod:`~rllib_grpo.algos.aggregation`: globally normalised loss aggregation;
 * :mod:`~rllib_grpo.algos.policy_losses`: surrogate losses (``vanilla``, ``gspo``, ...);
-* :mod:`~rllib_grpo.algos.reward_shaping`: DAPO's overlong penalty.
+* :mod:`~rllib_grpo.algos.reward_shaping`: DAPO's overlong penalty;
+* :mod:`~rllib_grpo.algos.lr_schedule`: verl's constant / cosine LR schedules with warm-up.
 """
 
 from rllib_grpo.algos.advantages import ADV_ESTIMATORS, compute_advantage
@@ -35,6 +36,7 @@ from rllib_grpo.algos.kl_control import (
     KLController,
     get_kl_controller,
 )
+from rllib_grpo.algos.lr_schedule import LR_SCHEDULER_TYPES, lr_multiplier, num_warmup_steps
 from rllib_grpo.algos.policy_losses import POLICY_LOSSES, PolicyLossConfig, policy_loss
 from rllib_grpo.algos.registry import Registry
 from rllib_grpo.algos.reward_shaping import overlong_penalty
@@ -44,6 +46,7 @@ __all__ = [
     "AGG_MODES",
     "KL_CONTROLLERS",
     "KL_ESTIMATORS",
+    "LR_SCHEDULER_TYPES",
     "POLICY_LOSSES",
     "AdaptiveKLController",
     "FixedKLController",
@@ -60,10 +63,12 @@ __all__ = [
     "kl_kinds",
     "kl_penalty",
     "logprobs_from_logits",
+    "lr_multiplier",
     "masked_mean",
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "num_warmup_steps",
     "overlong_penalty",
     "policy_loss",
     "safe_div",

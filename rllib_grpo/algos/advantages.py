@@ -11,6 +11,10 @@ and ignores the options it does not use.  ``r_i = token_level_rewards[i].sum()``
 the outcome of response ``i`` (so a KL-in-reward penalty is summed into it), and
 ``group_ids`` (any ``B`` hashables: uuid strings, ints, a numpy array) says which
 responses answer the same prompt.  Singleton groups follow verl: mean 0, std 1.
+
+Estimators registered with ``batch_wide=True`` use statistics of the whole batch; when the
+batch is split over learners (each holding whole groups) they take ``reduce_sum``, a sum
+over the learners, so the result equals the unsplit batch's.
 """
 
 from __future__ import annotations
@@ -20,13 +24,24 @@ from typing import Any
 
 import torch
 
-from rllib_grpo.algos.functional import group_index, group_stats, masked_whiten, safe_div
+from rllib_grpo.algos.functional import (
+    ReduceSum,
+    group_index,
+    group_stats,
+    masked_whiten,
+    safe_div,
+)
 from rllib_grpo.algos.registry import Registry
 
 AdvantageFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 GroupIds = Iterable[Hashable] | torch.Tensor
 
 ADV_ESTIMATORS: Registry[AdvantageFn] = Registry("advantage estimator")
+
+
+def is_batch_wide(estimator: str) -> bool:
+    """Whether ``estimator`` uses statistics of the whole batch (not only of each group)."""
+    return bool(ADV_ESTIMATORS.meta(estimator).get("batch_wide"))
 
 
 def needs_groups(estimator: str) -> bool:
@@ -185,7 +200,7 @@ def opo_advantage(
     return advantages, advantages
 
 
-@ADV_ESTIMATORS.register("reinforce_plus_plus", needs_groups=False)
+@ADV_ESTIMATORS.register("reinforce_plus_plus", needs_groups=False, batch_wide=True)
 @torch.no_grad()
 def reinforce_plus_plus_advantage(
     token_level_rewards: torch.Tensor,
@@ -193,6 +208,7 @@ def reinforce_plus_plus_advantage(
     group_ids: GroupIds | None = None,
     *,
     gamma: float = 1.0,
+    reduce_sum: ReduceSum | None = None,
     **_: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++: discounted reward-to-go, whitened over the whole batch.
@@ -212,16 +228,18 @@ def reinforce_plus_plus_advantage(
         m_t = mask[:, t]
         running = m_t * (token_level_rewards[:, t] + gamma * running) + (1 - m_t) * running
         returns[:, t] = running * m_t
-    advantages = masked_whiten(returns, mask) * mask
+    advantages = masked_whiten(returns, mask, reduce_sum=reduce_sum) * mask
     return advantages, returns
 
 
-@ADV_ESTIMATORS.register("reinforce_plus_plus_baseline", needs_groups=True)
+@ADV_ESTIMATORS.register("reinforce_plus_plus_baseline", needs_groups=True, batch_wide=True)
 @torch.no_grad()
 def reinforce_plus_plus_baseline_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
     group_ids: GroupIds | None = None,
+    *,
+    reduce_sum: ReduceSum | None = None,
     **_: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++-baseline: ``r_i - mean_g`` on every token, then batch ``masked_whiten``.
@@ -235,7 +253,7 @@ def reinforce_plus_plus_baseline_advantage(
     mean, _std, _count = group_stats(scores, index, num_groups)
     mask = response_mask.to(token_level_rewards.dtype)
     centered = _broadcast(scores.to(mean.dtype) - mean[index], mask, token_level_rewards.dtype)
-    advantages = masked_whiten(centered, mask) * mask
+    advantages = masked_whiten(centered, mask, reduce_sum=reduce_sum) * mask
     return advantages, advantages
 
 
@@ -268,7 +286,7 @@ def remax_advantage(
     return advantages, returns * mask
 
 
-@ADV_ESTIMATORS.register("gpg", needs_groups=True)
+@ADV_ESTIMATORS.register("gpg", needs_groups=True, batch_wide=True)
 @torch.no_grad()
 def gpg_advantage(
     token_level_rewards: torch.Tensor,
@@ -276,6 +294,7 @@ def gpg_advantage(
     group_ids: GroupIds | None = None,
     *,
     f_norm: float = 1.0,
+    reduce_sum: ReduceSum | None = None,
     **_: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GPG: ``A_i = alpha · (r_i - mean_g) / f_norm`` with ``alpha = B / max(#{r_i ≠ 0}, 1)``.
@@ -288,7 +307,11 @@ def gpg_advantage(
     scores = token_level_rewards.sum(dim=-1)
     index, num_groups = _groups("gpg", group_ids, scores)
     mean, _std, _count = group_stats(scores, index, num_groups)
-    alpha = scores.shape[0] / max(int(torch.count_nonzero(scores)), 1)
+    counts = torch.tensor([float(scores.shape[0]), float(torch.count_nonzero(scores))],
+                          dtype=torch.float64, device=scores.device)
+    if reduce_sum is not None:  # the whole batch's size and non-zero count
+        counts = reduce_sum(counts)
+    alpha = float(counts[0]) / max(float(counts[1]), 1.0)
     scalars = alpha * (scores.to(mean.dtype) - mean[index]) / f_norm
     advantages = _broadcast(scalars, response_mask, token_level_rewards.dtype)
     return advantages, advantages
@@ -304,6 +327,7 @@ def compute_advantage(
     epsilon: float = 1e-6,
     gamma: float = 1.0,
     reward_baselines: torch.Tensor | None = None,
+    reduce_sum: ReduceSum | None = None,
     **estimator_kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the advantage estimator registered as ``estimator``.
@@ -317,6 +341,8 @@ def compute_advantage(
         epsilon: added to the std.
         gamma: discount (``reinforce_plus_plus``).
         reward_baselines: ``(B,)`` greedy rewards (``remax``).
+        reduce_sum: sums a tensor over the learners when the batch is split over them
+            (batch-wide estimators, see :func:`is_batch_wide`); None = this is the batch.
         **estimator_kwargs: other estimator-specific options (e.g. ``f_norm`` for ``gpg``).
 
     Returns:
@@ -336,5 +362,6 @@ def compute_advantage(
         epsilon=epsilon,
         gamma=gamma,
         reward_baselines=reward_baselines,
+        reduce_sum=reduce_sum,
         **estimator_kwargs,
     )

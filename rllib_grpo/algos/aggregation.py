@@ -25,10 +25,12 @@ mode                        per-micro-batch loss (``m`` mask, ``l`` loss, ``dp``
 
 ``N_tokens = global_num_tokens`` and ``N_seqs = global_num_seqs``.  When they are
 ``None`` and ``dp_size == 1`` the micro-batch's own counts are used: ``Σ m`` tokens, and
-the number of **non-empty** sequences (at least one masked-in token; verl's choice).  Empty
-rows (e.g. zero-mask padding rows added so every rank runs the same number of
-micro-batches) therefore never count as sequences; callers that pass ``global_num_seqs``
-should count the same way for the invariance to hold.  When a needed count is ``None``
+the number of **non-empty** sequences (at least one masked-in token).  The learner passes
+both, counted once over the whole mini-batch on all ranks: its ``N_seqs`` is every sampled
+response, empty ones included (verl's newer ``global_batch_size``); a zero-weight pass (an
+empty token-budget bin that keeps ranks in step) adds nothing to either count.  Every
+micro-batch of a mini-batch must get the same counts for the split invariance to hold.
+When a needed count is ``None``
 and ``dp_size > 1``, ``ValueError`` names the missing argument.  A zero denominator
 (an all-empty batch) gives a loss of 0, not NaN.  ``horizon`` defaults to
 ``loss_mask.shape[-1]``; pass a constant (e.g. ``max_response_length``) so that

@@ -64,16 +64,41 @@ def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) 
     return variance
 
 
+ReduceSum = Callable[[torch.Tensor], torch.Tensor]
+"""Sums a tensor over every shard of the batch (an all-reduce over the learners)."""
+
+
+def sharded_masked_mean_var(values: torch.Tensor, mask: torch.Tensor,
+                            reduce_sum: ReduceSum) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masked mean and unbiased variance over a batch split in shards, each shard holding
+    ``values``/``mask`` and ``reduce_sum`` summing over the shards (two reductions: the
+    mean first, then squared deviations from it, as one pass over the whole batch would).
+    """
+    totals = reduce_sum(torch.stack([masked_sum(values, mask),
+                                     mask.sum().to(values.dtype)]))
+    mean, count = safe_div(totals[0], totals[1]), float(totals[1])
+    if count < 2:
+        raise ValueError(f"masked variance over the whole batch needs two or more masked "
+                         f"elements; the mask sums to {count:g}.")
+    squares = reduce_sum(masked_sum((values - mean) ** 2, mask).reshape(1))[0]
+    return mean, squares / (count - 1)
+
+
 def masked_whiten(
-    values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True
+    values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True,
+    reduce_sum: ReduceSum | None = None,
 ) -> torch.Tensor:
     """``(values - mean) * rsqrt(var + 1e-8)`` with batch-global masked statistics.
 
     The variance is unbiased (see :func:`masked_var`).  With ``shift_mean=False`` the
-    mean is added back, i.e. only the scale is normalised.
+    mean is added back, i.e. only the scale is normalised.  When the batch is split over
+    learners, ``reduce_sum`` (a sum over them) makes the statistics the whole batch's.
     """
-    mean = masked_mean(values, mask)
-    variance = masked_var(values, mask, unbiased=True)
+    if reduce_sum is None:
+        mean = masked_mean(values, mask)
+        variance = masked_var(values, mask, unbiased=True)
+    else:
+        mean, variance = sharded_masked_mean_var(values, mask, reduce_sum)
     whitened = (values - mean) * torch.rsqrt(variance + WHITEN_EPS)
     if not shift_mean:
         whitened = whitened + mean
@@ -176,7 +201,7 @@ def group_index(
     """
     if isinstance(group_ids, torch.Tensor) or hasattr(group_ids, "tolist"):
         if getattr(group_ids, "ndim", 1) != 1:
-            raise ValueError(f"group_ids must be 1-D, got shape {tuple(group_ids.shape)}")
+            raise ValueError(f"group_ids must be 1-D, got shape {tuple(group_ids.shape)}")  # type: ignore[union-attr]
         group_ids = group_ids.tolist()
     numbering: dict[Hashable, int] = {}
     index = [numbering.setdefault(gid, len(numbering)) for gid in group_ids]

@@ -15,7 +15,7 @@ def known_algorithms() -> list[str]:
     return ["GRPO", *sorted(ALGORITHMS)]
 
 
-def resolve_algo(name: str) -> type:
+def resolve_algo(name: str) -> Any:
     """The Algorithm class Tune knows under ``name`` (GRPO or an RLlib built-in)."""
     from ray.rllib.algorithms.algorithm import Algorithm
     from ray.tune.registry import get_trainable_cls

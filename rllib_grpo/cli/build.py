@@ -4,11 +4,15 @@
 flags, with every key checked (`rllib_grpo.cli.experiment.translate`);
 `build_config` turns the experiment into the algorithm's `AlgorithmConfig`;
 `resolve_stop` turns verl's ``trainer.total_epochs`` into iterations.
+Relative file paths are made absolute against the folder the command was started in
+(`absolutize_paths`): a Tune trial runs in its own folder.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
+from pathlib import Path
 from typing import Any
 
 from rllib_grpo.cli.algorithms import default_config, resolve_algo
@@ -19,12 +23,17 @@ from rllib_grpo.cli.experiment import (
     Experiment,
     Translated,
     experiment_from_yaml,
+    has_verl_keys,
     is_grid,
     load_yaml_file,
     parse_json_option,
     parse_overrides,
     translate,
 )
+from rllib_grpo.cli.verl_keys import VERL_DEFAULT_EPOCHS, VERL_DEFAULTS, VERL_MUST_MATCH
+
+# The env that reads verl's data files when a configuration names files but no env.
+PROMPT_FILE_ENV = "rllib_grpo/Prompts-v0"
 
 
 def assemble(
@@ -52,14 +61,58 @@ def assemble(
                (parse_overrides(list(overrides)), "override")]
     for raw, source in sources:
         _merge(exp, translate(raw, exp.algo, source))
+    # verl's defaults when the configuration is given in verl's keys: a file in verl's shape,
+    # or (without a file) verl keys on the command line.
+    exp.verl_defaults = exp.algo == "GRPO" and (
+        has_verl_keys(file_config) if file else any(has_verl_keys(raw) for raw, _ in sources))
     exp.env = env or exp.config.pop("env", None) or exp.env
     exp.stop.update(parse_json_option(stop_json, "--stop"))
     _check_stop(exp.stop)
+    _verl_run_checks(exp)
     exp.name = name or exp.name
     exp.storage_path = storage_path or exp.storage_path
     exp.checkpoint_freq = exp.checkpoint_freq if checkpoint_freq is None else checkpoint_freq
     exp.num_samples = exp.num_samples if num_samples is None else num_samples
+    absolutize_paths(exp.config, Path.cwd())
     return exp
+
+
+# (dict field or None for a top-level field, key) of config values that name files.
+PATH_KEYS = ((None, "model_path"), ("env_config", "path"), ("val_env_config", "path"),
+             ("env_config", "reward_fn"), ("val_env_config", "reward_fn"))
+
+
+def absolutize_paths(config: dict[str, Any], base: Path) -> None:
+    """Make the relative file paths in ``config`` absolute against ``base`` (in place).
+
+    Data files and ``"file.py:function"`` reward specs always; ``model_path`` only when
+    that folder exists (else it may be a built-in name or a hub id).  Grid searches are
+    resolved value by value."""
+    for field, key in PATH_KEYS:
+        holder = config if field is None else config.get(field)
+        if not isinstance(holder, dict) or key not in holder:
+            continue
+        value = holder[key]
+        if is_grid(value):
+            holder[key] = {"grid_search": [_absolute(key, v, base) for v in value["grid_search"]]}
+        else:
+            holder[key] = _absolute(key, value, base)
+
+
+def _absolute(key: str, value: Any, base: Path) -> Any:
+    if not isinstance(value, str) or not value or "://" in value:
+        return value
+    if key == "reward_fn":
+        file, sep, function = value.rpartition(":")
+        if not sep or not file.endswith(".py"):
+            return value  # "module:function" or a registered name
+        return f"{_absolute('path', file, base)}:{function}"
+    path = Path(value).expanduser()
+    if path.is_absolute():
+        return str(path)
+    if key == "model_path" and not (base / path).is_dir():
+        return value
+    return os.path.normpath(base / path)
 
 
 def _merge(exp: Experiment, t: Translated) -> None:
@@ -69,6 +122,8 @@ def _merge(exp: Experiment, t: Translated) -> None:
         exp.config[key] = value
     exp.ignored += [k for k in t.ignored if k not in exp.ignored]
     exp.mapped += t.mapped
+    exp.recorded.update(t.recorded)
+    exp.must_match.update(t.must_match)
     run = t.run
     if "trainer.total_training_steps" in run:
         exp.stop["training_iteration"] = _run_int(run, "trainer.total_training_steps")
@@ -79,6 +134,39 @@ def _merge(exp: Experiment, t: Translated) -> None:
     exp.name = run.get("trainer.experiment_name", exp.name)
     exp.storage_path = run.get("trainer.default_local_dir", exp.storage_path)
     exp.mapped += [f"{k} -> {VERL_TO_RUN[k]}" for k in run]
+
+
+def _verl_run_checks(exp: Experiment) -> None:
+    """What verl keys imply across sources: the file env for data files, verl's epoch count,
+    and keys whose value must agree with a setting."""
+    if exp.algo != "GRPO":
+        return
+    if exp.env is None and (exp.config.get("env_config") or {}).get("path") is not None:
+        exp.env = PROMPT_FILE_ENV
+        exp.mapped.append(f"data.train_files without an env -> env {PROMPT_FILE_ENV} (each "
+                          "row's data_source picks its reward function, as in verl)")
+    if exp.verl_defaults and exp.total_epochs is None and "training_iteration" not in exp.stop:
+        exp.total_epochs = VERL_DEFAULT_EPOCHS
+        exp.mapped.append(f"trainer.total_epochs={VERL_DEFAULT_EPOCHS} (verl's default) -> "
+                          f"{VERL_TO_RUN['trainer.total_epochs']}")
+    for key, value in exp.must_match.items():
+        field = VERL_MUST_MATCH[key]
+        setting = exp.config.get(field, _default_of(exp, field))
+        if value != setting:
+            raise ConfigError(f"verl key {key}={value!r} differs from {field}={setting!r}: verl "
+                              f"takes the overlong buffer's length from it; make them equal")
+    manager = exp.recorded.get("reward_model.reward_manager")
+    overlong = exp.config.get("overlong_buffer_enable", _default_of(exp, "overlong_buffer_enable"))
+    if manager == "naive" and overlong:
+        raise ConfigError("reward_model.reward_manager=naive has no overlong buffer in verl: set "
+                          "reward_model.reward_manager=dapo or overlong_buffer.enable=False")
+
+
+def _default_of(exp: Experiment, field: str) -> Any:
+    """A setting's default for this experiment: verl's when it is given in verl keys."""
+    if exp.verl_defaults and field in VERL_DEFAULTS:
+        return VERL_DEFAULTS[field][0]
+    return getattr(default_config(exp.algo), field, None)
 
 
 def _run_int(run: dict[str, Any], key: str) -> int:
@@ -107,8 +195,12 @@ def build_config(exp: Experiment, point: dict[str, Any] | None = None) -> Any:
     config = default_config(exp.algo)
     if exp.env:
         config.environment(exp.env)
+    defaults = {field: value for field, (value, _) in VERL_DEFAULTS.items()
+                } if exp.verl_defaults else {}
+    if "training_iteration" in exp.stop and "total_training_steps" not in exp.config:
+        defaults["total_training_steps"] = exp.stop["training_iteration"]  # the LR schedule's
     try:
-        config.update_from_dict({**exp.config, **(point or {})})
+        config.update_from_dict({**defaults, **exp.config, **(point or {})})
     except (TypeError, ValueError) as err:
         raise ConfigError(f"config: {err}") from None
     return config
@@ -130,10 +222,14 @@ def config_errors(exp: Experiment) -> list[str]:
 
 
 def resolve_stop(exp: Experiment, config: Any) -> dict[str, Any]:
-    """The Tune stop criteria, with ``trainer.total_epochs`` turned into iterations."""
+    """The Tune stop criteria, with ``trainer.total_epochs`` turned into iterations; the
+    config's ``total_training_steps`` (LR schedule, last-step validation) follows them
+    unless it is set."""
     stop = dict(exp.stop)
     if exp.total_epochs is not None and "training_iteration" not in stop:
         stop["training_iteration"] = epochs_to_iterations(config, exp.total_epochs)
+    if getattr(config, "total_training_steps", 0) is None and "training_iteration" in stop:
+        config.total_training_steps = stop["training_iteration"]
     return stop
 
 

@@ -45,6 +45,10 @@ COLUMNS: tuple[Column, ...] = (
     Column("kl", ("actor/kl_loss",), ".4f"),
     # RLlib's other algorithms: their return.
     Column("return", ("env_runners/episode_return_mean",), ".4g"),
+    # Multi-turn envs: turns and tool calls per episode, tool calls that succeeded.
+    Column("turns", ("num_turns/mean",), ".2f"),
+    Column("tools/ep", ("tool_calls/per_episode",), ".2f"),
+    Column("tool ok", ("tool_calls/success_rate",), ".2f"),
     Column("step", ("timing_s/step", "time_this_iter_s"), ".2f", "s"),
     Column("", ("perf/throughput",), ",.0f", " tok/s"),
 )

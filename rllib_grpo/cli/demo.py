@@ -6,24 +6,31 @@ supervised warm-up on arithmetic demonstrations: it starts with about a third of
 sampled answers right, so groups mix right and wrong answers and GRPO has a signal from
 the first step; GRPO then raises the reward to 0.9 and above.
 
-``--model smollm2-135m`` (``make demo-real``): SmolLM2-135M-Instruct learns two-digit
-sums asked as a chat question; held-out accuracy (greedy) is printed before and after.
+``--model smollm2-135m`` (``make demo-real``): SmolLM2-135M-Instruct learns one-digit
+sums asked as a chat question; held-out accuracy is printed before and after.
 
-    python -m rllib_grpo.demo [--model demo|smollm2-135m] [--iterations N] [--out DIR]
-                              [--sampler auto|vllm|hf] [--verbose]
+``--task tool-arithmetic|guess-number`` picks a multi-turn demo instead
+(`rllib_grpo.cli.demo_agents`); ``--model FOLDER`` trains a saved model instead of the
+task's built-in one.
+
+    python -m rllib_grpo.demo [--model demo|smollm2-135m|FOLDER] [--iterations N]
+                              [--out DIR] [--sampler auto|vllm|hf] [--verbose]
+                              [--task arithmetic|tool-arithmetic|guess-number]
 
 The console shows one line per step (a progress bar with ETA on a terminal), then where
-the plot, the TensorBoard logs and the checkpoint are.
-"""
+the plot, the TensorBoard logs, the checkpoint and the exported model (a Hugging Face
+folder, which ``rllib-grpo eval`` scores) are."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from rllib_grpo.cli.demos import DEMOS, DemoSpec, demo_config
+from rllib_grpo.cli.demo_agents import TASKS
+from rllib_grpo.cli.demos import DEMOS, DemoSpec, demo_config, pick_demo
 
 __all__ = ["demo_config", "heldout_accuracy", "heldout_report", "main", "plot_curve",
            "time_split"]
@@ -72,18 +79,17 @@ def time_split(rows: list[dict]) -> str:
 
 
 def heldout_accuracy(algo: Any, temperature: float) -> float:
-    """Mean accuracy on the config's held-out prompts (``val_env_config``,
-    ``val_num_prompts`` x ``val_n`` samples at ``temperature``), the same prompts at
-    every call.
-
-    A small local evaluation through the local env runner; the ``eval`` command replaces it
-    once it exists.
-    """
+    """Mean accuracy on the config's held-out prompts (``val_env_config``: the first
+    ``val_num_prompts`` of the held-out order, ``val_n`` samples each at ``temperature``),
+    the same prompts at every call, through the local env runner."""
     import numpy as np
 
+    from rllib_grpo.samplers import SamplingParams
+
     c = algo.config
+    params = SamplingParams(temperature=temperature, max_tokens=c.max_response_length)
     samples = algo.env_runner_group.local_env_runner.evaluate(
-        c.val_num_prompts, c.val_n, temperature, restart=True)
+        c.val_num_prompts, c.val_n, params, start=0)
     return float(np.mean([s.acc if s.acc is not None else s.score for s in samples]))
 
 
@@ -92,16 +98,6 @@ def heldout_report(algo: Any) -> dict[str, float]:
     c = algo.config
     return {"greedy": heldout_accuracy(algo, c.val_temperature),
             "sampled": heldout_accuracy(algo, c.temperature)}
-
-
-def export_model(algo: Any, folder: Path) -> str | None:
-    """EXPORT HOOK: the trained model as a plain Hugging Face folder.
-
-    `rllib-grpo export` / ``algo.export_model`` is being added separately; until it lands
-    this returns None and the demo prints no exported-model line.  Replace the body with
-    that call and return the folder.
-    """
-    return None
 
 
 def _row(result: dict) -> dict:
@@ -118,9 +114,12 @@ def _row(result: dict) -> dict:
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="demo", choices=sorted(DEMOS),
+    parser.add_argument("--model", default="demo", metavar="|".join((*sorted(DEMOS), "FOLDER")),
                         help="demo: the built-in 0.1M model (about a minute); smollm2-135m: "
-                             "SmolLM2-135M-Instruct (about 15 minutes on a 2-core CPU)")
+                             "SmolLM2-135M-Instruct (about 15 minutes on a 2-core CPU); or a "
+                             "saved model folder to train instead of the task's built-in")
+    parser.add_argument("--task", default="arithmetic", choices=("arithmetic", *TASKS),
+                        help="a multi-turn task instead of one-digit sums")
     parser.add_argument("--iterations", type=int, default=None,
                         help="training steps (default: the demo's own)")
     parser.add_argument("--target-reward", type=float, default=None,
@@ -139,7 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     from rllib_grpo.logs import quiet_console
 
     quiet_console(verbose=args.verbose)  # before vLLM/transformers/torch are imported
-    spec: DemoSpec = DEMOS[args.model]
+    try:
+        spec: DemoSpec = pick_demo(args.model, args.task)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     iterations = args.iterations if args.iterations is not None else spec.iterations
     target = args.target_reward if args.target_reward is not None else spec.target_reward
 
@@ -153,7 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     imports = prefetch_imports(args.sampler)  # while ray.init waits for its processes
-    ray.init(num_cpus=2, object_store_memory=500 * 1024**2, include_dashboard=False,
+    # A Ray of its own (address="local"), even when a `ray start` cluster runs here.
+    ray.init(address="local", num_cpus=2, object_store_memory=500 * 1024**2,
+             include_dashboard=False,
              log_to_driver=False, configure_logging=args.verbose,
              logging_level=logging.INFO if args.verbose else logging.WARNING,
              _system_config=RAY_INIT_QUIET_START)
@@ -172,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
               f"temperature {config.temperature:g}", flush=True)
     history = _train(algo, iterations, target, out)
     after = heldout_report(algo) if spec.heldout else None
-    _finish(algo, spec, history, out, t_start, (before, after) if spec.heldout else None)
+    _finish(algo, spec, history, out, t_start,
+            (before, after) if before is not None and after is not None else None)
     algo.stop()
     ray.shutdown()
     return 0
@@ -217,7 +223,7 @@ def _finish(algo: Any, spec: DemoSpec, history: list[dict], out: Path, t_start: 
     plot = out / "reward_curve.png"
     plot_curve(history, plot, spec.title, heldout)
     checkpoint = algo.save_to_path(str(out / "checkpoint"))
-    exported = export_model(algo, out / "model")
+    exported = algo.export_model(str(out / "model"), overwrite=True)
     n = min(10, len(history))
     first = sum(h["reward"] for h in history[:n]) / n
     last = sum(h["reward"] for h in history[-n:]) / n
@@ -231,8 +237,9 @@ def _finish(algo: Any, spec: DemoSpec, history: list[dict], out: Path, t_start: 
     print(f"reward curve:   {plot}")
     print(f"TensorBoard:    tensorboard --logdir {out / 'tensorboard'}")
     print(f"checkpoint:     {checkpoint}")
-    if exported is not None:  # see export_model
-        print(f"exported model: {exported}")
+    print(f"exported model: {exported}")
+    if spec.eval_args:
+        print(f"score it:       rllib-grpo eval {exported} {spec.eval_args}")
 
 
 if __name__ == "__main__":

@@ -5,12 +5,17 @@
 * ``smollm2-135m`` (``make demo-real``): SmolLM2-135M-Instruct, a real pretrained
   model, fine-tuned with GRPO on chat-formatted sums; accuracy on held-out sums is
   measured before and after training.
+
+`pick_demo` also serves ``--task`` (the multi-turn demos of `rllib_grpo.cli.demo_agents`)
+and ``--model FOLDER`` (a saved model trained on a demo's task instead of its built-in).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -73,13 +78,53 @@ class DemoSpec:
     target_reward: float | None  # stop once the last 10 steps average this (None: never)
     heldout: bool  # score held-out prompts (greedy) before and after training
     title: str  # the plot's title
+    eval_args: str | None = None  # `rllib-grpo eval MODEL ...` arguments for the same task
+
+
+def _eval_args(env_config: dict[str, Any], max_response_length: int, extra: str = "") -> str:
+    return (f"--env rllib_grpo/Arithmetic-v0 --env-config '{json.dumps(env_config)}' "
+            f"--max-response-length {max_response_length}{extra}")
 
 
 DEMOS: dict[str, DemoSpec] = {
     spec.name: spec for spec in (
         DemoSpec("demo", demo_config, iterations=400, target_reward=0.9, heldout=False,
-                 title="GRPO on rllib_grpo/Arithmetic-v0 (built-in demo model, CPU)"),
+                 title="GRPO on rllib_grpo/Arithmetic-v0 (built-in demo model, CPU)",
+                 eval_args=_eval_args({"max_operand": 4}, 4)),
         DemoSpec("smollm2-135m", smollm2_config, iterations=15, target_reward=None,
-                 heldout=True, title="GRPO: SmolLM2-135M-Instruct on one-digit sums (CPU)"),
+                 heldout=True, title="GRPO: SmolLM2-135M-Instruct on one-digit sums (CPU)",
+                 eval_args=_eval_args({**SMOLLM2_TASK, "split": "heldout"}, 16,
+                                      " --temperature 0 --n 1")),
     )
 }
+
+
+def pick_demo(model: str, task: str = "arithmetic") -> DemoSpec:
+    """The demo that ``--model`` and ``--task`` name.
+
+    ``model`` is a `DEMOS` name or a saved model folder, which then replaces the task's
+    built-in model; ``task`` is ``arithmetic`` or one of `rllib_grpo.cli.demo_agents.TASKS`.
+    Raises ValueError, naming the fix, for an unknown model or a pair that does not fit.
+    """
+    from rllib_grpo.cli.demo_agents import TASKS, task_config
+
+    folder = None if model in DEMOS else model
+    if folder is not None and not (Path(folder).expanduser() / "config.json").is_file():
+        raise ValueError(f"--model {model}: neither a demo ({', '.join(sorted(DEMOS))}) nor a "
+                         "saved model folder (one with config.json)")
+    if task == "arithmetic":
+        spec = DEMOS[model] if folder is None else DEMOS["demo"]
+        if folder is None:
+            return spec
+        base = spec.build_config
+        return dataclasses.replace(
+            spec, name=folder, title=f"GRPO on rllib_grpo/Arithmetic-v0 ({Path(folder).name})",
+            build_config=lambda seed, sampler: base(seed, sampler).training(model_path=folder))
+    if task not in TASKS:
+        raise ValueError(f"--task {task}: choose arithmetic or one of {', '.join(TASKS)}")
+    if model not in ("demo", folder):
+        raise ValueError(f"--model {model} trains on one-digit sums only: drop --task {task} "
+                         "(or give --model a saved model folder)")
+    return DemoSpec(task, lambda seed, sampler: task_config(task, seed, sampler, folder),
+                    iterations=400, target_reward=0.9, heldout=False,
+                    title=f"GRPO on {task} (multi-turn demo, CPU)")

@@ -5,9 +5,11 @@ Sources, later ones winning: the experiment YAML (RLlib's classic Tune shape
 JSON, then trailing ``key=value`` overrides (values parsed as YAML scalars).
 Every key is checked before anything is built (RLlib's `update_from_dict` would
 silently set an unknown one): a GRPO setting, a verl dotted name from
-`VERL_ALIASES`, a verl key handled here (`VERL_IGNORED`, `VERL_IGNORED_AT`,
-`VERL_TO_RUN`, `VERL_TO_SUB_KEY`), or an attribute of the algorithm's fresh
-config.  Any other verl key is refused by name.  No Ray is started here.
+`VERL_ALIASES`, a verl key handled by the tables of `rllib_grpo.cli.verl_keys`
+(ignored, run settings, dict entries, recorded, refused parallel layouts), or an
+attribute of the algorithm's fresh config.  Any other verl key is refused by name.
+A configuration given in verl's keys starts from verl's defaults (`VERL_DEFAULTS`).
+No Ray is started here.
 """
 
 from __future__ import annotations
@@ -24,72 +26,41 @@ import yaml
 
 from rllib_grpo.cli.algorithms import default_config
 from rllib_grpo.cli.errors import ConfigError
+from rllib_grpo.cli.verl_keys import (  # noqa: F401  (the tables are part of this API)
+    REWARD_MANAGERS,
+    VERL_DEFAULTS,
+    VERL_IGNORED,
+    VERL_IGNORED_AT,
+    VERL_IGNORED_PREFIXES,
+    VERL_MUST_MATCH,
+    VERL_PREFIX_TO_DICT,
+    VERL_RECORDED,
+    VERL_REFUSED_LAYOUTS,
+    VERL_REFUSED_PREFIXES,
+    VERL_TO_RUN,
+    VERL_TO_SUB_KEY,
+    VERL_TOP_LEVEL,
+    prefix_match,
+)
 from rllib_grpo.rllib.settings import (
     DERIVED_FIELDS,
     SETTINGS_FIELDS,
     VERL_ALIASES,
+    canonical_dtype,
     derived_field_error,
+    is_dtype_setting,
 )
 
 # Top-level sections of verl's config: a dotted key under one of them is a verl key.
 VERL_ROOTS = ("algorithm", "actor_rollout_ref", "data", "trainer", "critic", "reward_model",
               "reward", "custom_reward_function", "ray_init", "ray_kwargs", "global_profiler")
-_AR = "actor_rollout_ref."
-_LOGPROB_CHUNKS = ("chunking of a no-grad log-prob forward pass: the values do not depend on it "
-                   "(the learner chunks it by micro_batch_size_per_learner)")
-
-# verl keys accepted at any value because they change nothing here: key -> why.
-VERL_IGNORED: dict[str, str] = {
-    "trainer.logger": "picks verl's loggers (console/wandb); Tune always writes TensorBoard, "
-                      "JSON and CSV",
-    "trainer.project_name": "the wandb project name; names nothing here",
-    "trainer.balance_batch": "verl reorders trajectories for equal GPU work: it changes which "
-                             "trajectories share a mini-batch, not the objective, advantages or "
-                             "expected update",
-    _AR + "model.use_remove_padding": "padding-free packing is a speed path; padded batches with "
-                                      "attention masks give the same log-probs",
-    _AR + "rollout.mode": "verl's rollout server mode; a step's samples all come from one weight "
-                          "version either way",
-    _AR + "rollout.log_prob_micro_batch_size_per_gpu": _LOGPROB_CHUNKS,
-    _AR + "rollout.log_prob_max_token_len_per_gpu": _LOGPROB_CHUNKS,
-    _AR + "rollout.log_prob_use_dynamic_bsz": _LOGPROB_CHUNKS,
-    _AR + "ref.log_prob_micro_batch_size_per_gpu": _LOGPROB_CHUNKS,
-    _AR + "ref.log_prob_max_token_len_per_gpu": _LOGPROB_CHUNKS,
-    _AR + "ref.log_prob_use_dynamic_bsz": _LOGPROB_CHUNKS,
-}
-# verl keys accepted only at the value that is what rllib-grpo does: key -> (value, why).
-VERL_IGNORED_AT: dict[str, tuple[Any, str]] = {
-    "trainer.critic_warmup": (0, "GRPO has no critic"),
-    "trainer.val_before_train": (False, "validation runs every val_every steps only"),
-    _AR + "rollout.tensor_model_parallel_size": (1, "one sampler engine per env runner"),
-    _AR + "actor.ulysses_sequence_parallel_size": (1, "no sequence parallelism"),
-    _AR + "actor.fsdp_config.param_offload": (False, "the actor's weights stay on the device"),
-    _AR + "actor.fsdp_config.optimizer_offload": (False, "the optimizer states stay on the "
-                                                         "device (see optimizer_offload)"),
-}
-# verl keys that set how the experiment runs (Tune), not the algorithm config.
-VERL_TO_RUN: dict[str, str] = {
-    "trainer.total_training_steps": "stop training_iteration",
-    "trainer.total_epochs": "stop training_iteration = epochs x (prompts // prompts_per_step)",
-    "trainer.save_freq": "checkpoint frequency (training steps; -1 = none)",
-    "trainer.experiment_name": "Tune experiment name",
-    "trainer.default_local_dir": "Tune storage path",
-    "trainer.n_gpus_per_node": "num_learners = n_gpus_per_node x nnodes, 1 GPU each",
-    "trainer.nnodes": "num_learners = n_gpus_per_node x nnodes, 1 GPU each",
-}
-# verl keys that set one entry of a dict-valued config field: key -> (field, entry).
-VERL_TO_SUB_KEY: dict[str, tuple[str, str]] = {
-    "data.train_files": ("env_config", "path"),
-    "data.val_files": ("val_env_config", "path"),
-    _AR + "rollout.enforce_eager": ("sampler_config", "enforce_eager"),
-}
 # RLlib's `update_from_dict` renames these; classic configs use them.
 RLLIB_SPECIAL_KEYS = {"callbacks", "create_env_on_driver", "custom_eval_function", "framework",
                       "input", "lambda", "num_cpus_for_driver", "num_workers", "multiagent"}
 EXPERIMENT_KEYS = {"run", "env", "stop", "config", "checkpoint_config", "checkpoint_freq",
                    "checkpoint_at_end", "storage_path", "local_dir", "num_samples", "name"}
 CHECKPOINT_KEYS = {"checkpoint_frequency", "checkpoint_at_end", "num_to_keep"}
-DICT_FIELDS = ("env_config", "sampler_config", "val_env_config")
+DICT_FIELDS = ("env_config", "sampler_config", "val_env_config", "model_override_config")
 VERL_GPUS_PER_NODE, VERL_NNODES = 8, 1  # verl's defaults
 
 
@@ -121,6 +92,9 @@ class Experiment:
     num_samples: int = 1
     ignored: list[str] = dataclasses.field(default_factory=list)
     mapped: list[str] = dataclasses.field(default_factory=list)
+    recorded: dict[str, Any] = dataclasses.field(default_factory=dict)
+    must_match: dict[str, Any] = dataclasses.field(default_factory=dict)
+    verl_defaults: bool = False  # the configuration is given in verl's keys
 
 
 # ----------------------------------------------------------------------------- parsing
@@ -254,7 +228,12 @@ def property_keys(algo: str) -> dict[str, str]:
 
 
 def is_verl_key(key: str) -> bool:
-    return "." in key and key.split(".")[0] in VERL_ROOTS
+    return ("." in key and key.split(".")[0] in VERL_ROOTS) or key in VERL_TOP_LEVEL
+
+
+def has_verl_keys(raw: Mapping[str, Any]) -> bool:
+    """Whether one source gives any of its keys in verl's names."""
+    return any(is_verl_key(key) for key in flatten_verl(raw))
 
 
 @dataclasses.dataclass
@@ -266,6 +245,8 @@ class Translated:
     ignored: list[str] = dataclasses.field(default_factory=list)
     mapped: list[str] = dataclasses.field(default_factory=list)
     origin: dict[str, str] = dataclasses.field(default_factory=dict)
+    recorded: dict[str, Any] = dataclasses.field(default_factory=dict)
+    must_match: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def translate(raw: Mapping[str, Any], algo: str, source: str) -> Translated:
@@ -278,8 +259,11 @@ def translate(raw: Mapping[str, Any], algo: str, source: str) -> Translated:
     for key, value in flatten_verl(raw).items():
         if is_verl_key(key) and algo != "GRPO":
             raise ConfigError(f"{source}: verl key {key!r} only applies to --algo GRPO")
+        name = VERL_ALIASES.get(key, key)
+        if is_dtype_setting(name):  # verl spells dtypes bf16 / fp32
+            value = canonical_dtype(value)
         if key in VERL_ALIASES:
-            _set(out, VERL_ALIASES[key], check_type(key, VERL_ALIASES[key], value), key, source)
+            _set(out, name, check_type(key, name, value), key, source)
         elif is_verl_key(key):
             _translate_verl_key(out, key, value, known, source)
         elif algo == "GRPO" and key in DERIVED_FIELDS:
@@ -296,14 +280,35 @@ def translate(raw: Mapping[str, Any], algo: str, source: str) -> Translated:
 
 def _translate_verl_key(out: Translated, key: str, value: Any, known: frozenset[str],
                         source: str) -> None:
-    if key in VERL_IGNORED:
+    refused = prefix_match(key, VERL_REFUSED_PREFIXES)
+    if refused or (key in VERL_REFUSED_LAYOUTS and value not in VERL_REFUSED_LAYOUTS[key][0]):
+        why, nearest = (VERL_REFUSED_PREFIXES[refused] if refused
+                        else VERL_REFUSED_LAYOUTS[key][1:])
+        raise ConfigError(f"{source}: verl key {key}={value!r} is refused: {why}. "
+                          f"Nearest setting that runs: {nearest}.")
+    dict_prefix = prefix_match(key, VERL_PREFIX_TO_DICT)
+    if key in VERL_IGNORED or key in VERL_REFUSED_LAYOUTS or prefix_match(
+            key, VERL_IGNORED_PREFIXES):
         out.ignored.append(key)
     elif key in VERL_IGNORED_AT:
         _ignore_at(out, key, value, source)
     elif key in VERL_TO_RUN:
         out.run[key] = value
+    elif key in VERL_RECORDED:
+        if key == "reward_model.reward_manager" and value not in REWARD_MANAGERS:
+            raise ConfigError(f"{source}: verl key {key}={value!r} has no rllib-grpo equivalent "
+                              f"yet (use one of {', '.join(REWARD_MANAGERS)}, or register a "
+                              "reward function: rllib_grpo.rewards.register_reward_fn)")
+        out.recorded[key] = value
+    elif key in VERL_MUST_MATCH:
+        out.must_match[key] = value
     elif key in VERL_TO_SUB_KEY and VERL_TO_SUB_KEY[key][0] in known:
         field, entry = VERL_TO_SUB_KEY[key]
+        _set(out, field, {entry: canonical_dtype(value) if entry == "dtype" else value}, key,
+             source)
+        out.mapped.append(f"{key} -> {field}.{entry}")
+    elif dict_prefix:
+        field, entry = VERL_PREFIX_TO_DICT[dict_prefix], key[len(dict_prefix):]
         _set(out, field, {entry: value}, key, source)
         out.mapped.append(f"{key} -> {field}.{entry}")
     else:
@@ -312,7 +317,9 @@ def _translate_verl_key(out: Translated, key: str, value: Any, known: frozenset[
 
 def _ignore_at(out: Translated, key: str, value: Any, source: str) -> None:
     expected, why = VERL_IGNORED_AT[key]
-    if value != expected:
+    if key.endswith("_dtype"):
+        value = canonical_dtype(value)
+    if value not in (expected if isinstance(expected, tuple) else (expected,)):
         raise ConfigError(f"{source}: verl key {key!r}={value!r} has no rllib-grpo equivalent "
                           f"yet (only {expected!r} is accepted: {why})")
     out.ignored.append(key)

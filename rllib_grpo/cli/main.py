@@ -1,27 +1,43 @@
 """The command line: ``rllib train`` (RLlib's classic command, for GRPO and the
-built-in algorithms) and ``rllib-grpo explain`` (the resolved GRPO plan and its
-pitfalls).
+built-in algorithms), ``rllib-grpo explain`` (the resolved GRPO plan and its
+pitfalls), ``rllib-grpo export`` (a checkpoint as a Hugging Face model folder,
+`rllib_grpo.cli.export`) and ``rllib-grpo eval`` (verl's validation metrics of a
+model or checkpoint, `rllib_grpo.cli.eval_command`).
 
     rllib train --algo GRPO --env rllib_grpo/Arithmetic-v0 --config '{"lr": 1e-3}' \\
         --stop '{"training_iteration": 20}'
     rllib train file configs/cpu_demo.yaml
     rllib train file configs/dr_grpo.yaml actor_rollout_ref.rollout.n=4
     rllib-grpo explain configs/dr_grpo.yaml
+    rllib-grpo export demo_output/checkpoint /tmp/demo_model
+    rllib-grpo eval /tmp/demo_model --env rllib_grpo/Arithmetic-v0 --env-config '{"max_operand": 4}'
+    rllib train --resume ~/ray_results/GRPO_2026-11-30_12-00-00
 
 Exit codes: 0 done; 1 a trial failed (train) or problems found (explain);
-2 bad input (invalid JSON/YAML, unknown key, refused verl key, invalid setting).
+2 bad input (invalid JSON/YAML, unknown key, refused verl key, invalid setting);
+130 / 143 interrupted by SIGINT / SIGTERM (after saving a checkpoint; --resume continues).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
+from rllib_grpo.cli.eval_command import add_eval_parser, run_eval
 from rllib_grpo.cli.experiment import ConfigError, Experiment
-from rllib_grpo.logs import console_env, quiet_console
+from rllib_grpo.cli.export import add_export_parser, run_export
+from rllib_grpo.cli.run import (  # noqa: F401  (check_resources, one_line_error: public API)
+    check_resources,
+    one_line_error,
+    resume,
+    run_tune,
+    storage_path_error,
+)
+
+# Commands that take their own arguments (no experiment sources).
+SELF_CONTAINED_COMMANDS = {"export": run_export, "eval": run_eval}
 
 TRAIN_EPILOG = """\
 sources, later ones winning: the experiment file, --config, KEY=VALUE overrides, flags.
@@ -38,8 +54,13 @@ examples:
       --stop '{"training_iteration": 20}'
   rllib train --algo PPO --env CartPole-v1 --config '{"num_env_runners": 1}' \\
       --stop '{"training_iteration": 2}'
+  rllib train --resume ~/ray_results/GRPO_2026-11-30_12-00-00
 
-exit codes: 0 done, 1 a trial failed, 2 bad input (the message names the key).
+Ctrl+C (SIGINT) or SIGTERM: every trial finishes its iteration, saves a checkpoint and
+pauses; --resume RUN_DIR continues from the newest complete checkpoint of each trial.
+
+exit codes: 0 done, 1 a trial failed, 2 bad input (the message names the key),
+130 / 143 interrupted by SIGINT / SIGTERM.
 """
 
 EXPLAIN_EPILOG = """\
@@ -71,6 +92,10 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--storage-path", "--local-dir", dest="storage_path", metavar="DIR",
                    help="where Tune writes results and checkpoints (default ~/ray_results)")
     p.add_argument("--name", help="experiment name (a folder under the storage path)")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue an interrupted or failed run (the 'results:' folder it "
+                        "printed) from each trial's newest complete checkpoint; takes no "
+                        "config, only the Ray options")
     p.add_argument("--num-samples", type=int, metavar="N", help="trials to run (default 1)")
     p.add_argument("--ray-address", metavar="ADDR",
                    help="connect to this Ray cluster ('auto': $RAY_ADDRESS or the one `ray "
@@ -89,11 +114,12 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser(prog: str = "rllib") -> argparse.ArgumentParser:
-    """The ``train`` and ``explain`` commands."""
+    """The ``train``, ``explain``, ``export`` and ``eval`` commands."""
     parser = argparse.ArgumentParser(
         prog=prog, description="GRPO and RLlib's algorithms from the command line, "
                                "through Ray Tune.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,explain}")
+    sub = parser.add_subparsers(dest="command", required=True,
+                                metavar="{train,explain,export,eval}")
     fmt = argparse.RawDescriptionHelpFormatter
     train = sub.add_parser(
         "train", help="train an algorithm with Ray Tune", formatter_class=fmt,
@@ -111,6 +137,8 @@ def build_parser(prog: str = "rllib") -> argparse.ArgumentParser:
                     "in our or verl's names) and print what one training step does, with\n"
                     "every error and pitfall found. Nothing is trained.")
     _add_source_args(explain)
+    add_export_parser(sub)
+    add_eval_parser(sub)
     return parser
 
 
@@ -153,11 +181,23 @@ def assemble_from_args(args: argparse.Namespace, file: str | None,
 
 
 def key_report(exp: Experiment) -> list[str]:
-    """Lines naming the verl keys that were mapped onto run settings or ignored."""
+    """Lines naming the verl keys that were mapped onto run settings, recorded or ignored,
+    and the defaults the configuration starts from."""
+    from rllib_grpo.cli.verl_keys import VERL_DEFAULTS, VERL_DEFAULTS_NOT_TAKEN, VERL_RECORDED
+
     lines = [f"verl key mapped: {line}" for line in exp.mapped]
+    lines += [f"verl key recorded: {key}={value!r}: {VERL_RECORDED[key]}"
+              for key, value in exp.recorded.items()]
     if exp.ignored:
-        lines.append("verl keys ignored (no effect here, see rllib_grpo.cli.experiment.VERL_IGNORED): "
+        lines.append("verl keys ignored (no effect here, see rllib_grpo.cli.verl_keys.VERL_IGNORED): "
                      + ", ".join(exp.ignored))
+    if exp.verl_defaults:
+        taken = ", ".join(f"{key}={value!r}" for value, key in VERL_DEFAULTS.values())
+        lines.append(f"defaults: verl's (the configuration is given in verl's keys): {taken}; "
+                     "not taken: " + "; ".join(f"{key} ({why})"
+                                               for key, why in VERL_DEFAULTS_NOT_TAKEN.items()))
+    elif exp.algo == "GRPO":
+        lines.append("defaults: rllib-grpo's (GRPOConfig(); see docs/configuration.md)")
     return lines
 
 
@@ -179,122 +219,18 @@ def train(args: argparse.Namespace, file: str | None, overrides: list[str]) -> i
     from rllib_grpo.cli.build import build_config, config_errors, resolve_stop
 
     exp = assemble_from_args(args, file, overrides)
-    config = build_config(exp)
-    errors = config_errors(exp)
+    errors = config_errors(exp)  # bad input (data files, ranges, ...) before counting prompts
     if errors:
         raise ConfigError("invalid config: " + " | ".join(errors))
-    stop = resolve_stop(exp, config)
+    storage_error = storage_path_error(exp.storage_path)
+    if storage_error:
+        raise ConfigError(storage_error)
+    exp.stop = resolve_stop(exp, build_config(exp))  # the run's length is part of the config
+    config = build_config(exp)
+    stop = exp.stop
     for line in key_report(exp) + run_summary(exp, config, stop):
         print(line, flush=True)
     return run_tune(exp, config, stop, args)
-
-
-def run_tune(exp: Experiment, config: Any, stop: dict[str, Any],
-             args: argparse.Namespace) -> int:
-    """Run the experiment with ``tune.Tuner``; print where results and checkpoints went."""
-    # Before Ray starts: its workers (the trials, which import vLLM and transformers)
-    # inherit these settings (`rllib_grpo.logs`).
-    quiet_console(verbose=args.verbose >= 2)
-    if args.verbose == 0:
-        # Tune's newer console prints an experiment banner even at verbose 0; the classic
-        # one prints nothing there (our progress lines and the final paths remain).
-        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    import ray
-    from ray import tune
-
-    from rllib_grpo.cli.algorithms import resolve_algo
-    from rllib_grpo.cli.tune import CompletionsTBXCallback, ProgressPrinter, install_completions
-
-    callbacks: list[Any] = [ProgressPrinter()]
-    if getattr(config, "log_completions_every", 0):
-        install_completions(config)
-        callbacks.append(CompletionsTBXCallback())
-    algo_cls = resolve_algo(exp.algo)
-    started = _init_ray(args)
-    try:
-        if started and not args.ray_address:
-            check_resources(algo_cls, config, ray.cluster_resources())
-        tuner = tune.Tuner(
-            algo_cls, param_space=config,
-            tune_config=tune.TuneConfig(num_samples=exp.num_samples),
-            run_config=tune.RunConfig(
-                name=exp.name, storage_path=_storage_path(exp.storage_path), stop=stop,
-                callbacks=callbacks, verbose=args.verbose,
-                checkpoint_config=tune.CheckpointConfig(
-                    checkpoint_frequency=exp.checkpoint_freq,
-                    checkpoint_at_end=exp.checkpoint_at_end, num_to_keep=exp.num_to_keep)),
-        )
-        return report_results(tuner.fit())
-    finally:
-        if started:
-            ray.shutdown()
-
-
-def _init_ray(args: argparse.Namespace) -> bool:
-    """Start (or connect to) Ray unless it is up already; True if this call did."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    if args.ray_address:
-        sized = [f for f in ("num_cpus", "num_gpus", "object_store_memory") if getattr(args, f)]
-        if sized:
-            raise ConfigError(f"--{sized[0].replace('_', '-')} sizes a Ray started here; it "
-                              "cannot be used with --ray-address")
-        # Workers of an existing cluster do not inherit this process's environment.
-        ray.init(address=args.ray_address,
-                 runtime_env={"env_vars": console_env()}, logging_level=_ray_log_level(args))
-        return True
-    # A new local Ray, even when RAY_ADDRESS is set or a `ray start` cluster runs here.
-    # Its workers inherit the console settings (`rllib_grpo.logs`) from this environment.
-    ray.init(address="local", num_cpus=args.num_cpus, num_gpus=args.num_gpus,
-             object_store_memory=args.object_store_memory, include_dashboard=False,
-             logging_level=_ray_log_level(args))
-    return True
-
-
-def _ray_log_level(args: argparse.Namespace) -> int:
-    """Ray's driver log level: WARNING unless ``--verbose 2`` or more."""
-    import logging
-
-    return logging.INFO if args.verbose >= 2 else logging.WARNING
-
-
-def check_resources(algo_cls: type, config: Any, available: dict[str, float]) -> None:
-    """Refuse a trial larger than the Ray started here (Tune would wait for it forever)."""
-    try:
-        need = algo_cls.default_resource_request(config).required_resources
-    except Exception:  # noqa: BLE001  (a grid-search config: Tune resolves it per trial)
-        return
-    short = {k: v for k, v in need.items() if v > available.get(k, 0.0)}
-    if short:
-        wanted = ", ".join(f"{v:g} {k}" for k, v in short.items())
-        have = ", ".join(f"{available.get(k, 0.0):g} {k}" for k in short)
-        raise ConfigError(f"one trial needs {wanted} but this Ray has {have}: lower "
-                          "num_env_runners / num_learners (and their GPUs) or raise "
-                          "--num-cpus / --num-gpus")
-
-
-def _storage_path(path: str | None) -> str | None:
-    if path is None or "://" in path:
-        return path
-    return str(Path(path).expanduser().resolve())
-
-
-def report_results(grid: Any) -> int:
-    """Print each trial's checkpoint (or error) and the TensorBoard command; 1 if any failed."""
-    failed = 0
-    for result in grid:
-        if result.error is not None:
-            failed += 1
-            print(f"trial {result.path} failed: {result.error}", file=sys.stderr)
-        elif result.checkpoint is not None:
-            print(f"checkpoint: {result.checkpoint.path}")
-        else:
-            print(f"no checkpoint for {result.path} (use --checkpoint-freq)")
-    print(f"results: {grid.experiment_path}")
-    print(f"TensorBoard: tensorboard --logdir {grid.experiment_path}")
-    return 1 if failed else 0
 
 
 # ----------------------------------------------------------------------------- explain
@@ -325,13 +261,17 @@ def describe_run(exp: Experiment, config: Any) -> list[str]:
 
 def explain(args: argparse.Namespace, file: str | None, overrides: list[str]) -> int:
     """``rllib-grpo explain``: print the plan (per grid point); exit 1 on errors or pitfalls."""
-    from rllib_grpo.cli.build import build_config, grid_points
+    from rllib_grpo.cli.build import build_config, grid_points, resolve_stop
     from rllib_grpo.rllib.checks import find_errors, find_pitfalls
 
     exp = assemble_from_args(args, file, overrides)
     if exp.algo != "GRPO":
         raise ConfigError(f"explain covers GRPO configs; this experiment runs {exp.algo!r}")
     points = grid_points(exp)
+    try:  # the run's length sets the LR schedule: known unless counted from the data
+        exp.stop = resolve_stop(exp, build_config(exp, points[0]))
+    except ConfigError:
+        pass
     print("\n".join(describe_run(exp, build_config(exp, points[0]))))
     problems = False
     for point in points:
@@ -348,11 +288,21 @@ def main(argv: list[str] | None = None, prog: str = "rllib") -> int:
     """Parse and run one command; bad input is one line on stderr and exit code 2."""
     parser = build_parser(prog)
     args, extra = parser.parse_known_args(argv)
+    if args.command in SELF_CONTAINED_COMMANDS:
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        try:
+            return SELF_CONTAINED_COMMANDS[args.command](args)
+        except ConfigError as err:
+            print(f"{prog}: error: {err}", file=sys.stderr)
+            return 2
     try:
         file, overrides = split_positionals(args.args + extra, args.config_file)
         if file is not None and not Path(file).is_file():
             raise ConfigError(f"{file}: no such file")
         command = train if args.command == "train" else explain
+        if args.command == "train" and args.resume:
+            command = resume
         return command(args, file, overrides)
     except ConfigError as err:
         print(f"{prog}: error: {err}", file=sys.stderr)

@@ -14,6 +14,7 @@ from tensorboardX import SummaryWriter
 SCALAR_PREFIXES = (
     "critic/", "actor/", "response_length/", "prompt_length/", "timing_s/", "perf/",
     "groups/", "training/", "reward/", "response/", "weight_sync/",
+    "num_turns/", "tool_calls/", "episode_length/", "episode/",
 )
 
 
@@ -39,13 +40,35 @@ def scalar_metrics(result: Mapping[str, Any]) -> dict[str, float]:
 
 
 def completions_table(infos: list[dict[str, Any]], limit: int = 8) -> str:
-    """A markdown table of prompt / response / reward rows (TensorBoard renders markdown)."""
+    """A markdown table of prompt / response / reward rows (TensorBoard renders markdown).
+
+    Multi-turn episodes (infos with a ``conversation``) show the whole conversation, one
+    ``role: text`` line per turn, in the response cell.
+    """
     rows = ["| prompt | response | reward | acc |", "|---|---|---|---|"]
     for info in infos[:limit]:
-        cells = [str(info.get(k, "")).replace("|", "\\|").replace("\n", " ")[:200]
-                 for k in ("prompt", "response", "reward", "acc")]
+        if "conversation" in info:
+            cells = [_cell(info.get("prompt", "")), _conversation_cell(info["conversation"])]
+        else:
+            cells = [_cell(info.get(k, "")) for k in ("prompt", "response")]
+        cells += [_cell(info.get(k, "")) for k in ("reward", "acc")]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
+
+
+CONVERSATION_CHARS = 2000
+
+
+def _cell(value: Any, limit: int = 200) -> str:
+    """One table cell on one line, pipes escaped."""
+    return str(value).replace("|", "\\|").replace("\n", " ")[:limit]
+
+
+def _conversation_cell(text: str) -> str:
+    """A whole conversation in one cell: a line per turn; tags like <tool> shown, not parsed
+    as HTML."""
+    text = text[:CONVERSATION_CHARS].replace("|", "\\|").replace("&", "&amp;")
+    return text.replace("<", "&lt;").replace(">", "&gt;").replace("\n", "<br>")
 
 
 class TensorBoardLogger:

@@ -7,21 +7,28 @@ Row formats (detected per row):
 * plain: ``{"prompt": "question text", "answer": ..., "data_source"?: ...}``
   (field names set by ``prompt_key``/``answer_key``; other fields go to ``extra_info``).
 
-Malformed rows are skipped and counted per kind (``dataset.skipped``,
-``dataset.report()``), or raise with ``strict=True``. No Ray, no torch.
+Malformed rows (invalid JSON, non-UTF-8 bytes, missing fields, ...) are skipped and
+counted per kind (``dataset.skipped``, ``dataset.report()``, ``dataset.skipped_metrics()``),
+or raise with ``strict=True`` naming the file and line. No Ray, no torch.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
+import logging
 import os
+import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rllib_grpo.data.prompt_files import RowError, is_jsonl, read_rows
+
+logger = logging.getLogger(__name__)
+
 TRUNCATION_MODES = ("error", "left", "right", "middle")
+SKIPPED_METRIC_PREFIX = "data/skipped/"
 
 Prompt = str | list[dict]
 
@@ -31,7 +38,8 @@ class PromptRecord:
     """One prompt with what scoring it needs.
 
     ``index`` is the record's position in its :class:`PromptDataset`; a verl
-    row's own ``extra_info["index"]`` is kept in ``extra_info``.
+    row's own ``extra_info["index"]`` is kept in ``extra_info``.  ``origin`` says where
+    the row came from (``"train.jsonl line 18"``), for error messages.
     """
 
     prompt: Prompt
@@ -39,6 +47,11 @@ class PromptRecord:
     data_source: str
     extra_info: dict = dataclasses.field(default_factory=dict)
     index: int = 0
+    origin: str = dataclasses.field(default="", compare=False)
+
+    def where(self) -> str:
+        """Where the record came from, or its index."""
+        return self.origin or f"prompt {self.index}"
 
 
 class PromptDataset(Sequence[PromptRecord]):
@@ -79,6 +92,21 @@ class PromptDataset(Sequence[PromptRecord]):
             lines.append(f"  {count} x {kind}: {self.skip_reasons.get(kind, '')}")
         return "\n".join(lines)
 
+    def skipped_metrics(self) -> dict[str, int]:
+        """``{"data/skipped/total": n, "data/skipped/<kind>": n, ...}`` for the run's metrics."""
+        metrics = {SKIPPED_METRIC_PREFIX + "total": sum(self.skipped.values())}
+        for kind, count in self.skipped.items():
+            key = SKIPPED_METRIC_PREFIX + skipped_kind_key(kind)
+            metrics[key] = metrics.get(key, 0) + count
+        return metrics
+
+    def log_report(self) -> None:
+        """Log `report`: a warning when rows were dropped, else at info level."""
+        if self.skipped:
+            logger.warning("%s", self.report())
+        else:
+            logger.info("%s", self.report())
+
     def filter(self, keep: Callable[[PromptRecord], bool], kind: str, reason: str) -> PromptDataset:
         """A new dataset without the records ``keep`` rejects, counted under ``kind``."""
         kept = [record for record in self.records if keep(record)]
@@ -99,13 +127,9 @@ class PromptDataset(Sequence[PromptRecord]):
         )
 
 
-class _RowError(ValueError):
-    """A malformed row: ``kind`` is the count key, ``fix`` says what to do."""
-
-    def __init__(self, kind: str, fix: str) -> None:
-        super().__init__(kind)
-        self.kind = kind
-        self.fix = fix
+def skipped_kind_key(kind: str) -> str:
+    """A metric name for a kind of dropped row: ``"missing 'answer'"`` -> ``missing_answer``."""
+    return re.sub(r"[^a-z0-9]+", "_", kind.lower().split("=")[0]).strip("_") or "other"
 
 
 def load_prompts(
@@ -128,20 +152,24 @@ def load_prompts(
         answer_key: field holding the ground truth in plain rows (verl rows use
             ``reward_model.ground_truth``).
         data_source: for rows without a ``data_source`` field.
-        strict: raise ValueError on the first malformed row (naming the row, the
-            field and the fix) instead of skipping and counting it.
+        strict: raise ValueError on the first malformed row (naming the file, the
+            line (row for other formats), the field and the fix) instead of skipping
+            and counting it.
     """
     if isinstance(source, PromptDataset):
         return source
-    name, rows = _read_rows(source, fmt)
+    name, rows = read_rows(source, fmt)
+    unit = "line" if isinstance(source, str | os.PathLike) and is_jsonl(Path(source), fmt) else (
+        "row")
     records: list[PromptRecord] = []
     skipped: Counter[str] = Counter()
     reasons: dict[str, str] = {}
     for row_number, row in rows:
+        where = f"{name} {unit} {row_number}"
         try:
-            records.append(_record_from_row(row, prompt_key, answer_key, data_source))
-        except _RowError as err:
-            where = f"{name} row {row_number}"
+            record = _record_from_row(row, prompt_key, answer_key, data_source)
+            records.append(record if record.origin else dataclasses.replace(record, origin=where))
+        except RowError as err:
             if strict:
                 raise ValueError(f"{where}: {err.kind}; {err.fix}") from None
             skipped[err.kind] += 1
@@ -149,76 +177,25 @@ def load_prompts(
     return PromptDataset(records, skipped=skipped, skip_reasons=reasons, name=name)
 
 
-def _read_rows(source: Any, fmt: str) -> tuple[str, Iterable[tuple[int, Any]]]:
-    """``(name, (1-based row number, row) pairs)``; bad JSON lines come as _RowError rows."""
-    if isinstance(source, str | os.PathLike):
-        path = Path(source)
-        if not path.is_file():
-            raise FileNotFoundError(f"prompt file not found: {path}")
-        return str(path), _read_file(path, fmt)
-    if isinstance(source, Mapping) or not isinstance(source, Iterable):
-        raise TypeError(
-            f"source must be a file path, an iterable of dict rows or a PromptDataset, "
-            f"got {type(source).__name__}"
-        )
-    return type(source).__name__, enumerate(source, start=1)
-
-
-def _read_file(path: Path, fmt: str) -> Iterable[tuple[int, Any]]:
-    file_format = _file_format(path) if fmt == "auto" else fmt
-    if file_format == "jsonl":
-        return _read_jsonl(path)
-    if file_format == "json":
-        rows = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(rows, list):
-            raise ValueError(f"{path}: a .json prompt file must hold a list of rows")
-        return enumerate(rows, start=1)
-    if file_format == "parquet":
-        import pyarrow.parquet as pq
-
-        return enumerate(pq.read_table(path).to_pylist(), start=1)
-    raise ValueError(f"fmt must be 'auto', 'jsonl', 'json' or 'parquet', got {fmt!r}")
-
-
-def _file_format(path: Path) -> str:
-    suffixes = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet"}
-    if path.suffix not in suffixes:
-        raise ValueError(
-            f"{path}: unknown prompt file type; use .jsonl, .json or .parquet or pass fmt="
-        )
-    return suffixes[path.suffix]
-
-
-def _read_jsonl(path: Path) -> Iterable[tuple[int, Any]]:
-    with path.open(encoding="utf-8") as lines:
-        for line_number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield line_number, json.loads(line)
-            except json.JSONDecodeError:
-                yield line_number, _RowError("invalid JSON", "each line must be one JSON object")
-
-
 def _record_from_row(
     row: Any, prompt_key: str, answer_key: str, default_data_source: str | None
 ) -> PromptRecord:
-    if isinstance(row, _RowError):
+    if isinstance(row, RowError):
         raise row
     if isinstance(row, PromptRecord):
         return row
     if not isinstance(row, Mapping):
-        raise _RowError("row is not an object", "each row must be a JSON object / dict")
+        raise RowError("row is not an object", "each row must be a JSON object / dict")
     prompt = _prompt_from_row(row, prompt_key)
     ground_truth = _ground_truth_from_row(row, answer_key)
     data_source = row.get("data_source") or default_data_source
     if not isinstance(data_source, str):
-        raise _RowError(
+        raise RowError(
             "missing 'data_source'", "add it to the row or pass data_source=... to load_prompts"
         )
     extra_info = row.get("extra_info") or {}
     if not isinstance(extra_info, Mapping):
-        raise _RowError("'extra_info' is not an object", "make 'extra_info' a dict or drop it")
+        raise RowError("'extra_info' is not an object", "make 'extra_info' a dict or drop it")
     consumed = {prompt_key, answer_key, "data_source", "reward_model", "extra_info"}
     leftovers = {key: value for key, value in row.items() if key not in consumed}
     return PromptRecord(prompt, ground_truth, data_source, {**leftovers, **extra_info})
@@ -226,7 +203,7 @@ def _record_from_row(
 
 def _prompt_from_row(row: Mapping, prompt_key: str) -> Prompt:
     if prompt_key not in row or row[prompt_key] is None:
-        raise _RowError(
+        raise RowError(
             f"missing '{prompt_key}'", f"add a '{prompt_key}' field or pass prompt_key=..."
         )
     prompt = row[prompt_key]
@@ -234,11 +211,11 @@ def _prompt_from_row(row: Mapping, prompt_key: str) -> Prompt:
         prompt = prompt.tolist()
     if isinstance(prompt, str):
         if not prompt.strip():
-            raise _RowError(f"empty '{prompt_key}'", "drop the row or give it a prompt")
+            raise RowError(f"empty '{prompt_key}'", "drop the row or give it a prompt")
         return prompt
     if isinstance(prompt, list) and prompt and all(_is_chat_message(m) for m in prompt):
         return [{"role": m["role"], "content": m["content"]} for m in prompt]
-    raise _RowError(
+    raise RowError(
         f"'{prompt_key}' is not a string or chat messages",
         'use a string or a non-empty list of {"role": str, "content": str}',
     )
@@ -256,13 +233,13 @@ def _ground_truth_from_row(row: Mapping, answer_key: str) -> Any:
     reward_model = row.get("reward_model")
     if reward_model is not None:  # verl row
         if not isinstance(reward_model, Mapping) or reward_model.get("ground_truth") is None:
-            raise _RowError(
+            raise RowError(
                 "missing 'reward_model.ground_truth'",
                 'verl rows need "reward_model": {"ground_truth": ..., "style": "rule"}',
             )
         return reward_model["ground_truth"]
     if row.get(answer_key) is None:
-        raise _RowError(
+        raise RowError(
             f"missing '{answer_key}'",
             f"add '{answer_key}' (plain rows) or reward_model.ground_truth (verl rows), "
             "or pass answer_key=...",

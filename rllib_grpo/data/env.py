@@ -14,6 +14,7 @@ ends the episode by returning None.
 
 from __future__ import annotations
 
+import inspect
 import string
 from collections.abc import Mapping
 from typing import Any
@@ -31,6 +32,7 @@ from rllib_grpo.data.datasets import (
     render_prompt,
 )
 from rllib_grpo.rewards import DEFAULT_REWARD_TIMEOUT_S, RewardFn, RewardScorer
+from rllib_grpo.rewards.pool import DEFAULT_REWARD_WORKERS
 
 DEFAULT_MAX_RESPONSE_CHARS = 65_536
 MAX_OBSERVATION_CHARS = 1 << 20
@@ -73,9 +75,13 @@ class TextEnv(gymnasium.Env):
             their last ``max_response_chars`` characters (``info["response_clipped"]``).
         reward_timeout_s, format_score, max_answer_chars, reward_kwargs: passed
             to :class:`~rllib_grpo.rewards.RewardScorer`.
+        reward_workers, reward_isolation: its ``workers`` (reward calls at once in
+            `score_many`) and ``isolation`` (``auto``: processes for user reward
+            functions, killed when they overrun ``reward_timeout_s``; threads for the
+            built-in scorers).
     """
 
-    metadata = {"render_modes": []}
+    metadata: dict[str, Any] = {"render_modes": []}
 
     def __init__(
         self,
@@ -93,13 +99,19 @@ class TextEnv(gymnasium.Env):
         format_score: float = 0.0,
         max_answer_chars: int | None = None,
         reward_kwargs: Mapping[str, Any] | None = None,
+        reward_workers: int = DEFAULT_REWARD_WORKERS,
+        reward_isolation: str = "auto",
     ) -> None:
         _check_length_options(tokenizer, max_prompt_length, truncation, filter_overlong_prompts)
         dataset = load_prompts(dataset)
         if filter_overlong_prompts:
+            assert max_prompt_length is not None  # _check_length_options requires it
             dataset = dataset.filter_overlong(tokenizer, max_prompt_length)
         if len(dataset) == 0:
             raise ValueError(f"TextEnv needs at least one prompt.\n{dataset.report()}")
+        dataset.log_report()
+        if truncation == "error" and max_prompt_length is not None:
+            _check_prompt_lengths(dataset, tokenizer, max_prompt_length)
         self.dataset = dataset
         self.tokenizer = tokenizer
         self.max_prompt_length = max_prompt_length
@@ -112,10 +124,13 @@ class TextEnv(gymnasium.Env):
             format_score=format_score,
             max_answer_chars=max_answer_chars,
             reward_kwargs=reward_kwargs,
+            workers=reward_workers,
+            isolation=reward_isolation,
         )
         self.observation_space = UnicodeText(MAX_OBSERVATION_CHARS)
         self.action_space = UnicodeText(max_response_chars)
-        self._seed = seed if seed is not None else int(np.random.SeedSequence().entropy % 2**63)
+        entropy = np.random.SeedSequence().entropy
+        self._seed = seed if seed is not None else int(entropy) % 2**63  # type: ignore[arg-type]
         self._epoch = 0
         self._position = 0
         self._order = self._permutation(0)
@@ -162,24 +177,56 @@ class TextEnv(gymnasium.Env):
                 "TextEnv.step() called without a prompt: call reset() first "
                 "(each episode is one reset (prompt) and one step (response))"
             )
-        if not isinstance(action, str):
-            raise TypeError(f"TextEnv actions are response strings, got {type(action).__name__}")
-        clipped = len(action) > self.max_response_chars
-        response = action[-self.max_response_chars :] if clipped else action
+        response, clipped = self._clip_response(action)
         result = self.scorer(record.data_source, response, record.ground_truth, record.extra_info)
         next_observation = self._next_turn(record, response, result)
         terminated = next_observation is None
         if terminated:
             self._current = None
-        info = {
+        info = self._step_info(record, result, self._current_epoch, clipped)
+        return next_observation or "", float(result["score"]), terminated, False, info
+
+    def score_many(self, responses: list[tuple[int, str]]) -> list[dict]:
+        """Score ``(prompt index, response)`` pairs in parallel (the scorer's pool), each
+        as one single-turn episode would: the ``info`` `step` returns, with ``score``.
+        Does not touch the prompt order or the current episode."""
+        records, requests, clipped = [], [], []
+        for index, action in responses:
+            record = self.dataset[self._checked_index(index)]
+            response, was_clipped = self._clip_response(action)
+            records.append(record)
+            clipped.append(was_clipped)
+            requests.append((record.data_source, response, record.ground_truth,
+                             record.extra_info))
+        results = self.scorer.score_many(requests)
+        return [self._step_info(record, result, self._epoch, was_clipped)
+                for record, result, was_clipped in zip(records, results, clipped, strict=True)]
+
+    def _clip_response(self, action: Any) -> tuple[str, bool]:
+        if not isinstance(action, str):
+            raise TypeError(f"TextEnv actions are response strings, got {type(action).__name__}")
+        clipped = len(action) > self.max_response_chars
+        return (action[-self.max_response_chars :] if clipped else action), clipped
+
+    @staticmethod
+    def _step_info(record: PromptRecord, result: dict, epoch: int, clipped: bool) -> dict:
+        return {
             **result,
             "index": record.index,
-            "epoch": self._current_epoch,
+            "epoch": epoch,
             "data_source": record.data_source,
             "ground_truth": record.ground_truth,
             "response_clipped": clipped,
         }
-        return next_observation or "", float(result["score"]), terminated, False, info
+
+    def seek(self, position: int) -> None:
+        """Serve next the prompt at ``position`` of the epoch-by-epoch order (epoch
+        ``position // num_prompts``): several envs with the same seed and data then share
+        one order, each serving its own positions."""
+        epoch, offset = divmod(int(position), self.num_prompts)
+        if epoch != self._epoch:
+            self._order = self._permutation(epoch)
+        self._epoch, self._position = epoch, offset
 
     def get_state(self) -> dict:
         """Order position, epoch, seed and reward error counters (for checkpoints)."""
@@ -233,6 +280,39 @@ class TextEnv(gymnasium.Env):
         if len(kept) < len(token_ids):
             text = self.tokenizer.decode(kept)
         return text, kept
+
+
+def env_options(env_cls: type) -> tuple[set[str], bool]:
+    """The keyword options ``env_cls(...)`` takes, following ``**kwargs`` up the classes
+    it forwards them to (a TextEnv subclass hands them to `TextEnv`), and whether it takes
+    any keyword at all (a ``**kwargs`` that reaches no known class)."""
+    names: set[str] = set()
+    for cls in env_cls.__mro__:
+        init = cls.__dict__.get("__init__")
+        if init is None:
+            continue
+        parameters = inspect.signature(init).parameters.values()
+        names |= {p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+                  and p.name != "self"}
+        if not any(p.kind == p.VAR_KEYWORD for p in parameters):
+            return names, False
+        if cls is TextEnv:
+            break
+    return names, not issubclass(env_cls, TextEnv)
+
+
+def _check_prompt_lengths(dataset: PromptDataset, tokenizer: Any, max_prompt_length: int) -> None:
+    """``truncation="error"``: refuse an over-long prompt when the data loads, not when it
+    is first drawn mid-training."""
+    overlong = [(record, n) for record in dataset
+                if (n := len(render_and_encode(record.prompt, tokenizer)[1])) > max_prompt_length]
+    if overlong:
+        (record, length), more = overlong[0], len(overlong) - 1
+        raise ValueError(
+            f"{record.where()}: prompt is {length} tokens, longer than max_prompt_length="
+            f"{max_prompt_length}{f' (and {more} more prompts)' if more else ''}; raise "
+            "max_prompt_length, set truncation to 'left', 'right' or 'middle', or set "
+            "filter_overlong_prompts=True")
 
 
 def _check_length_options(

@@ -88,7 +88,8 @@ def validation_metrics(samples: list[ValidationSample]) -> dict[str, float]:
         n = min(len(g) for g in groups)
         use_acc = all(s.acc is not None for g in groups for s in g)
         var = "acc" if use_acc else "reward"
-        values = [[float(s.acc) if use_acc else s.score for s in g[:n]] for g in groups]
+        values = [[float(s.acc) if use_acc and s.acc is not None else s.score for s in g[:n]]
+                  for g in groups]
         prefix = f"val-core/{source}/{var}"
         metrics[f"{prefix}/mean@{n}"] = float(np.mean([np.mean(v) for v in values]))
         if n > 1:
@@ -105,4 +106,37 @@ def _majority_value(group: list[ValidationSample], use_acc: bool) -> float:
     counts = Counter(s.pred for s in group)
     top = max(counts.values())
     winner = next(s for s in group if counts[s.pred] == top)
-    return float(winner.acc) if use_acc else winner.score
+    return float(winner.acc) if use_acc and winner.acc is not None else winner.score
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from ``n`` samples of which ``c`` are right (Chen et al. 2021, the
+    HumanEval estimator): the chance that ``k`` of the ``n``, drawn without replacement,
+    hold at least one right one, ``1 - C(n-c, k) / C(n, k)``."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    if n - c < k:
+        return 1.0
+    # The product form of the binomial ratio: no overflow for large n.
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def pass_at_k_metrics(samples: list[ValidationSample]) -> dict[str, float]:
+    """``val-core/<source>/<var>/pass@k/mean`` for k = 1, 2, 4, ... and N (samples per
+    prompt), by the unbiased estimator averaged over prompts.  A sample is right when its
+    ``acc`` is true (``var`` = ``acc``), else when its score is above 0 (``reward``)."""
+    by_source: dict[str, dict[int, list[ValidationSample]]] = {}
+    for s in samples:
+        by_source.setdefault(s.data_source, {}).setdefault(s.prompt_index, []).append(s)
+    metrics: dict[str, float] = {}
+    for source, prompts in by_source.items():
+        groups = list(prompts.values())
+        n = min(len(g) for g in groups)
+        use_acc = all(s.acc is not None for g in groups for s in g)
+        var = "acc" if use_acc else "reward"
+        right = [sum(bool(s.acc) if use_acc else s.score > 0 for s in g[:n]) for g in groups]
+        ks = sorted({*(2**i for i in range(n.bit_length()) if 2**i <= n), n})
+        for k in ks:
+            metrics[f"val-core/{source}/{var}/pass@{k}/mean"] = float(
+                np.mean([pass_at_k(n, c, k) for c in right]))
+    return metrics

@@ -6,6 +6,10 @@ reward info.  Units: ``prompt_*`` columns are (trajectories, prompt tokens),
 ``response_*`` columns (trajectories, response tokens), the rest per trajectory.
 No Ray and no torch here; the driver concatenates batches and the learner reads
 the columns.
+
+Multi-turn episodes (`rllib_grpo.data.trajectory`) put the environment's tokens in
+the response too, with ``response_mask`` 1 (they are attended to) and the optional
+``loss_mask`` 0 (they are not trained on); single-turn batches have no ``loss_mask``.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from rllib_grpo.data.trajectory import episode_metrics
 
 ARRAY_FIELDS = (
     "prompt_ids", "prompt_mask", "response_ids", "response_mask", "rollout_log_probs",
@@ -41,6 +47,8 @@ class RolloutBatch:
     reward_errors: np.ndarray
     reward_baselines: np.ndarray
     infos: list[dict[str, Any]] = field(default_factory=list)
+    # (trajectories, response tokens): 1 on the model's own tokens; None = response_mask.
+    loss_mask: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.scores)
@@ -53,11 +61,19 @@ class RolloutBatch:
         """The batch restricted to ``rows`` (in that order)."""
         rows = np.asarray(rows, dtype=np.int64)
         columns = {name: getattr(self, name)[rows] for name in ARRAY_FIELDS}
-        return RolloutBatch(**columns, infos=[self.infos[i] for i in rows])
+        loss_mask = None if self.loss_mask is None else self.loss_mask[rows]
+        return RolloutBatch(**columns, infos=[self.infos[i] for i in rows], loss_mask=loss_mask)
 
     def metric(self, name: str) -> np.ndarray:
-        """A per-trajectory value: ``score``/``seq_reward`` (the scores) or an info key (``acc``)."""
-        if name in ("score", "seq_reward"):
+        """A per-trajectory value, as verl's ``filter_groups.metric`` reads it.
+
+        ``seq_reward`` is the reward the learner gets (``scores``: after DAPO's overlong
+        penalty); ``score`` is the reward function's own value (``info["score"]``, before
+        the penalty; ``scores`` when the env reports none); any other name is an info key
+        (``acc``).
+        """
+        if name == "seq_reward" or (name == "score" and not any(
+                "score" in info for info in self.infos)):
             return self.scores.astype(np.float64)
         if not all(name in info for info in self.infos):
             raise ValueError(
@@ -67,8 +83,11 @@ class RolloutBatch:
         return np.asarray([float(info[name]) for info in self.infos])
 
     def train_columns(self) -> dict[str, np.ndarray]:
-        """The numeric columns the learner consumes."""
-        return {k: getattr(self, k) for k in ARRAY_FIELDS}
+        """The numeric columns the learner consumes (and ``loss_mask`` when there is one)."""
+        columns = {k: getattr(self, k) for k in ARRAY_FIELDS}
+        if self.loss_mask is not None:
+            columns["loss_mask"] = self.loss_mask
+        return columns
 
 
 def _pad(rows: Sequence[Sequence[float]], width: int, value: float, left: bool, dtype) -> np.ndarray:
@@ -94,10 +113,16 @@ def build_rollout_batch(
     *,
     pad_token_id: int,
     reward_baselines: Sequence[float] | None = None,
+    loss_masks: Sequence[Sequence[float]] | None = None,
 ) -> RolloutBatch:
-    """Pad per-trajectory lists into a `RolloutBatch` (prompts left-, responses right-padded)."""
+    """Pad per-trajectory lists into a `RolloutBatch` (prompts left-, responses right-padded).
+
+    ``loss_masks`` (multi-turn): per response token, 1 where the model's own tokens are.
+    """
     prompt_width = max((len(p) for p in prompt_ids), default=1)
     response_width = max((len(r) for r in response_ids), default=1)
+    loss_mask = None if loss_masks is None else _pad(loss_masks, response_width, 0, False,
+                                                     np.float32)
     return RolloutBatch(
         prompt_ids=_pad(prompt_ids, prompt_width, pad_token_id, True, np.int64),
         prompt_mask=_pad([[1] * len(p) for p in prompt_ids], prompt_width, 0, True, np.int64),
@@ -116,6 +141,7 @@ def build_rollout_batch(
             reward_baselines if reward_baselines is not None else np.zeros(len(scores)),
             dtype=np.float32),
         infos=infos,
+        loss_mask=loss_mask,
     )
 
 
@@ -149,7 +175,12 @@ def concat_rollouts(batches: Sequence[RolloutBatch], *, pad_token_id: int) -> Ro
         offsets += int(dense.max()) + 1 if len(dense) else 0
     columns["group_index"] = np.concatenate(group_index).astype(np.int64)
     infos = [info for b in batches for info in b.infos]
-    return RolloutBatch(**columns, infos=infos)
+    loss_mask = None
+    if any(b.loss_mask is not None for b in batches):
+        loss_mask = np.concatenate([
+            _repad(b.response_mask if b.loss_mask is None else b.loss_mask, response_width, 0,
+                   left=False) for b in batches])
+    return RolloutBatch(**columns, infos=infos, loss_mask=loss_mask)
 
 
 def data_metrics(batch: RolloutBatch, max_response_length: int) -> dict[str, float]:
@@ -168,6 +199,7 @@ def data_metrics(batch: RolloutBatch, max_response_length: int) -> dict[str, flo
         metrics["response_length/clip_ratio"] = float(np.mean(lengths >= max_response_length))
         metrics["response/aborted_ratio"] = float(np.mean(lengths == 0))
     metrics.update(group_signal_metrics(batch))
+    metrics.update(episode_metrics(batch.infos, real))
     metrics["reward/errors"] = float(np.sum(batch.reward_errors[real]))
     accuracy = [float(batch.infos[i]["acc"]) for i in np.flatnonzero(real)
                 if i < len(batch.infos) and batch.infos[i].get("acc") is not None]

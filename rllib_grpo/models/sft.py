@@ -32,10 +32,33 @@ def sft_warmup(
     if not pairs:
         raise ValueError("sft_warmup needs at least one (prompt, response) pair")
     examples = [_encode_pair(tokenizer, prompt, response) for prompt, response in pairs]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return sft_on_examples(model, examples, pad_id=pad_id, steps=steps, lr=lr,
+                           batch_size=batch_size, seed=seed, max_grad_norm=max_grad_norm)
+
+
+def sft_on_examples(
+    model: PreTrainedModel,
+    examples: Sequence[tuple[list[int], list[int]]],
+    *,
+    pad_id: int,
+    steps: int = 100,
+    lr: float = 3e-3,
+    batch_size: int = 32,
+    seed: int = 0,
+    max_grad_norm: float = 1.0,
+) -> list[float]:
+    """Supervised fine-tuning on ``(token ids, labels)`` examples, in place.
+
+    ``labels`` hold the target id where the loss applies and -100 elsewhere
+    (e.g. a multi-turn conversation: the model's turns only).  Returns the loss
+    of every step; leaves the model in eval mode.
+    """
+    if not examples:
+        raise ValueError("sft_on_examples needs at least one example")
     device = next(model.parameters()).device
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     generator = torch.Generator().manual_seed(seed)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     losses = []
     model.train()
     for _ in range(steps):

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     AutoTokenizer,
     PreTrainedTokenizerBase,
@@ -31,7 +32,8 @@ DEFAULT_ALPHABET = "0123456789+-*="
 
 
 def build_char_tokenizer(
-    alphabet: str = DEFAULT_ALPHABET, *, model_max_length: int | None = None
+    alphabet: str = DEFAULT_ALPHABET, *, model_max_length: int | None = None,
+    added_tokens: Sequence[str] = (),
 ) -> PreTrainedTokenizerFast:
 
     """A character-level tokenizer: one token per character of ``alphabet``.
@@ -40,6 +42,10 @@ def build_char_tokenizer(
     in order (duplicates dropped).  Characters outside the alphabet map to
     ``<unk>``.  Nothing is added around an encoded text (no BOS, no EOS) and
     there is no chat template, so ``"3+4="`` encodes to exactly four ids.
+    ``added_tokens`` (e.g. ``"<tool>"``) are whole tokens after the alphabet,
+    matched before the split into characters and kept when decoding with
+    ``skip_special_tokens=True`` (they are not special), as a real tokenizer's
+    ``<tool_call>`` is.
     """
     chars = list(dict.fromkeys(alphabet))
     vocab = {token: i for i, token in enumerate([*SPECIAL_TOKENS, *chars])}
@@ -48,6 +54,8 @@ def build_char_tokenizer(
     backend.pre_tokenizer = pre_tokenizers.Split(Regex("(?m)."), behavior="isolated")
     backend.decoder = decoders.Fuse()  # join characters without spaces
     backend.add_special_tokens(list(SPECIAL_TOKENS))
+    if added_tokens:
+        backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in added_tokens])
     extra = {} if model_max_length is None else {"model_max_length": model_max_length}
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,

@@ -5,6 +5,7 @@ Entry points:
 * :func:`compute_score` - verl's ``default_compute_score`` contract, dispatching
   on ``data_source``: ``gsm8k``/``openai/gsm8k``; ``math``/``lighteval/MATH``/
   ``DigitalLearningGmbH/MATH-lighteval``/``HuggingFaceH4/MATH-500``;
+  ``math_dapo``/``math_dapo_reasoning``/``aime*`` (verl's ±1 DAPO scorer);
   ``arithmetic``; ``countdown``. (verl sends the short name ``math`` to its
   ±1 ``math_dapo`` scorer; here ``math`` is the 0/1 boxed-answer scorer.)
 * :func:`resolve_reward_fn` - callable, ``"module:function"`` or a registered name.
@@ -15,6 +16,7 @@ from rllib_grpo.rewards.arithmetic import score_arithmetic
 from rllib_grpo.rewards.countdown import score_countdown
 from rllib_grpo.rewards.gsm8k import extract_gsm8k_answer, score_gsm8k
 from rllib_grpo.rewards.math import extract_boxed, extract_math_answer, score_math
+from rllib_grpo.rewards.math_dapo import score_math_dapo
 from rllib_grpo.rewards.registry import (
     RewardFn,
     compute_score,
@@ -46,4 +48,5 @@ __all__ = [
     "score_countdown",
     "score_gsm8k",
     "score_math",
+    "score_math_dapo",
 ]

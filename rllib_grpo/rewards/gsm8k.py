@@ -20,7 +20,9 @@ from rllib_grpo.rewards._numbers import answers_match, first_number, last_number
 
 GSM8K_METHODS = ("strict", "flexible")
 
-_ANSWER_MARKER = re.compile(r"####\s*(?P<rest>[^\n]*)")
+# The text after a marker runs to the end of its line or to the next marker, so that of
+# several markers on one line the last one counts ("#### 5 #### 7" answers 7).
+_ANSWER_MARKER = re.compile(r"####\s*(?P<rest>(?:(?!####)[^\n])*)")
 
 
 def extract_gsm8k_answer(text: str, method: str = "strict") -> str | None:

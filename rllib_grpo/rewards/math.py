@@ -21,7 +21,8 @@ from rllib_grpo.rewards._latex import matching_brace, sympy_equal
 from rllib_grpo.rewards._numbers import parse_number
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
-_MINERVA_ANSWER = re.compile(r"(?i)answer\s*:\s*([^\n]+)")
+# An answer runs to the end of its line or to the next "Answer:" on it: the last one counts.
+_MINERVA_ANSWER = re.compile(r"(?i)answer\s*:\s*((?:(?!answer\s*:)[^\n])+)")
 _DELETED_TOKENS = (
     "\\left",
     "\\right",

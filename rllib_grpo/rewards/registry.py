@@ -20,31 +20,41 @@ from rllib_grpo.rewards.arithmetic import score_arithmetic
 from rllib_grpo.rewards.countdown import score_countdown
 from rllib_grpo.rewards.gsm8k import score_gsm8k
 from rllib_grpo.rewards.math import score_math
+from rllib_grpo.rewards.math_dapo import score_math_dapo
 
 RewardFn = Callable[..., Any]
 """``(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float | dict``"""
 
 _SCORERS: dict[str, Callable[..., Any]] = {}
 _ALIASES: dict[str, str] = {}
+# data_source prefixes (verl sends every ``aime*`` source to math_dapo): prefix -> name.
+_PREFIX_ALIASES: dict[str, str] = {}
 
 
 def register_reward_fn(
-    name: str, scorer: Callable[..., Any], *, aliases: tuple[str, ...] = ()
+    name: str, scorer: Callable[..., Any], *, aliases: tuple[str, ...] = (),
+    prefixes: tuple[str, ...] = (),
 ) -> None:
-    """Register ``scorer(solution_str, ground_truth, **kwargs)`` under ``name`` and aliases."""
+    """Register ``scorer(solution_str, ground_truth, **kwargs)`` under ``name``, its aliases
+    and every data source starting with one of ``prefixes``."""
     _SCORERS[name] = scorer
     for alias in aliases:
         _ALIASES[alias] = name
+    for prefix in prefixes:
+        _PREFIX_ALIASES[prefix] = name
 
 
 def known_data_sources() -> list[str]:
-    """All names and aliases :func:`compute_score` accepts, sorted."""
-    return sorted({*_SCORERS, *_ALIASES})
+    """All names and aliases :func:`compute_score` accepts (prefixes end in ``*``), sorted."""
+    return sorted({*_SCORERS, *_ALIASES, *(f"{prefix}*" for prefix in _PREFIX_ALIASES)})
 
 
 def get_scorer(data_source: str) -> Callable[..., Any]:
     """The scorer registered for ``data_source``; ValueError listing known ones if none."""
     name = _ALIASES.get(data_source, data_source)
+    if name not in _SCORERS:
+        name = next((target for prefix, target in _PREFIX_ALIASES.items()
+                     if data_source.startswith(prefix)), name)
     if name not in _SCORERS:
         raise ValueError(
             f"no reward function for data_source={data_source!r}; known data sources: "
@@ -89,6 +99,13 @@ def resolve_reward_fn(spec: RewardFn | str | None) -> RewardFn:
     return functools.partial(_score_with_named_scorer, spec)
 
 
+def is_builtin_reward_fn(fn: RewardFn) -> bool:
+    """True for this package's own scorers (safe to run on threads); False for user code,
+    which `RewardScorer` runs in worker processes it can kill."""
+    target = fn.func if isinstance(fn, functools.partial) else fn
+    return getattr(target, "__module__", "").startswith("rllib_grpo.rewards")
+
+
 def _score_with_named_scorer(
     name: str,
     data_source: str,
@@ -105,7 +122,7 @@ def _import_function(spec: str) -> RewardFn:
     if module_name.endswith(".py"):
         path = Path(module_name)
         module_spec = importlib.util.spec_from_file_location(path.stem, path)
-        if module_spec is None or not path.is_file():
+        if module_spec is None or module_spec.loader is None or not path.is_file():
             raise ValueError(f"reward_fn {spec!r}: no such file {path}")
         module = importlib.util.module_from_spec(module_spec)
         module_spec.loader.exec_module(module)
@@ -123,5 +140,9 @@ register_reward_fn(
     score_math,
     aliases=("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500"),
 )
+# verl's DAPO data: +1/-1 (verl also sends the short name "math" here; in this package
+# "math" is the 0/1 boxed-answer scorer above).
+register_reward_fn("math_dapo", score_math_dapo, aliases=("math_dapo_reasoning",),
+                   prefixes=("aime",))
 register_reward_fn("arithmetic", score_arithmetic)
 register_reward_fn("countdown", score_countdown)

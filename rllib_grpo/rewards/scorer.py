@@ -5,30 +5,34 @@ A reward function that raises, hangs or returns garbage must not stop training
 ``reward_error: True`` with the message, the error is counted and logged
 (first few, then every 100th), and the run goes on.
 
-Timeouts use a daemon worker thread, not signals, so they work off the main
-thread (Ray actors, env runner threads). A call that overruns is abandoned with
-its thread, which exits once the call returns; Python cannot kill a thread.
+Calls run in a `rllib_grpo.rewards.pool.RewardPool`, in parallel, each with its own
+deadline: user reward functions in forked worker processes, killed when they overrun;
+the built-in scorers on threads.  `score_many` scores a whole batch at once.
+
+A score is checked in the dtype scores are trained in (float32): 1e39 is finite as a
+Python float but infinite there, so it is an error-scored sample, not a NaN advantage.
 """
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import logging
 import math
 import numbers
-import queue
-import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rllib_grpo.rewards.registry import RewardFn, resolve_reward_fn
+import numpy as np
+
+from rllib_grpo.rewards.pool import DEFAULT_REWARD_WORKERS, POOL_MODES, RewardPool
+from rllib_grpo.rewards.registry import RewardFn, is_builtin_reward_fn, resolve_reward_fn
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_REWARD_TIMEOUT_S = 10.0
 _LOGGED_ERRORS_FIRST = 5
 _LOGGED_ERRORS_EVERY = 100
+# Scores are trained in float32 (the rollout batch and the learner's reward math).
+SCORE_DTYPE = np.float32
 
 
 class RewardScorer:
@@ -44,6 +48,9 @@ class RewardScorer:
             response (verl uses 300 for gsm8k); None scores all of it.
         reward_kwargs: extra keyword arguments for every call (e.g.
             ``{"method": "flexible"}`` for gsm8k).
+        workers: most reward calls at once (`score_many`).
+        isolation: ``"auto"`` (processes for user functions, threads for the built-in
+            scorers), ``"process"``, ``"thread"`` or ``"inline"``.
 
     Calling it returns ``{"score": float, "acc": bool | float, "pred": str | None,
     "reward_error": bool, "reward_error_message": str, **extras}``.
@@ -57,7 +64,11 @@ class RewardScorer:
         format_score: float = 0.0,
         max_answer_chars: int | None = None,
         reward_kwargs: Mapping[str, Any] | None = None,
+        workers: int = DEFAULT_REWARD_WORKERS,
+        isolation: str = "auto",
     ) -> None:
+        if isolation not in POOL_MODES:
+            raise ValueError(f"reward isolation {isolation!r}: use one of {POOL_MODES}")
         self.reward_fn = resolve_reward_fn(reward_fn)
         self.timeout_s = timeout_s
         self.format_score = float(format_score)
@@ -67,7 +78,12 @@ class RewardScorer:
         self.num_errors = 0
         self.num_timeouts = 0
         self.last_error: str | None = None
-        self._runner = _TimeoutRunner()
+        if isolation == "auto":
+            isolation = "thread" if is_builtin_reward_fn(self.reward_fn) else "process"
+        if not timeout_s and isolation != "inline" and workers <= 1:
+            isolation = "inline"
+        self.pool = RewardPool(self.reward_fn, mode=isolation, max_workers=workers,
+                               timeout_s=timeout_s)
 
     def __call__(
         self,
@@ -77,20 +93,31 @@ class RewardScorer:
         extra_info: dict | None = None,
     ) -> dict:
         """Score one response; see the class docstring for the result."""
-        self.num_calls += 1
-        if self.max_answer_chars is not None:
-            solution_str = solution_str[-self.max_answer_chars :] if self.max_answer_chars else ""
-        try:
-            value = self._runner.run(
-                self.reward_fn,
-                (data_source, solution_str, ground_truth, extra_info),
-                self.reward_kwargs,
-                self.timeout_s,
-            )
-            result = normalize_reward_result(value)
-        except (Exception, SystemExit) as err:  # a reward bug must not stop training
-            return self._error_result(err)
-        return self._apply_format_score(result)
+        return self.score_many([(data_source, solution_str, ground_truth, extra_info)])[0]
+
+    def score_many(self, requests: Sequence[tuple[str, str, Any, dict | None]]) -> list[dict]:
+        """Score ``(data_source, solution_str, ground_truth, extra_info)`` requests in
+        parallel (each within ``timeout_s``); results in the same order."""
+        calls = []
+        for data_source, solution_str, ground_truth, extra_info in requests:
+            if self.max_answer_chars is not None:
+                solution_str = solution_str[-self.max_answer_chars:] if self.max_answer_chars else ""
+            calls.append(((data_source, solution_str, ground_truth, extra_info),
+                          self.reward_kwargs))
+        self.num_calls += len(calls)
+        results = []
+        for ok, value in self.pool.map(calls):
+            try:  # a reward bug must not stop training
+                if not ok:
+                    raise value
+                results.append(self._apply_format_score(normalize_reward_result(value)))
+            except (Exception, SystemExit) as err:
+                results.append(self._error_result(err))
+        return results
+
+    def close(self) -> None:
+        """End the reward workers."""
+        self.pool.close()
 
     def get_state(self) -> dict:
         """Error counters, for checkpoints."""
@@ -165,54 +192,9 @@ def _finite_float(value: Any) -> float:
         raise TypeError(f"reward score must be a number, got {type(value).__name__}")
     if not math.isfinite(float(value)):
         raise ValueError(f"reward score must be finite, got {value}")
+    with np.errstate(over="ignore"):
+        trained = SCORE_DTYPE(value)
+    if not np.isfinite(trained):
+        raise ValueError(f"reward score {value!r} is infinite in {np.dtype(SCORE_DTYPE).name}, "
+                         "the dtype scores are trained in; scale the reward down")
     return float(value)
-
-
-class _TimeoutRunner:
-    """Runs calls on a daemon worker thread, giving up after a timeout."""
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue | None = None
-
-    def run(self, fn, args: tuple, kwargs: dict, timeout_s: float | None):
-        if not timeout_s:
-            return _call(fn, args, kwargs)
-        if self._jobs is None:
-            self._jobs = queue.SimpleQueue()
-            threading.Thread(
-                target=_serve, args=(self._jobs,), daemon=True, name="reward-fn"
-            ).start()
-        outcome: dict = {}
-        done = threading.Event()
-        self._jobs.put((fn, args, kwargs, outcome, done))
-        if not done.wait(timeout_s):
-            self._jobs.put(None)  # the stuck worker exits when its call returns
-            self._jobs = None
-            raise TimeoutError(f"reward function took longer than {timeout_s} s")
-        if "error" in outcome:
-            raise outcome["error"]
-        return outcome["value"]
-
-    def __getstate__(self) -> dict:  # threads do not pickle; a copy starts its own
-        return {"_jobs": None}
-
-
-def _serve(jobs: queue.SimpleQueue) -> None:
-    while (job := jobs.get()) is not None:
-        fn, args, kwargs, outcome, done = job
-        try:
-            outcome["value"] = _call(fn, args, kwargs)
-        except BaseException as err:  # noqa: BLE001 - handed to the caller
-            outcome["error"] = err
-        done.set()
-
-
-def _call(fn, args: tuple, kwargs: dict):
-    value = fn(*args, **kwargs)
-    if inspect.isawaitable(value):  # verl allows ``async def`` reward functions
-        value = asyncio.run(_await(value))
-    return value
-
-
-async def _await(awaitable):
-    return await awaitable

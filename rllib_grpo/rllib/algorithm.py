@@ -22,9 +22,9 @@ from ray.rllib.utils.metrics import (
     ENV_RUNNER_RESULTS,
     LEARNER_RESULTS,
     NUM_ENV_STEPS_SAMPLED_LIFETIME,
-    WEIGHTS_SEQ_NO,
 )
 from ray.tune.registry import register_trainable
+from ray.tune.trainable import Trainable
 
 from rllib_grpo.data.recipes import (
     GroupFilterStats,
@@ -34,15 +34,18 @@ from rllib_grpo.data.recipes import (
 )
 from rllib_grpo.data.rollout import RolloutBatch, concat_rollouts, data_metrics
 from rllib_grpo.rllib.config import GRPOConfig
+from rllib_grpo.rllib.resilience import ResilientAlgorithm
+from rllib_grpo.rllib.weight_sync import WeightSync
 
 logger = logging.getLogger(__name__)
 REMOTE_RUNNERS = "remote_env_runners"
+DATA_POSITION = "data_position"  # prompts served so far, in the env runners' shared order
 
 # Learner metrics surfaced at the top level of the result under verl's names.
 ACTOR_KEYS = (
     "actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl",
     "actor/kl_loss", "actor/kl_coef", "actor/entropy", "actor/entropy_loss", "actor/grad_norm",
-    "actor/loss", "actor/skipped_steps", "actor/reward_kl_penalty",
+    "actor/loss", "actor/skipped_steps", "actor/lr", "actor/reward_kl_penalty",
     "actor/reward_kl_penalty_coeff", "critic/rewards/mean", "critic/rewards/max",
     "critic/rewards/min", "critic/advantages/mean", "critic/advantages/max",
     "critic/advantages/min", "critic/returns/mean", "critic/returns/max", "critic/returns/min",
@@ -50,11 +53,17 @@ ACTOR_KEYS = (
     "training/rollout_log_probs_diff_max",
     "training/rollout_actor_probs_pearson_corr", "rollout_corr/is_weight_mean",
     "rollout_corr/is_truncated_frac", "response/truncated_masked_frac",
+    # Learner throughput (rllib_grpo.rllib.perf), per learner device as verl's perf/*.
+    "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_policy", "perf/actor_tokens_per_s",
+    "perf/mfu/actor", "perf/mfu/actor_infer", "perf/max_memory_allocated_gb",
+    "perf/max_memory_reserved_gb",
 )
 
 
-class GRPO(Algorithm):
-    """Group Relative Policy Optimization for language models on RLlib's new API stack."""
+class GRPO(ResilientAlgorithm):
+    """Group Relative Policy Optimization for language models on RLlib's new API stack.
+
+    Checkpoint safety, resume and env runner restarts come from `ResilientAlgorithm`."""
 
     @override(Algorithm)
     @classmethod
@@ -68,10 +77,15 @@ class GRPO(Algorithm):
         self._no_signal_streak = 0
         self._startup_seconds: float | None = None
         self.last_rollout: RolloutBatch | None = None
+        self._data_position = 0
+        self._validated_before_train = False
 
     @override(Algorithm)
     def training_step(self) -> None:
         c = self.config
+        if c.val_before_train and not self._validated_before_train:  # verl: once per run
+            self._log_dict(self.validate())
+            self._validated_before_train = True
         t_step = time.perf_counter()
         if self._startup_seconds is None:
             self._startup_seconds = time.time() - self._startup_origin
@@ -92,11 +106,12 @@ class GRPO(Algorithm):
         self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
         self._log_value("timing_s/update_actor", time.perf_counter() - t0)
         self._surface_learner_metrics()
+        self._stop_if_nothing_learned(rollout)
 
         t0 = time.perf_counter()
         self._sync_weights()
         self._log_value("timing_s/update_weights", time.perf_counter() - t0)
-        if c.val_every and (self.iteration + 1) % c.val_every == 0:
+        if self._validation_due(self.iteration + 1):
             self._log_dict(self.validate())
 
         step_time = time.perf_counter() - t_step
@@ -106,24 +121,28 @@ class GRPO(Algorithm):
         self._log_value("perf/time_per_step", step_time)
         self._log_value("perf/throughput", tokens / max(step_time, 1e-9))
 
-    def _sync_weights(self) -> None:
-        """Push the learners' weights to every sampler before the next sample.
+    def _validation_due(self, step: int) -> bool:
+        """verl: every ``test_freq`` steps and at the last one; never when it is <= 0."""
+        c = self.config
+        return c.val_every > 0 and (step % c.val_every == 0 or step == c.total_training_steps)
 
-        With only a local env runner the state goes to it directly: RLlib's
-        ``sync_weights`` would first ``ray.put`` it into the object store, where nothing
-        reads it (2.2 s per step at SmolLM2-135M's size, see benchmarks/README.md).
-        """
-        group = self.env_runner_group
-        if group.num_remote_env_runners() or group.local_env_runner is None:
-            group.sync_weights(from_worker_or_learner_group=self.learner_group,
-                               policies=[DEFAULT_MODULE_ID], inference_only=True)
-            return
-        state = self.learner_group.get_state(
-            components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}/{DEFAULT_MODULE_ID}",
-            inference_only=True,
-        )[COMPONENT_LEARNER]
-        group.local_env_runner.set_state(
-            {k: v for k, v in state.items() if k in (COMPONENT_RL_MODULE, WEIGHTS_SEQ_NO)})
+    def _sync_weights(self) -> None:
+        """Push the learners' weights to every sampler before the next sample, by the
+        fastest path the placement allows (`rllib_grpo.rllib.weight_sync`: device tensors in
+        one process, CUDA IPC / shared memory on one node, bucketed collectives across
+        nodes; Ray's object store as the fallback)."""
+        sync: WeightSync | None = getattr(self, "_weight_sync", None)
+        if sync is None:
+            sync = self._weight_sync = WeightSync(self)
+        self._log_dict(sync.sync())
+
+    @override(Algorithm)
+    def cleanup(self) -> None:
+        sync: WeightSync | None = getattr(self, "_weight_sync", None)
+        if sync is not None:
+            sync.close()
+            del self._weight_sync
+        super().cleanup()
 
     # ------------------------------------------------------------------ checkpoints
     @override(Algorithm)
@@ -133,6 +152,8 @@ class GRPO(Algorithm):
         (A local env runner is its own checkpoint component already.)
         """
         state = super().get_state(components, not_components=not_components, **kwargs)
+        if self._check_component(DATA_POSITION, components, not_components):
+            state[DATA_POSITION] = self._data_position
         group = self.env_runner_group
         if group is not None and group.num_remote_env_runners() > 0 and self._check_component(
                 REMOTE_RUNNERS, components, not_components):
@@ -143,10 +164,37 @@ class GRPO(Algorithm):
     @override(Algorithm)
     def set_state(self, state: dict) -> None:
         super().set_state(state)
+        self._data_position = state.get(DATA_POSITION, self._data_position)
         if REMOTE_RUNNERS in state and self.env_runner_group is not None:
             by_index = dict(state[REMOTE_RUNNERS])
+            self.runner_states.update(by_index)  # what a restarted runner continues from
             self.env_runner_group.foreach_env_runner(
-                lambda er: er.set_state(by_index[er.worker_index]), local_env_runner=False)
+                lambda er: er.set_state(by_index[er.worker_index])
+                if er.worker_index in by_index else None, local_env_runner=False)
+
+    @override(Trainable)
+    def export_model(self, path: str, *, dtype: str | None = None, lora_mode: str = "merge",
+                     overwrite: bool = False) -> str:
+        """Write the current policy as a Hugging Face model folder; returns its path.
+
+        (Replaces Tune's ``Trainable.export_model(export_formats, export_dir)``, whose
+        RLlib implementation serves old-API-stack policies only; nothing in Ray calls it.)
+
+        The learners' full state (gathered from every FSDP shard) goes through
+        `rllib_grpo.models.export.export_module_state`: safetensors shards, config,
+        generation config and the base model's tokenizer.  With LoRA the adapter is
+        merged (``lora_mode="merge"``) or written as a PEFT folder (``"adapter"``).
+        ``dtype`` None keeps the learner's.  For a checkpoint on disk use
+        ``rllib-grpo export`` (`rllib_grpo.cli.export.export_checkpoint`).
+        """
+        from rllib_grpo.models.export import export_module_state
+
+        state = self.learner_group.get_state(
+            components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}/{DEFAULT_MODULE_ID}",
+        )[COMPONENT_LEARNER][COMPONENT_RL_MODULE][DEFAULT_MODULE_ID]
+        c = self.config
+        return export_module_state(state, c.model_path, path, dtype=dtype, lora_mode=lora_mode,
+                                   base_dtype=c.model_dtype, overwrite=overwrite).path
 
     # ------------------------------------------------------------------ sampling
     def _sample_step(self) -> RolloutBatch:
@@ -183,20 +231,26 @@ class GRPO(Algorithm):
         return rollout
 
     def _sample_groups(self, num_prompts: int) -> RolloutBatch:
-        """Ask every env runner for its share of ``num_prompts`` groups and concatenate."""
+        """Ask every env runner for its share of ``num_prompts`` groups and concatenate.
+
+        All runners walk one shared prompt order (one permutation per epoch, as verl's
+        dataloader); runner ``k`` serves the ``k``-th consecutive slice of the next
+        ``num_prompts`` positions, so no prompt repeats or is skipped within an epoch.
+        """
         group = self.env_runner_group
         num_remote = group.num_remote_env_runners()
-        shares = _split_evenly(num_prompts, max(1, num_remote))
+        slices = prompt_slices(self._data_position, num_prompts, max(1, num_remote))
+        self._data_position += num_prompts
         if num_remote == 0:
             runner = group.local_env_runner
-            batches = [runner.sample(num_prompts=num_prompts)]
+            batches = [runner.sample(num_prompts=num_prompts, start=slices[0][0])]
             metrics = [runner.get_metrics()]
         else:
-            results = group.foreach_env_runner(
-                lambda er, shares=shares: (er.sample(
-                    num_prompts=shares[er.worker_index - 1]), er.get_metrics()),
-                local_env_runner=False,
-            )
+            # A lost runner's slice is sampled again, at the same positions of the shared
+            # order, by a healthy or restarted runner (`ResilientAlgorithm.sample_on_runners`).
+            results = self.sample_on_runners(
+                lambda er, part: (er.sample(num_prompts=part[1], start=part[0]),
+                                  er.get_metrics()), slices)
             batches = [b for b, _ in results if len(b)]
             metrics = [m for _, m in results]
             if not batches:
@@ -210,18 +264,23 @@ class GRPO(Algorithm):
         return rollout
 
     def validate(self) -> dict[str, float]:
-        """Score held-out prompts (greedy by default) and return verl's ``val-core`` metrics."""
+        """Score held-out prompts (greedy by default) and return verl's ``val-core`` metrics.
+
+        Every validation scores the same prompts: the first ``val_num_prompts`` of the
+        held-out order, split over the env runners.
+        """
         c, group = self.config, self.env_runner_group
         t0 = time.perf_counter()
         num_remote = group.num_remote_env_runners()
+        params = c.validation_sampling()
+        slices = prompt_slices(0, c.val_num_prompts, max(1, num_remote))
         if num_remote == 0:
-            samples = group.local_env_runner.evaluate(c.val_num_prompts, c.val_n,
-                                                      c.val_temperature)
+            samples = group.local_env_runner.evaluate(c.val_num_prompts, c.val_n, params, start=0)
         else:
-            shares = _split_evenly(c.val_num_prompts, num_remote)
             per_runner = group.foreach_env_runner(
-                lambda er, shares=shares: er.evaluate(shares[er.worker_index - 1], c.val_n,
-                                                      c.val_temperature),
+                lambda er, slices=slices: er.evaluate(
+                    slices[er.worker_index - 1][1], c.val_n, params,
+                    start=slices[er.worker_index - 1][0]),
                 local_env_runner=False)
             samples = [s for runner_samples in per_runner for s in runner_samples]
         metrics = validation_metrics(samples)
@@ -280,9 +339,13 @@ def startup_origin() -> float:
     return time.time() if in_actor else psutil.Process().create_time()
 
 
-def _split_evenly(total: int, parts: int) -> list[int]:
-    base, extra = divmod(total, parts)
-    return [base + (i < extra) for i in range(parts)]
+def prompt_slices(position: int, num_prompts: int, num_runners: int) -> list[tuple[int, int]]:
+    """``(start, count)`` per runner: consecutive slices of the shared order that together
+    cover positions ``position .. position + num_prompts - 1`` (counts differ by <= 1)."""
+    base, extra = divmod(num_prompts, num_runners)
+    counts = [base + (i < extra) for i in range(num_runners)]
+    starts = [position + sum(counts[:i]) for i in range(num_runners)]
+    return list(zip(starts, counts, strict=True))
 
 
 # Importing the algorithm registers it, like RLlib's own; `rllib_grpo.registration` makes

@@ -8,14 +8,19 @@ object carrying the GRPO fields.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from rllib_grpo.algos import ADV_ESTIMATORS, AGG_MODES, KL_CONTROLLERS, POLICY_LOSSES, kl_kinds
 from rllib_grpo.algos.advantages import needs_groups
+from rllib_grpo.algos.lr_schedule import LR_SCHEDULER_TYPES, needs_total_steps
 from rllib_grpo.algos.policy_losses import forced_agg_mode
 from rllib_grpo.data.datasets import TRUNCATION_MODES
+from rllib_grpo.data.env import env_options
 from rllib_grpo.data.recipes import FILTER_METRICS
 from rllib_grpo.models.lora import LORA_SYNC_MODES
+from rllib_grpo.rllib.input_checks import input_errors
+from rllib_grpo.rllib.weight_sync_plan import WEIGHT_SYNC_TRANSPORTS
 from rllib_grpo.samplers import SAMPLER_KINDS
 
 
@@ -151,17 +156,97 @@ def _check_lora_and_memory(c: Any) -> list[str]:
             errors.append(f"lora_rank={c.lora_rank} with FSDP sharding over {c.num_learners} "
                           "learners is not supported yet; set fsdp=False (each learner holds "
                           "the frozen base and DDP averages the small adapter's gradients).")
+    errors += _check_weight_sync(c)
     fraction = c.sampler_memory_fraction
     if fraction is not None and not 0 < fraction <= 1:
         errors.append(f"sampler_memory_fraction={fraction} must be in (0, 1] (a share of "
                       "the GPU's memory, vLLM's gpu_memory_utilization).")
+    if c.peak_tflops is not None and not c.peak_tflops > 0:
+        errors.append(f"peak_tflops={c.peak_tflops} must be > 0 (TFLOP/s of one learner "
+                      "device, for perf/mfu/actor) or None (known GPUs by name).")
+    return errors
+
+
+COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
+MASTER_DTYPES = ("float32", "bfloat16")
+FSDP_DTYPES = {"fsdp_param_dtype": ("auto", "model", *COMPUTE_DTYPES),
+               "fsdp_reduce_dtype": ("model", *COMPUTE_DTYPES)}
+
+
+def _check_precision(c: Any) -> list[str]:
+    errors = []
+    allowed = {"model_dtype": COMPUTE_DTYPES, "master_weights_dtype": MASTER_DTYPES,
+               **FSDP_DTYPES}
+    for field, known in allowed.items():
+        value = getattr(c, field)
+        if value not in known:
+            errors.append(f"{field}={value!r} is not a dtype here; use one of: "
+                          f"{', '.join(known)} (verl's bf16/fp32 spellings are accepted).")
+    if not errors and c.master_weights_dtype == "bfloat16" and c.model_dtype == "float32":
+        errors.append("master_weights_dtype='bfloat16' with model_dtype='float32': the weights "
+                      "would be stored less precisely than they are computed with. Use "
+                      "model_dtype='bfloat16' (bf16 compute) with master_weights_dtype='float32'.")
+    return errors
+
+
+def _check_weight_sync(c: Any) -> list[str]:
+    transport = getattr(c, "weight_sync_transport", "auto")
+    if transport not in WEIGHT_SYNC_TRANSPORTS:
+        return [f"weight_sync_transport={transport!r} is unknown; use one of: "
+                f"{', '.join(WEIGHT_SYNC_TRANSPORTS)}."]
+    errors = []
+    if not getattr(c, "weight_sync_bucket_mb", 1) > 0:
+        errors.append(f"weight_sync_bucket_mb={c.weight_sync_bucket_mb} must be > 0 (MiB per "
+                      "bucket; 256-1024 suits most models).")
+    if transport == "local" and (c.num_learners > 0 or c.num_env_runners > 0):
+        errors.append(f"weight_sync_transport='local' needs the learner and the sampler in "
+                      f"one process, but num_learners={c.num_learners} and num_env_runners="
+                      f"{c.num_env_runners}: set both to 0, or use 'auto'.")
+    if transport == "ipc" and not ((c.num_gpus_per_learner or 0) > 0
+                                   and (c.num_gpus_per_env_runner or 0) > 0):
+        errors.append("weight_sync_transport='ipc' shares CUDA memory: it needs "
+                      "num_gpus_per_learner > 0 and num_gpus_per_env_runner > 0; use 'shm' "
+                      "or 'auto' on CPUs.")
+    if transport == "ipc" and c.num_learners >= 2 and c.fsdp and not c.lora_rank:
+        errors.append("weight_sync_transport='ipc' cannot share FSDP shards; use "
+                      "'collective' (gathered per bucket) or 'auto'.")
+    return errors
+
+
+def _check_multi_turn(c: Any) -> list[str]:
+    errors = []
+    for field in ("max_turns", "max_tokens_per_turn", "max_observation_tokens"):
+        value = getattr(c, field, None)
+        if value is not None and (not isinstance(value, int) or value < 1):
+            errors.append(f"{field}={value!r} must be an integer >= 1, or None (no limit).")
+    per_turn = getattr(c, "max_tokens_per_turn", None)
+    if isinstance(per_turn, int) and per_turn > c.max_response_length:
+        errors.append(f"max_tokens_per_turn={per_turn} exceeds max_response_length="
+                      f"{c.max_response_length}, the whole episode's response budget (model and "
+                      "environment tokens); lower it or raise max_response_length.")
     return errors
 
 
 def find_errors(c: Any) -> list[str]:
     """Settings that cannot run, each naming the field and the fix."""
     return (_check_names(c) + _check_sizes(c) + _check_algorithm(c) + _check_recipes(c)
-            + _check_lora_and_memory(c))
+            + _check_lora_and_memory(c) + _check_precision(c) + _check_lr_schedule(c)
+            + _check_env_and_sampler(c) + _check_multi_turn(c) + input_errors(c))
+
+
+def _precision_pitfalls(c: Any) -> list[str]:
+    pitfalls = []
+    if c.master_weights_dtype == "bfloat16" and c.lora_rank <= 0:
+        pitfalls.append(
+            "master_weights_dtype='bfloat16': parameters and AdamW states in bf16 (pure-bf16 "
+            "training). An AdamW step moves a weight by about lr (1e-6 in verl's recipe), far "
+            "below bf16's spacing of 2^-8 of the weight, so most updates round away and "
+            "training silently stalls. Keep master_weights_dtype='float32' (fp32 master "
+            "weights, bf16 compute: verl, TRL and OpenRLHF do this).")
+    if c.model_dtype == "float16":
+        pitfalls.append("model_dtype='float16': fp16 compute without loss scaling can underflow "
+                        "small gradients to zero; prefer model_dtype='bfloat16'.")
+    return pitfalls
 
 
 def find_pitfalls(c: Any) -> list[str]:
@@ -198,7 +283,7 @@ def find_pitfalls(c: Any) -> list[str]:
     if c.adv_estimator == "remax" and c.group_size > 1:
         pitfalls.append("remax uses a greedy baseline per prompt, not the group: group_size "
                         f"{c.group_size} only adds samples (one extra greedy generation per prompt).")
-    pitfalls += _lora_and_memory_pitfalls(c)
+    pitfalls += _lora_and_memory_pitfalls(c) + _precision_pitfalls(c)
     if c.top_p < 1.0 or c.top_k > 0:
         pitfalls.append(
             f"top_p={c.top_p}, top_k={c.top_k}: the trainer's log-probs ignore the sampling "
@@ -220,4 +305,90 @@ def _lora_and_memory_pitfalls(c: Any) -> list[str]:
         why = ("the reference is the policy with its adapter disabled" if c.lora_rank > 0
                else "no KL term is on, so no reference model is loaded")
         pitfalls.append(f"ref_param_offload=True does nothing: {why}.")
+    if c.use_dynamic_bsz and not c.use_remove_padding:
+        pitfalls.append(
+            f"use_dynamic_bsz with use_remove_padding=False: max_tokens_per_micro_batch="
+            f"{c.max_tokens_per_micro_batch} counts real tokens, but padded rows compute rows x "
+            "the longest sequence, so a micro-batch can hold several times the budget in memory "
+            "(verl's budget assumes padding removal); set use_remove_padding=True.")
     return pitfalls
+
+
+def _check_lr_schedule(c: Any) -> list[str]:
+    errors = []
+    if c.lr_scheduler_type not in LR_SCHEDULER_TYPES:
+        errors.append(f"lr_scheduler_type={c.lr_scheduler_type!r} is unknown; use one of: "
+                      f"{', '.join(LR_SCHEDULER_TYPES)}.")
+        return errors
+    scheduled = c.lr_warmup_steps != 0 or c.lr_scheduler_type != "constant"
+    if isinstance(getattr(c, "lr", None), list | tuple) and scheduled:
+        errors.append("lr is an RLlib schedule ([[timestep, lr], ...]) and lr_warmup_steps / "
+                      "lr_scheduler_type ask for verl's schedule too: use one of them.")
+    if needs_total_steps(c.lr_scheduler_type, c.lr_warmup_steps, c.lr_warmup_steps_ratio) and (
+            c.total_training_steps is None):
+        errors.append(f"lr_scheduler_type={c.lr_scheduler_type!r} / lr_warmup_steps_ratio="
+                      f"{c.lr_warmup_steps_ratio} need the run's length: set "
+                      "total_training_steps (the command line takes it from "
+                      "trainer.total_training_steps or the stop training_iteration).")
+    for field in ("lr_warmup_steps_ratio", "min_lr_ratio"):
+        value = getattr(c, field)
+        if value is not None and not 0 <= value <= 1:
+            errors.append(f"{field}={value} must be in [0, 1] (a fraction of lr's steps/value).")
+    if c.total_training_steps is not None and c.total_training_steps < 1:
+        errors.append(f"total_training_steps={c.total_training_steps} must be >= 1 (or None).")
+    return errors
+
+
+def env_class(env: Any) -> type | None:
+    """The class a gymnasium id (or class) builds; None when it cannot be told."""
+    if isinstance(env, type):
+        return env
+    if not isinstance(env, str):
+        return None
+    import gymnasium
+
+    try:
+        entry = gymnasium.spec(env).entry_point
+    except Exception:  # noqa: BLE001  (an unknown id: gymnasium.make reports it)
+        return None
+    if isinstance(entry, str):
+        module, _, name = entry.partition(":")
+        entry = getattr(importlib.import_module(module), name, None)
+    return entry if isinstance(entry, type) else None
+
+
+# Engine options only vLLM takes (the transformers sampler refuses them by name).
+HF_SAMPLER_OPTIONS = ("device", "max_batch_size", "config_overrides", "dtype")
+
+
+def _check_env_and_sampler(c: Any) -> list[str]:
+    errors = []
+    cls = env_class(c.env)
+    names, open_ended = env_options(cls) if cls is not None else (set(), True)
+    for field in ("env_config", "val_env_config"):
+        unknown = sorted(set(getattr(c, field) or {}) - names)
+        if not open_ended and unknown:
+            hint = (" For prompt files (verl's data.train_files/val_files) use a file env: "
+                    "env='rllib_grpo/Prompts-v0' (each row's data_source picks the reward), "
+                    "'rllib_grpo/GSM8K-v0' or 'rllib_grpo/MATH-v0'."
+                    if {"path", "prompt_key"} & set(unknown) else "")
+            errors.append(f"{field} has {', '.join(map(repr, unknown))} but env {c.env!r} takes "
+                          f"no such option (it takes: {', '.join(sorted(names))}).{hint}")
+    tp = int((c.sampler_config or {}).get("tensor_parallel_size", 1) or 1)
+    gpus = c.num_gpus_per_env_runner
+    if tp > 1 and c.sampler == "hf":
+        errors.append(f"tensor_parallel_size={tp} (verl rollout.tensor_model_parallel_size) "
+                      "needs the vLLM sampler; set sampler='vllm' or tensor_parallel_size=1.")
+    elif tp > 1 and gpus and gpus != tp:
+        errors.append(f"tensor_parallel_size={tp}: each env runner's vLLM engine spreads over "
+                      f"{tp} GPUs, but num_gpus_per_env_runner={gpus}; set "
+                      f"num_gpus_per_env_runner={tp} (a {tp}-GPU bundle per env runner).")
+    vllm_only = sorted(set(c.sampler_config or {}) - set(HF_SAMPLER_OPTIONS))
+    if c.sampler == "hf" and vllm_only:
+        errors.append(f"sampler_config has vLLM engine options {', '.join(vllm_only)} but "
+                      "sampler='hf' takes only " + ", ".join(HF_SAMPLER_OPTIONS) + "; drop them "
+                      "or use sampler='vllm'.")
+    if c.overlong_buffer_enable and c.overlong_buffer_len <= 0:
+        errors.append("overlong_buffer_enable=True needs overlong_buffer_len > 0 tokens "
+                      "(verl reward_model.overlong_buffer.len).")
+    return errors

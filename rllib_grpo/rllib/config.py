@@ -29,8 +29,10 @@ from rllib_grpo.rllib.settings import (
     SETTINGS_FIELDS,
     VERL_ALIASES,
     GRPOSettings,
+    canonical_dtype,
     defaults,
     derived_field_error,
+    is_dtype_setting,
 )
 
 TEXT_SPACE = gym.spaces.Text(max_length=1 << 16, charset="".join(map(chr, range(32, 127))) + "\n")
@@ -65,7 +67,7 @@ class GRPOConfig(AlgorithmConfig, GRPOSettings):
 
     def __init__(self, algo_class: type | None = None) -> None:
         # The algorithm class by its registered name: `GRPO` imports this module.
-        super().__init__(algo_class=algo_class or trainable_class("GRPO"))
+        AlgorithmConfig.__init__(self, algo_class=algo_class or trainable_class("GRPO"))
         for name, value in defaults().items():
             setattr(self, name, value)
         # RLlib fields with GRPO/verl defaults.
@@ -96,7 +98,8 @@ class GRPOConfig(AlgorithmConfig, GRPOSettings):
             if name in DERIVED_FIELDS and kwargs[key] is not NotProvided:
                 raise ValueError(derived_field_error(name))
             if name in SETTINGS_FIELDS:
-                grpo_kwargs[name] = kwargs.pop(key)
+                value = kwargs.pop(key)
+                grpo_kwargs[name] = canonical_dtype(value) if is_dtype_setting(name) else value
             elif name != key:
                 kwargs[name] = kwargs.pop(key)
         super().training(**{k: v for k, v in kwargs.items() if v is not NotProvided})
@@ -154,18 +157,39 @@ class GRPOConfig(AlgorithmConfig, GRPOSettings):
         """What the causal-LM RLModule needs to build itself."""
         return {
             "model": self.model_path,
-            "dtype": self.model_dtype,
+            "dtype": self.model_dtype,  # compute dtype (and the reference's weights)
+            "master_weights_dtype": self.master_weights_dtype,
+            "sync_dtype": self.sampler_dtype,  # weights are cast to it for the samplers
             "gradient_checkpointing": self.gradient_checkpointing,
             "temperature": self.temperature,
             "use_reference": self.needs_reference,
             "seed": self.seed,
+            "config_overrides": dict(self.model_override_config),
             **{name: getattr(self, name) for name in MODULE_SETTINGS},  # LoRA, ref offload
         }
+
+    @property
+    def sampler_dtype(self) -> str:
+        """The samplers' weight dtype: ``sampler_config["dtype"]`` if set (and not "auto"),
+        else ``model_dtype``; weight syncs are cast to it on the learner."""
+        dtype = canonical_dtype(dict(self.sampler_config).get("dtype") or "auto")
+        return self.model_dtype if dtype == "auto" else dtype
 
     @property
     def needs_reference(self) -> bool:
         """A frozen reference model is needed when any KL term is on."""
         return bool(self.use_kl_loss or self.use_kl_in_reward)
+
+    def validation_sampling(self) -> Any:
+        """verl's ``val_kwargs``: greedy unless ``val_do_sample`` (None: sample when
+        ``val_temperature > 0``), then ``val_temperature``/``val_top_p``/``val_top_k``."""
+        from rllib_grpo.samplers import SamplingParams
+
+        sample = self.val_do_sample if self.val_do_sample is not None else self.val_temperature > 0
+        if not sample:
+            return SamplingParams(temperature=0.0, max_tokens=self.max_response_length)
+        return SamplingParams(temperature=self.val_temperature, top_p=self.val_top_p,
+                              top_k=self.val_top_k, max_tokens=self.max_response_length)
 
     @property
     def loss_horizon(self) -> float:

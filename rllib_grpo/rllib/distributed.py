@@ -9,7 +9,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from ray.rllib.utils.torch_utils import convert_to_torch_tensor
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -25,6 +24,8 @@ from torch.distributed.fsdp import (
     OffloadPolicy,
     fully_shard,
 )
+
+from rllib_grpo.models.precision import as_torch_tensors, optimizer_state_for_load, tensors_to_cpu
 
 
 def world_size() -> int:
@@ -54,15 +55,18 @@ def _dtype(name: str | None) -> torch.dtype | None:
     """A dtype setting; ``model``/None keeps the parameters' own dtype."""
     if name is not None and name not in DTYPES:
         raise ValueError(f"FSDP dtype {name!r} is not one of {sorted(DTYPES)} (or 'auto').")
-    return DTYPES.get(name)
+    return DTYPES.get(name) if name is not None else None
 
 
 def mixed_precision_policy(config: Any, device: torch.device) -> MixedPrecisionPolicy:
-    """FSDP2 compute/reduce dtypes; ``auto`` is bf16 on GPUs and the model's dtype on CPU
-    (so that CPU runs are exact)."""
+    """FSDP2 compute/reduce dtypes, verl's ``MixedPrecisionPolicy(param_dtype=bf16,
+    reduce_dtype=fp32)`` for ``model_dtype="bfloat16"``: the shards (master weights) and
+    AdamW states stay in ``master_weights_dtype``, each unit is all-gathered and computed in
+    the compute dtype, and gradients are reduce-scattered in fp32.  ``fsdp_param_dtype``
+    ``auto`` is ``model_dtype`` on every device."""
     param = config.fsdp_param_dtype
     if param == "auto":
-        param = "bfloat16" if device.type == "cuda" else None
+        param = config.model_dtype
     return MixedPrecisionPolicy(param_dtype=_dtype(param),
                                 reduce_dtype=_dtype(config.fsdp_reduce_dtype))
 
@@ -84,7 +88,7 @@ def decoder_layers(lm: torch.nn.Module) -> list[torch.nn.Module]:
     if layers:
         return layers
     lists = [m for m in lm.modules() if isinstance(m, torch.nn.ModuleList)]
-    return list(max(lists, key=len)) if lists else []
+    return list(max(lists, key=lambda modules: len(list(modules)))) if lists else []
 
 
 def shard_causal_lm(lm: torch.nn.Module, mesh: DeviceMesh, mp_policy: MixedPrecisionPolicy,
@@ -94,7 +98,7 @@ def shard_causal_lm(lm: torch.nn.Module, mesh: DeviceMesh, mp_policy: MixedPreci
     The root must be the HF model, not the RLModule: RLlib calls
     ``forward_train`` directly, which would bypass the root's forward hooks.
     """
-    kwargs = {"mesh": mesh, "mp_policy": mp_policy, "offload_policy": offload}
+    kwargs: dict[str, Any] = {"mesh": mesh, "mp_policy": mp_policy, "offload_policy": offload}
     for layer in decoder_layers(lm):
         fully_shard(layer, **kwargs)
     fully_shard(lm, **kwargs)
@@ -111,12 +115,12 @@ def rank() -> int:
 # --------------------------------------------------------------------------- state
 def gather_full_state_dict(lm: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Full HF state dict of a sharded model on rank 0 (CPU); ``{}`` elsewhere. Collective."""
-    return get_model_state_dict(lm, options=FULL_TO_RANK0)
+    return get_model_state_dict(lm, options=FULL_TO_RANK0)  # type: ignore[return-value]
 
 
 def load_full_state_dict(lm: torch.nn.Module, state: dict[str, Any]) -> None:
     """Load a full HF state dict (given on every rank) into a sharded model. Collective."""
-    full = {k: torch.as_tensor(v) for k, v in state.items()}
+    full: dict[str, Any] = {k: torch.as_tensor(v) for k, v in state.items()}
     set_model_state_dict(lm, full, options=FULL_ON_EVERY_RANK)
 
 
@@ -134,7 +138,7 @@ def full_optimizer_state(module: torch.nn.Module, optim: torch.optim.Optimizer) 
     if not optim.state:
         # DCP would "initialise" the state by taking a zero-lr step (Adam's step count 1).
         return optim.state_dict()
-    by_name = get_optimizer_state_dict(module, optim, options=FULL_TO_RANK0)
+    by_name: Any = get_optimizer_state_dict(module, optim, options=FULL_TO_RANK0)
     if not by_name:
         return {}
     order = [name for group in by_name["param_groups"] for name in group["params"]]
@@ -153,8 +157,8 @@ def load_full_optimizer_state(module: torch.nn.Module, optim: torch.optim.Optimi
         optim.load_state_dict(state)  # nothing to shard: hyper-parameters only
         return
     names = _param_fqns(module, optim)
-    by_name = {
-        "state": {names[int(i)]: convert_to_torch_tensor(s, device="cpu")
+    by_name: Any = {
+        "state": {names[int(i)]: as_torch_tensors(s)
                   for i, s in state["state"].items()},
         "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]}
                          for g in state["param_groups"]],
@@ -162,3 +166,26 @@ def load_full_optimizer_state(module: torch.nn.Module, optim: torch.optim.Optimi
     set_optimizer_state_dict(module, optim, by_name, options=FULL_ON_EVERY_RANK)
 
 
+
+
+# --------------------------------------------------------------------------- one learner's optimizers
+def optimizer_states(learner: Any) -> dict:
+    """Every optimizer's ``state_dict()`` as CPU torch tensors in their own dtype (RLlib's
+    layout: ``{name: {"module_id", "state"}}``).  RLlib's default converts to numpy, which
+    has no bfloat16, and reads every float back as float32."""
+    return {name: {"module_id": learner._optimizer_name_to_module[name],
+                   "state": tensors_to_cpu(optim.state_dict())}
+            for name, optim in learner._named_optimizers.items()}
+
+
+def load_optimizer_states(learner: Any, state: dict) -> None:
+    """Load `optimizer_states` (or RLlib's numpy ones) bit-exactly, building an optimizer
+    for a module that has none yet, as RLlib does."""
+    for name, entry in state.items():
+        module_id = entry["module_id"]
+        if name not in learner._named_optimizers and module_id in learner.module:
+            learner.configure_optimizers_for_module(
+                module_id=module_id, config=learner.config.get_config_for_module(module_id))
+        if name in learner._named_optimizers:
+            learner._named_optimizers[name].load_state_dict(
+                optimizer_state_for_load(entry["state"]))

@@ -5,6 +5,9 @@ For each prompt it resets the env (the env owns the data order), has its
 response by resetting the env to that prompt and stepping it with the
 response text.  Reward functions therefore run here, next to the data, in
 every runner in parallel.  It returns a `RolloutBatch`.
+
+Multi-turn envs (``env.multi_turn``) take a separate branch: the episodes of a
+step are played turn by turn by `rllib_grpo.rllib.multiturn.EpisodeSampler`.
 """
 
 from __future__ import annotations
@@ -33,6 +36,12 @@ from rllib_grpo.data.rollout import RolloutBatch, build_rollout_batch
 from rllib_grpo.models.lora import AdapterMerger, is_lora_payload
 from rllib_grpo.models.registry import resolve_model
 from rllib_grpo.models.tokenizers import load_tokenizer
+from rllib_grpo.rllib.multiturn import (
+    EpisodeSampler,
+    check_multi_turn_config,
+    episode_limits,
+    is_multi_turn,
+)
 from rllib_grpo.samplers import SamplingParams, make_sampler
 
 COMPONENT_RL_MODULE = "rl_module"
@@ -46,6 +55,8 @@ def make_text_env(config: Any, tokenizer: Any, seed: int) -> gym.Env:
         truncation=config.truncation, filter_overlong_prompts=config.filter_overlong_prompts,
         seed=seed,
     )
+    if not config.data_shuffle:  # verl data.shuffle=False: the file's order
+        kwargs["shuffle"] = False
     kwargs.update(dict(config.env_config))
     env = config.env
     if isinstance(env, str):
@@ -58,17 +69,37 @@ def make_text_env(config: Any, tokenizer: Any, seed: int) -> gym.Env:
     )
 
 
+def data_seed(config: Any) -> int:
+    """The seed of the prompt order every env runner shares: ``data_seed``, else ``seed``."""
+    return config.data_seed if config.data_seed is not None else (config.seed or 0)
+
+
 def engine_options(config: Any) -> dict[str, Any]:
     """Sampler options: ``sampler_config``, with a vLLM engine's GPU memory share from
     ``sampler_memory_fraction``, else (colocated) the GPU fraction this env runner
-    reserved from Ray."""
+    reserved from Ray; HF config overrides (``model_override_config``) as vLLM's
+    ``hf_overrides`` or the transformers sampler's ``config_overrides``."""
     options = dict(config.sampler_config)
+    options.pop("dtype", None)  # the sampler's dtype is config.sampler_dtype
+    if config.model_override_config:
+        key = "config_overrides" if config.sampler == "hf" else "hf_overrides"
+        options[key] = dict(config.model_override_config)
     if config.sampler != "hf" and config.sampler_memory_fraction is not None:
         options["gpu_memory_utilization"] = config.sampler_memory_fraction
     gpus = config.num_gpus_per_env_runner
     if config.sampler != "hf" and 0 < gpus < 1:
         options.setdefault("gpu_memory_utilization", round(0.9 * gpus, 3))
     return options
+
+
+def _seek(env: gym.Env, start: int | None) -> None:
+    """Move ``env`` to position ``start`` of its epoch-by-epoch prompt order."""
+    if start is None:
+        return
+    if not hasattr(env, "seek"):
+        raise TypeError(f"{type(env).__name__} has no seek(position): env runners share one "
+                        "prompt order through it; subclass rllib_grpo.data.env.TextEnv.")
+    env.seek(start)
 
 
 class TextEnvRunner(EnvRunner, Checkpointable):
@@ -78,20 +109,25 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         super().__init__(config=config, **kwargs)
         c = self.config
         self.worker_index = kwargs.get("worker_index", 0) or 0
-        seed = (c.seed or 0) + self.worker_index
+        seed = (c.seed or 0) + self.worker_index  # each runner samples its own responses
         model_path = resolve_model(c.model_path)
         self.tokenizer = load_tokenizer(model_path)
-        self.env = make_text_env(c, self.tokenizer, seed)
+        # ... but all runners hold the same prompts in the same shared order.
+        self.env = make_text_env(c, self.tokenizer, data_seed(c))
+        if is_multi_turn(self.env):
+            check_multi_turn_config(c)  # before the (expensive) sampler starts
         self._val_env: gym.Env | None = None
-        self._seed_base = seed
         self.sampler = make_sampler(
-            c.sampler, model_path=model_path, dtype=c.model_dtype, seed=seed,
+            c.sampler, model_path=model_path, dtype=c.sampler_dtype, seed=seed,
             **engine_options(c),
         )
         self._weights_seq_no = 0
         self._group_counter = 0
         self._torch_gen_seed = seed
         self.last_weight_sync: dict[str, float] = {}
+        self._episodes = (EpisodeSampler(self.env, self.sampler, self.tokenizer,
+                                         episode_limits(c), seed)
+                          if is_multi_turn(self.env) else None)
 
     # ------------------------------------------------------------------ EnvRunner API
     @override(EnvRunner)
@@ -111,10 +147,15 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         )
 
     @override(EnvRunner)
-    def sample(self, num_prompts: int | None = None, **kwargs: Any) -> RolloutBatch:
-        """Sample ``num_prompts`` groups of ``group_size`` scored responses."""
+    def sample(self, num_prompts: int | None = None, start: int | None = None,
+               **kwargs: Any) -> RolloutBatch:
+        """Sample ``num_prompts`` groups of ``group_size`` scored responses, for the prompts
+        at positions ``start ..`` of the shared order (None: where this env stands)."""
         c = self.config
         num_prompts = num_prompts or c.prompts_per_step
+        _seek(self.env, start)
+        if self._episodes is not None:
+            return self._sample_episodes(num_prompts)
         t0 = time.perf_counter()
         prompts = [self._next_prompt(self.env) for _ in range(num_prompts)]
         groups = self.sampler.generate(
@@ -125,11 +166,15 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         rows: dict[str, list] = {k: [] for k in (
             "prompt_ids", "response_ids", "log_probs", "scores", "group_index", "truncated",
             "errors", "infos", "baselines")}
+        # Every response of the step is scored at once: reward calls run in parallel.
+        scored = iter(self._score_many(self.env, [(prompt, sample.token_ids)
+                                                  for prompt, group in zip(prompts, groups, strict=True)
+                                                  for sample in group]))
         for i, (prompt, group) in enumerate(zip(prompts, groups, strict=True)):
             group_id = self._group_counter
             self._group_counter += 1
             for sample in group:
-                info = self._score(self.env, prompt, sample.token_ids)
+                info = next(scored)
                 info["reward"] += self._overlong_penalty(len(sample.token_ids), info)
                 rows["prompt_ids"].append(prompt["prompt_token_ids"])
                 rows["response_ids"].append(list(sample.token_ids))
@@ -148,10 +193,26 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         self._log_sample_metrics(len(batch), t_gen, time.perf_counter() - t0 - t_gen)
         return batch
 
+    def _sample_episodes(self, num_prompts: int) -> RolloutBatch:
+        """Multi-turn branch of `sample`: the step's episodes, every turn batched."""
+        c = self.config
+        t0 = time.perf_counter()
+        prompts = [self._next_prompt(self.env) for _ in range(num_prompts)]
+        group_ids = list(range(self._group_counter, self._group_counter + num_prompts))
+        self._group_counter += num_prompts
+        sampler = self._episodes
+        assert sampler is not None  # sample() calls this for multi-turn envs only
+        episodes = sampler.sample(prompts, group_ids, c.group_size, self.sampling_params())
+        batch = sampler.to_batch(episodes, pad_token_id=self.tokenizer.pad_token_id or 0,
+                                 score_adjustment=self._overlong_penalty)
+        t_env = sampler.env_seconds
+        self._log_sample_metrics(len(batch), time.perf_counter() - t0 - t_env, t_env)
+        return batch
+
     def _overlong_penalty(self, response_length: int, info: dict[str, Any]) -> float:
         """DAPO's soft overlong punishment, added to the reward (``acc`` is unchanged)."""
         c = self.config
-        if not c.overlong_buffer_len:
+        if not c.overlong_buffer_len or c.overlong_buffer_enable is False:
             return 0.0
         penalty = float(overlong_penalty(torch.tensor([response_length]), c.max_response_length,
                                          c.overlong_buffer_len, c.overlong_penalty_factor)[0])
@@ -163,26 +224,26 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         """ReMax: the reward of each prompt's greedy response (verl's ``gen_max``)."""
         greedy = SamplingParams(temperature=0.0, max_tokens=self.config.max_response_length)
         outputs = self.sampler.generate([p["prompt_token_ids"] for p in prompts], 1, greedy)
-        return [float(self._score(self.env, p, out[0].token_ids)["reward"])
-                for p, out in zip(prompts, outputs, strict=True)]
+        scored = self._score_many(self.env, [(p, out[0].token_ids)
+                                             for p, out in zip(prompts, outputs, strict=True)])
+        return [float(info["reward"]) for info in scored]
 
-    def evaluate(self, num_prompts: int, n: int, temperature: float, *,
-                 restart: bool = False) -> list[ValidationSample]:
-        """Sample ``n`` responses for ``num_prompts`` held-out prompts and score them.
-
-        Successive calls continue through the held-out prompts; ``restart=True`` starts
-        them over, so that repeated calls score the same prompts (before/after training).
-        """
-        if restart:
-            self._val_env = None
+    def evaluate(self, num_prompts: int, n: int, params: SamplingParams,
+                 start: int | None = None) -> list[ValidationSample]:
+        """Sample ``n`` responses with ``params`` for ``num_prompts`` held-out prompts (at
+        positions ``start ..`` of the held-out order; None: the next ones) and score them."""
         env = self._validation_env()
+        _seek(env, start)
+        if self._episodes is not None:
+            return self._evaluate_episodes(env, num_prompts, n, params)
         prompts = [self._next_prompt(env) for _ in range(num_prompts)]
-        params = SamplingParams(temperature=temperature, max_tokens=self.config.max_response_length)
         outputs = self.sampler.generate([p["prompt_token_ids"] for p in prompts], n, params)
         samples = []
+        scored = iter(self._score_many(env, [(prompt, sample.token_ids) for prompt, group
+                                             in zip(prompts, outputs, strict=True) for sample in group]))
         for prompt, group in zip(prompts, outputs, strict=True):
-            for sample in group:
-                info = self._score(env, prompt, sample.token_ids)
+            for _ in group:
+                info = next(scored)
                 samples.append(ValidationSample(
                     prompt_index=int(prompt["index"]), data_source=str(prompt["data_source"]),
                     score=float(info["reward"]),
@@ -190,13 +251,28 @@ class TextEnvRunner(EnvRunner, Checkpointable):
                     pred=info.get("pred"), has_pred="pred" in info))
         return samples
 
+    def _evaluate_episodes(self, env: gym.Env, num_prompts: int, n: int,
+                           params: SamplingParams) -> list[ValidationSample]:
+        """Multi-turn branch of `evaluate`: whole episodes, scored by their return."""
+        prompts = [self._next_prompt(env) for _ in range(num_prompts)]
+        runner = EpisodeSampler(env, self.sampler, self.tokenizer, episode_limits(self.config),
+                                self._seed_base + 10_007)
+        episodes = runner.sample(prompts, list(range(len(prompts))), n, params)
+        batch = runner.to_batch(episodes, pad_token_id=self.tokenizer.pad_token_id or 0)
+        return [ValidationSample(
+            prompt_index=int(e.prompt["index"]), data_source=str(e.prompt["data_source"]),
+            score=float(info["reward"]), acc=None if info.get("acc") is None else float(info["acc"]),
+            pred=info.get("pred"), has_pred="pred" in info)
+            for e, info in zip(episodes, batch.infos, strict=True)]
+
     def _validation_env(self) -> gym.Env:
         if self._val_env is None:
             val_config = self.config.copy(copy_frozen=False)
             val_config.env_config = {**dict(self.config.env_config),
                                      **dict(self.config.val_env_config)}
             # A different seed: held-out order (and, for generated tasks, problems).
-            self._val_env = make_text_env(val_config, self.tokenizer, self._seed_base + 10_007)
+            self._val_env = make_text_env(val_config, self.tokenizer,
+                                          data_seed(self.config) + 10_007)
         return self._val_env
 
     @staticmethod
@@ -204,13 +280,26 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         obs, info = env.reset()
         return {"text": obs, **info}
 
-    def _score(self, env: gym.Env, prompt: dict[str, Any], response_ids: list[int]
-               ) -> dict[str, Any]:
-        text = self.tokenizer.decode(response_ids, skip_special_tokens=True)
-        env.reset(options={"index": prompt["index"]})
-        _, reward, _, _, info = env.step(text)
-        return {"reward": reward, "prompt": prompt["text"], "response": text, **{
-            k: v for k, v in info.items() if k in ("score", "acc", "pred", "reward_error")}}
+    def _score_many(self, env: gym.Env, items: list[tuple[dict[str, Any], list[int]]]
+                    ) -> list[dict[str, Any]]:
+        """Score ``(prompt, response ids)`` pairs: all at once through the env's
+        `score_many` (parallel reward calls), else one episode each."""
+        texts = [self.tokenizer.decode(ids, skip_special_tokens=True) for _, ids in items]
+        if hasattr(env, "score_many"):
+            infos = env.score_many([(p["index"], text) for (p, _), text in zip(items, texts, strict=True)])
+            rewards = [float(info["score"]) for info in infos]
+        else:
+            infos, rewards = [], []
+            for (prompt, _), text in zip(items, texts, strict=True):
+                env.reset(options={"index": prompt["index"]})
+                _, reward, _, _, info = env.step(text)
+                infos.append(info)
+                rewards.append(reward)
+        return [{"reward": reward, "prompt": prompt["text"], "index": prompt["index"],
+                 "response": text, **{
+            k: v for k, v in info.items() if k in ("score", "acc", "pred", "reward_error",
+                                                 "reward_error_message")}}
+            for (prompt, _), text, reward, info in zip(items, texts, rewards, infos, strict=True)]
 
     def _log_sample_metrics(self, num_trajectories: int, t_gen: float, t_reward: float) -> None:
         m = self.metrics
@@ -220,6 +309,10 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         m.log_value(NUM_EPISODES_LIFETIME, num_trajectories, reduce="lifetime_sum")
         m.log_value("timing_s/gen", t_gen, reduce="mean", window=1)
         m.log_value("timing_s/reward", t_reward, reduce="mean", window=1)
+        dataset: Any = getattr(self.env, "dataset", None)
+        if hasattr(dataset, "skipped_metrics"):  # rows dropped at load, by kind
+            for key, count in dataset.skipped_metrics().items():
+                m.log_value(key, count, reduce="mean", window=1)
         self.num_env_steps_sampled_lifetime += num_trajectories
 
     @override(EnvRunner)
@@ -262,8 +355,17 @@ class TextEnvRunner(EnvRunner, Checkpointable):
             return self.sampler.load_weights(module_state)
         if getattr(self, "_lora_merger", None) is None:
             self._lora_merger = AdapterMerger(resolve_model(self.config.model_path),
-                                              self.config.model_dtype)
+                                              self.config.sampler_dtype)
         return self._lora_merger.apply(self.sampler, module_state)
+
+    def weights_received(self, stats: dict[str, Any], seq_no: int) -> None:
+        """Record a sync that streamed straight into the sampler (`rllib_grpo.rllib.weight_sync`)."""
+        self.last_weight_sync = stats
+        self._weights_seq_no = max(self._weights_seq_no, seq_no)
+        self.metrics.log_value("weight_sync/bytes", stats.get("bytes", 0), reduce="mean",
+                               window=1)
+        self.metrics.log_value("timing_s/load_weights", stats.get("seconds", 0.0),
+                               reduce="mean", window=1)
 
     @override(Checkpointable)
     def get_state(self, components=None, *, not_components=None, **kwargs) -> dict[str, Any]:
@@ -287,3 +389,7 @@ class TextEnvRunner(EnvRunner, Checkpointable):
     def stop(self) -> None:
         if self.sampler is not None and hasattr(self.sampler, "close"):
             self.sampler.close()
+        for env in (self.env, self._val_env):  # end the reward worker processes
+            scorer: Any = getattr(env, "scorer", None)
+            if hasattr(scorer, "close"):
+                scorer.close()

@@ -2,7 +2,9 @@
 
 Per training step each learner holds whole groups and, as in verl:
 1. recomputes the old log-probs (and entropy) at the sampling temperature, and
-   the reference log-probs when a KL term is on;
+   the reference log-probs when a KL term is on, on the update's own micro-batches
+   (`rllib_grpo.rllib.micro_batches`; packed rows without padding by default); on an
+   on-policy step the update's forward gives the old log-probs instead;
 2. turns scores into token-level rewards (minus the in-reward KL, if on) and
    advantages, with `rllib_grpo.algos`;
 3. runs epochs x mini-batches (RLlib's iterator), and inside each mini-batch
@@ -10,11 +12,15 @@ Per training step each learner holds whole groups and, as in verl:
    mini-batch's *global* token and sequence counts (all-reduced once), so the
    update does not depend on how the batch was split; one optimizer step per
    mini-batch, skipped when the gradient norm is not finite.
+
+Multi-turn batches carry a ``loss_mask`` (1 on the model's own tokens, 0 on the
+environment's, `rllib_grpo.data.trajectory`): everything after the forward pass
+(advantages, losses, token counts, entropy and rollout metrics) uses it instead
+of ``response_mask``, which stays the attention mask.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from collections import defaultdict
@@ -22,7 +28,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.core.learner.training_data import TrainingData
@@ -36,65 +41,38 @@ from rllib_grpo.algos import (
     kl_penalty,
     policy_loss,
 )
-from rllib_grpo.data.batching import num_micro_batches_for_budget, split_fixed, split_token_budget
 from rllib_grpo.models.offload import offload_optimizer_states
-from rllib_grpo.rllib.distributed import all_reduce, world_size
+from rllib_grpo.models.packing import prefer_varlen_attention
+from rllib_grpo.rllib.distributed import (
+    all_reduce,
+    load_optimizer_states,
+    optimizer_states,
+    rank,
+    world_size,
+)
+from rllib_grpo.rllib.micro_batches import (
+    MiniBatchTotals,
+    micro_batches,
+    old_log_probs_from_update,
+    sequence_lengths,
+    step_micro_batches,
+)
+from rllib_grpo.rllib.micro_batches import select_rows as _select
 from rllib_grpo.rllib.module import response_log_probs
+from rllib_grpo.rllib.perf import PhaseTimes, StepMetrics, num_parameters, peak_flops, step_metrics
+from rllib_grpo.rllib.perf import value_stats as _stats
+from rllib_grpo.rllib.step_schedule import LRSchedule, minibatch_order
 
 logger = logging.getLogger(__name__)
 
 # Columns the learner reads from the rollout batch (see rllib_grpo.data.rollout.RolloutBatch).
 TENSOR_COLUMNS = (
     "prompt_ids", "prompt_mask", "response_ids", "response_mask", "rollout_log_probs",
-    "scores", "group_index", "sample_mask", "reward_baselines", "truncated",
+    "scores", "group_index", "sample_mask", "reward_baselines", "truncated", "loss_mask",
 )
 # Per-token rates from the policy loss, averaged over micro-batches by token count.
 RATE_METRICS = ("actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl")
 FORWARD_COLUMNS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
-
-
-def _select(batch: dict[str, torch.Tensor], rows: list[int] | torch.Tensor) -> dict:
-    idx = torch.as_tensor(rows, dtype=torch.long)
-    return {k: v.index_select(0, idx.to(v.device)) for k, v in batch.items()}
-
-
-def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
-    if values.numel() == 0:
-        return {}
-    values = values.float()
-    return {f"{prefix}/mean": values.mean().item(), f"{prefix}/max": values.max().item(),
-            f"{prefix}/min": values.min().item()}
-
-
-@dataclasses.dataclass(frozen=True)
-class MiniBatchTotals:
-    """Global counts of one mini-batch (all learners) that normalise every micro-batch's loss,
-    so the update does not depend on how the mini-batch was split (`rllib_grpo.algos.agg_loss`)."""
-
-    dp_size: int
-    global_num_tokens: float
-    global_num_seqs: float
-    horizon: float
-
-    def agg_kwargs(self) -> dict[str, float]:
-        return dataclasses.asdict(self)
-
-
-class StepMetrics:
-    """Values logged during one training step, averaged per key when flushed (every
-    mini-batch and micro-batch of the step adds to the same mean)."""
-
-    def __init__(self) -> None:
-        self.values: dict[str, list[float]] = defaultdict(list)
-
-    def add(self, key: str, value: float) -> None:
-        self.values[key].append(float(value))
-
-    def flush(self, logger: Any, module_id: str) -> None:
-        """Log each key's mean to RLlib's metrics logger, then start over."""
-        for key, values in self.values.items():
-            logger.log_value((module_id, key), float(np.mean(values)), reduce="mean", window=1)
-        self.values.clear()
 
 
 class GRPOLearner(TorchLearner):
@@ -109,32 +87,31 @@ class GRPOLearner(TorchLearner):
             c.kl_ctrl_type, kl_coef=c.kl_coef, target_kl=c.kl_target, horizon=c.kl_horizon
         )
         self.skipped_steps = 0
+        self.lr_schedule = LRSchedule.from_config(c)  # None: RLlib applies a list schedule
+        self.phase_times = PhaseTimes(self._device)
+        for rl_module in self.module.values():  # GPU: flash-attention's varlen kernel if present
+            for lm in (rl_module.unwrapped().lm, getattr(rl_module.unwrapped(), "ref_lm", None)):
+                if lm is not None and c.use_remove_padding:
+                    prefer_varlen_attention(lm, self._device, c.model_dtype)
 
     # ------------------------------------------------------------------ optimizer
     @override(TorchLearner)
     def configure_optimizers_for_module(self, module_id: str, config: Any = None) -> None:
         config = config or self.config
         params = [p for p in self._module[module_id].parameters() if p.requires_grad]
+        rllib_schedule = isinstance(config.lr, list | tuple)
         optimizer = torch.optim.AdamW(
-            params, lr=1e-3, betas=tuple(config.betas), weight_decay=config.weight_decay
+            params, lr=1e-3 if rllib_schedule else config.lr, betas=tuple(config.betas),
+            weight_decay=config.weight_decay,
         )
         if config.optimizer_offload:  # AdamW states in host memory between steps
             offload_optimizer_states(optimizer)
+        # A float lr follows verl's schedule (`LRSchedule`, set per training step in
+        # `update`); RLlib's own piecewise list schedule is keyed by sampled env steps.
         self.register_optimizer(
             module_id=module_id, optimizer=optimizer, params=params,
-            lr_or_lr_schedule=self._lr_schedule(config),
+            lr_or_lr_schedule=config.lr if rllib_schedule else None,
         )
-
-    @staticmethod
-    def _lr_schedule(config: Any) -> Any:
-        """Constant LR, or RLlib's piecewise schedule for a linear warm-up.
-
-        RLlib schedules are keyed by sampled env steps (trajectories here).
-        """
-        if not config.lr_warmup_steps or isinstance(config.lr, list):
-            return config.lr
-        per_step = config.batch_plan().trajectories_per_step
-        return [[0, 0.0], [config.lr_warmup_steps * per_step, config.lr]]
 
     # ------------------------------------------------------------------ update
     @override(TorchLearner)
@@ -149,17 +126,27 @@ class GRPOLearner(TorchLearner):
             k: torch.as_tensor(np.asarray(module_batch[k])).to(self._device)
             for k in TENSOR_COLUMNS if k in module_batch
         }
+        self.phase_times.reset()
+        c, minibatch = self.config, self.config.batch_plan().trajectories_per_minibatch_per_learner
+        order, epochs = minibatch_order(len(tensors["scores"]), minibatch, c.num_epochs,
+                                        c.shuffle_batch_per_epoch, c.minibatch_shuffle_seed + rank())
+        if order is not None:  # verl's actor.shuffle (see minibatch_order); before the old-
+            # log-prob pass, whose micro-batches must be the update's (groups travel along)
+            tensors = _select(tensors, order)
         prepared = self._prepare(tensors)
-        plan = self.config.batch_plan()
-        kwargs.update(
-            num_epochs=self.config.num_epochs,
-            minibatch_size=plan.trajectories_per_minibatch_per_learner,
-            shuffle_batch_per_epoch=self.config.shuffle_batch_per_epoch,
-        )
+        kwargs.update(num_epochs=epochs, minibatch_size=minibatch, shuffle_batch_per_epoch=False)
         mab = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(prepared)}, env_steps=len(
             prepared["scores"]))
+        if self.lr_schedule is not None:
+            self._log("actor/lr", self.lr_schedule.apply(self._optimizer_parameters))
         super().update(training_data=TrainingData(batch=mab), timesteps=timesteps,
                        _no_metrics_reduce=True, **kwargs)
+        if self.lr_schedule is not None:
+            self.lr_schedule.step()
+        lm = self.module[DEFAULT_MODULE_ID].unwrapped().lm
+        for key, value in step_metrics(self.phase_times, num_parameters(lm), peak_flops(
+                self._device, self.config.peak_tflops)).items():
+            self._log(key, value)
         self._log_step_metrics()
         return self.metrics.reduce()
 
@@ -169,24 +156,38 @@ class GRPOLearner(TorchLearner):
         mask = batch["response_mask"].float()
         old, entropy = torch.zeros_like(mask), torch.zeros_like(mask)
         ref = torch.zeros_like(mask) if c.needs_reference else None
-        # The same micro-batches as the update (fixed size or token budget, same count on
-        # every learner: sharded forwards are collective).  Rows come back in place.
-        for rows in self._micro_batches(batch):
+        old_pass = not old_log_probs_from_update(c)  # else the update's forward gives them
+        lengths = sequence_lengths(batch)
+        # The update's micro-batches, mini-batch by mini-batch (same count on every
+        # learner: sharded forwards are collective).  Rows come back in place.
+        # Eval mode (no dropout) as verl's compute_log_prob; forward_train sets train() again.
+        module.eval()
+        for rows in step_micro_batches(batch, c, self._device):
             micro = _select({k: batch[k] for k in FORWARD_COLUMNS}, rows or [0])
-            out = response_log_probs(module.lm, micro, c.temperature, with_entropy=True)
-            ref_out = module.reference_log_probs(micro) if ref is not None else None
+            tokens = float(lengths[rows].sum()) if rows else 0.0
+            if old_pass:
+                with self.phase_times.phase("old_log_prob", tokens), module.autocast():
+                    out = response_log_probs(module.lm, micro, c.temperature, with_entropy=True,
+                                             packed=c.use_remove_padding)
+            ref_out = None
+            if ref is not None:
+                with self.phase_times.phase("ref", tokens):
+                    ref_out = module.reference_log_probs(micro, packed=c.use_remove_padding)
             if not rows:  # an empty token-budget bin: the pass only keeps ranks in step
                 continue
             index = torch.as_tensor(rows, device=mask.device)
-            old[index], entropy[index] = out["log_probs"], out["entropy"]
-            if ref is not None:
+            if old_pass:
+                old[index] = out["log_probs"]
+                entropy[index] = out["entropy"]
+            if ref is not None and ref_out is not None:
                 ref[index] = ref_out
-        batch["old_log_probs"] = old
         if ref is not None:
             batch["ref_log_probs"] = ref
-        self._log_rollout_agreement(batch, mask)
-        self._log("actor/entropy", agg_loss(entropy, mask, c.loss_agg_mode,
-                                            horizon=c.loss_horizon).item())
+        # Multi-turn: only the model's tokens count from here on (env tokens: loss_mask 0).
+        mask = batch["loss_mask"].float() if "loss_mask" in batch else mask
+        if old_pass:
+            batch["old_log_probs"] = old
+            self._log_old_log_prob_metrics(batch, entropy)
 
         token_scores = self._scores_to_tokens(batch["scores"].float(), mask)
         token_rewards = token_scores
@@ -197,6 +198,7 @@ class GRPOLearner(TorchLearner):
             group_ids=batch["group_index"].cpu().numpy(),
             norm_adv_by_std_in_grpo=c.norm_adv_by_std_in_grpo, gamma=c.gamma,
             reward_baselines=batch["reward_baselines"] if c.adv_estimator == "remax" else None,
+            reduce_sum=all_reduce,  # batch-wide estimators see every learner's shard
         )
         batch["advantages"] = advantages * batch["sample_mask"][:, None]
         if c.mask_truncated_completions:
@@ -216,6 +218,15 @@ class GRPOLearner(TorchLearner):
                 self._log(key, value)
         return {k: v for k, v in batch.items()}
 
+    def _log_old_log_prob_metrics(self, batch: dict[str, torch.Tensor],
+                                  entropy: torch.Tensor) -> None:
+        mask = batch.get("loss_mask", batch["response_mask"]).float()
+        self._log_rollout_agreement(batch, mask)
+        # verl aggregates the entropy over the whole batch: global counts, summed over learners.
+        totals = self._minibatch_totals(batch)
+        entropy_share = agg_loss(entropy, mask, self.config.loss_agg_mode, **totals.agg_kwargs())
+        self._log("actor/entropy", all_reduce(entropy_share).item() / totals.dp_size)
+
     def _rollout_is_weights(self, batch, mask) -> torch.Tensor:
         """Truncated token-level importance weights pi_old / pi_rollout (verl rollout_is=token)."""
         log_ratio = (batch["old_log_probs"] - batch["rollout_log_probs"].float()).clamp(-20, 20)
@@ -230,9 +241,14 @@ class GRPOLearner(TorchLearner):
 
     @staticmethod
     def _scores_to_tokens(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Scalar score on the last valid response token (index 0 for empty responses)."""
+        """Scalar score on the last valid response token (index 0 for empty responses).
+
+        The last position where ``mask`` is 1, so a multi-turn loss mask (with holes where the
+        environment's tokens are) puts the score on the model's last token.
+        """
         token_scores = torch.zeros_like(mask)
-        last = (mask.sum(-1).long() - 1).clamp(min=0)
+        positions = torch.arange(mask.shape[-1], device=mask.device)
+        last = torch.where(mask > 0, positions, -1).max(-1).values.clamp(min=0)
         token_scores[torch.arange(len(scores)), last] = scores
         return token_scores
 
@@ -269,15 +285,8 @@ class GRPOLearner(TorchLearner):
 
     # ------------------------------------------------------------------ one mini-batch
     def _micro_batches(self, minibatch: dict[str, torch.Tensor]) -> list[list[int]]:
-        c, n = self.config, len(minibatch["scores"])
-        if not c.use_dynamic_bsz:
-            return split_fixed(n, self.config.batch_plan().micro_batch_size_per_learner or n)
-        lengths = (minibatch["prompt_mask"].sum(-1) + minibatch["response_mask"].sum(-1))
-        num = num_micro_batches_for_budget(lengths.tolist(), c.max_tokens_per_micro_batch)
-        # Every learner must run the same number of forward/backward passes.
-        # On the learner's device: NCCL (GPU learners) reduces no CPU tensors.
-        num = int(all_reduce(torch.tensor(num, device=self._device), dist.ReduceOp.MAX).item())
-        return split_token_budget(lengths.tolist(), num)
+        """Row indices of each micro-batch (`rllib_grpo.rllib.micro_batches`; collective)."""
+        return micro_batches(minibatch, self.config, self._device)
 
     def _minibatch_totals(self, minibatch: dict[str, torch.Tensor]) -> MiniBatchTotals:
         """The mini-batch's global token and sequence counts (all-reduced: collective)."""
@@ -297,19 +306,34 @@ class GRPOLearner(TorchLearner):
             optim.zero_grad(set_to_none=True)
         total = torch.zeros((), device=self._device)
         sums: dict[str, float] = defaultdict(float)
-        for rows in self._micro_batches(minibatch):
-            micro = _select(minibatch, rows) if rows else _select(minibatch, [0])
-            if not rows:  # an empty token-budget bin: a zero-weight pass keeps ranks in step
-                micro["response_mask"] = torch.zeros_like(micro["response_mask"])
-            fwd = module.forward_train(
-                {k: micro[k] for k in FORWARD_COLUMNS}, with_entropy=self.config.entropy_coeff != 0
-            )
-            loss, metrics = self._micro_batch_loss(micro, fwd, totals)
-            loss.backward()
-            total = total + loss.detach()
-            for key, value in metrics.items():
-                sums[key] += value
-        self._apply_step(sums, total)
+        # The on-policy shortcut: old log-probs (and the entropy metric) from this forward.
+        seen = None if "old_log_probs" in minibatch else {
+            k: torch.zeros_like(minibatch["response_mask"], dtype=torch.float32)
+            for k in ("old_log_probs", "entropy")}
+        with self.phase_times.phase("update_policy", float(sequence_lengths(minibatch).sum())):
+            for rows in self._micro_batches(minibatch):
+                micro = _select(minibatch, rows) if rows else _select(minibatch, [0])
+                if not rows:  # an empty token-budget bin: a zero-weight pass keeps ranks in step
+                    micro["response_mask"] = torch.zeros_like(micro["response_mask"])
+                    if "loss_mask" in micro:
+                        micro["loss_mask"] = torch.zeros_like(micro["loss_mask"])
+                fwd = module.forward_train(
+                    {k: micro[k] for k in FORWARD_COLUMNS},
+                    with_entropy=self.config.entropy_coeff != 0 or seen is not None,
+                    detach_entropy=self.config.entropy_coeff == 0,
+                    packed=self.config.use_remove_padding)
+                loss, metrics = self._micro_batch_loss(micro, fwd, totals)
+                loss.backward()
+                total = total + loss.detach()
+                for key, value in metrics.items():
+                    sums[key] += value
+                if seen is not None and rows:
+                    index = torch.as_tensor(rows, device=self._device)
+                    for key, name in (("old_log_probs", "log_probs"), ("entropy", "entropy")):
+                        seen[key][index] = fwd[name].detach()
+            self._apply_step(sums, total)
+        if seen is not None:
+            self._log_old_log_prob_metrics({**minibatch, **seen}, seen["entropy"])
         return {}, {DEFAULT_MODULE_ID: total}, {}
 
     @override(TorchLearner)
@@ -324,8 +348,10 @@ class GRPOLearner(TorchLearner):
         c, agg = self.config, totals.agg_kwargs()
         mask = batch.get("loss_mask", batch["response_mask"]).float()
         log_prob = fwd_out["log_probs"]
+        # On-policy shortcut (no old-log-prob pass): the same forward, detached.
+        old_log_prob = batch["old_log_probs"] if "old_log_probs" in batch else log_prob.detach()
         pg_loss, pg_metrics = policy_loss(
-            c.policy_loss, old_log_prob=batch["old_log_probs"], log_prob=log_prob,
+            c.policy_loss, old_log_prob=old_log_prob, log_prob=log_prob,
             advantages=batch["advantages"], response_mask=mask,
             loss_agg_mode=c.loss_agg_mode, clip_ratio=c.clip_ratio,
             clip_ratio_low=c.clip_ratio_low, clip_ratio_high=c.clip_ratio_high,
@@ -367,6 +393,7 @@ class GRPOLearner(TorchLearner):
         self._log("actor/loss", total.item())
         self._log("actor/grad_norm", grad_norm)
         self._log("actor/skipped_steps", float(self.skipped_steps))
+        self._log("actor/skipped_frac", 0.0 if math.isfinite(grad_norm) else 1.0)  # this step
         if self.config.use_kl_loss:
             self._log("actor/kl_coef", self.config.kl_loss_coef)
 
@@ -387,13 +414,27 @@ class GRPOLearner(TorchLearner):
     @override(TorchLearner)
     def get_state(self, components=None, *, not_components=None, **kwargs):
         state = super().get_state(components, not_components=not_components, **kwargs)
-        if components is None or "kl_ctrl" in (
-                [components] if isinstance(components, str) else components):
+        wanted = [components] if isinstance(components, str) else components
+        if components is None or "kl_ctrl" in wanted:
             state["kl_ctrl"] = self.kl_ctrl.state_dict()
+        if self.lr_schedule is not None and (components is None or "lr_schedule" in wanted):
+            state["lr_schedule"] = self.lr_schedule.state_dict()
         return state
+
+    # Optimizer state as torch tensors in their own dtype: RLlib's numpy round trip has no
+    # bfloat16 (save crashes) and reads every float back as float32.
+    @override(TorchLearner)
+    def _get_optimizer_state(self) -> dict:
+        return optimizer_states(self)
+
+    @override(TorchLearner)
+    def _set_optimizer_state(self, state: dict) -> None:
+        load_optimizer_states(self, state)
 
     @override(TorchLearner)
     def set_state(self, state: dict) -> None:
         super().set_state(state)
         if "kl_ctrl" in state:
             self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        if "lr_schedule" in state and self.lr_schedule is not None:
+            self.lr_schedule.load_state_dict(state["lr_schedule"])

@@ -18,11 +18,13 @@ Levers (settings block "LoRA and memory"):
 
 The estimate (`estimate_memory`) reads the model's shape from its ``config.json``
 (parameters counted on the meta device, so nothing is allocated) and adds, per
-learner: weights (model dtype), gradients and two AdamW states (in the trainable
-parameters' dtype: torch's AdamW keeps its states in the parameter dtype, and
-this project keeps no fp32 master copy, unlike verl's FSDP which holds fp32
-parameters and states; peft keeps a bf16 model's adapter in fp32), divided by the
-learners under FSDP; the reference copy (none with LoRA); activations of one
+learner: the master weights, their gradients and two AdamW states in
+``master_weights_dtype`` (fp32 by default, as verl's FSDP; with LoRA the frozen base
+is in ``model_dtype`` and peft keeps the adapter in fp32), divided by the learners
+under FSDP; with bf16 compute over fp32 master weights, the compute copy of the
+weights (autocast caches every cast weight through forward and backward on one
+learner; FSDP2 holds the all-gathered root and about two decoder layers in bf16);
+the reference copy in ``model_dtype`` (none with LoRA); activations of one
 micro-batch (tokens x hidden x layers x `ACTIVATION_VALUES` values, Korthikanti
 et al. 2022 without the attention-score term, which SDPA/flash attention do not
 store; with gradient checkpointing one value per layer plus one layer's full
@@ -83,7 +85,7 @@ def lora_param_count(model: torch.nn.Module, rank: int, target_modules: Any) -> 
     """``rank x (in + out)`` over the linear layers peft would adapt."""
     if rank <= 0:
         return 0
-    head = model.get_output_embeddings()
+    head = model.get_output_embeddings()  # type: ignore[operator]
     names = None if target_modules == "all-linear" else (
         {target_modules} if isinstance(target_modules, str) else set(target_modules))
     total = 0
@@ -122,17 +124,31 @@ def micro_batch_tokens(c: Any) -> int:
     return micro * (c.max_prompt_length + c.max_response_length)
 
 
+def compute_copy_bytes(c: Any, shape: ModelShape, shards: int) -> float:
+    """Bytes of the weights' compute-dtype copy when it differs from the master dtype: all
+    of them on one learner (autocast's cache), the root and ~2 layers under FSDP2."""
+    compute, master = DTYPE_BYTES[c.model_dtype], DTYPE_BYTES[c.master_weights_dtype]
+    if c.lora_rank > 0 or compute >= master:
+        return 0.0
+    if shards == 1:
+        return float(shape.num_params * compute)
+    root = shape.vocab_size * shape.hidden_size
+    per_layer = max(shape.num_params - root, 0) / max(shape.num_layers, 1)
+    return float((root + 2 * per_layer) * compute)
+
+
 def learner_memory(c: Any, shape: ModelShape) -> tuple[dict[str, float], list[str]]:
     """Device bytes of one learner, by row, and notes."""
-    dtype_bytes = DTYPE_BYTES[c.model_dtype]
+    dtype_bytes = DTYPE_BYTES[c.model_dtype]  # compute: reference, activations, LoRA base
     learners = c.batch_plan().num_learners
     shards = learners if (c.fsdp and learners >= 2) else 1
     host_shards = shards > 1 and c.fsdp_cpu_offload
     lora = c.lora_rank > 0
     trainable = shape.lora_params if lora else shape.num_params
-    train_bytes = ADAPTER_BYTES if lora else dtype_bytes
+    train_bytes = ADAPTER_BYTES if lora else DTYPE_BYTES[c.master_weights_dtype]
     notes = []
-    weights = shape.num_params * dtype_bytes + (trainable * train_bytes if lora else 0)
+    weights = shape.num_params * dtype_bytes + trainable * train_bytes if lora \
+        else shape.num_params * train_bytes
     rows = {
         "weights": weights / shards,
         "gradients": trainable * train_bytes / shards,
@@ -140,6 +156,11 @@ def learner_memory(c: Any, shape: ModelShape) -> tuple[dict[str, float], list[st
         "reference model": 0.0 if lora or not (c.use_kl_loss or c.use_kl_in_reward)
         else shape.num_params * dtype_bytes / shards,
     }
+    copy = compute_copy_bytes(c, shape, shards)
+    if copy:
+        rows[f"compute copy ({c.model_dtype})"] = copy
+        notes.append(f"{c.master_weights_dtype} master weights and AdamW states, "
+                     f"{c.model_dtype} compute")
     if host_shards:
         rows.update({"weights": 0.0, "gradients": 0.0, "optimizer (AdamW)": 0.0})
         notes.append("fsdp_cpu_offload: weights, gradients and AdamW states in host memory")
@@ -163,7 +184,7 @@ def learner_memory(c: Any, shape: ModelShape) -> tuple[dict[str, float], list[st
 def sampler_memory(c: Any, shape: ModelShape) -> tuple[dict[str, float], list[str]]:
     """Device bytes of one sampler (vLLM or transformers), by row, and notes."""
     options = dict(c.sampler_config)
-    dtype_bytes = DTYPE_BYTES.get(options.get("dtype") or c.model_dtype, 4)
+    dtype_bytes = DTYPE_BYTES.get(c.sampler_dtype, 4)
     runners = max(1, c.num_env_runners)
     seqs = -(-c.batch_plan().trajectories_per_step // runners)
     if c.sampler != "hf":
@@ -204,8 +225,10 @@ def format_estimate(est: MemoryEstimate, c: Any) -> list[str]:
     """The estimate as a small table (lines)."""
     s = est.shape
     lora = f", LoRA r={c.lora_rank}: {s.lora_params / 1e6:.3g}M trainable" if c.lora_rank else ""
+    dtypes = c.model_dtype if c.master_weights_dtype == c.model_dtype or c.lora_rank else \
+        f"{c.master_weights_dtype} master / {c.model_dtype} compute"
     lines = [f"memory estimate: {s.num_params / 1e6:.3g}M params ({s.num_layers} layers x "
-             f"{s.hidden_size} hidden, vocab {s.vocab_size}), {c.model_dtype}{lora}",
+             f"{s.hidden_size} hidden, vocab {s.vocab_size}), {dtypes}{lora}",
              f"  per learner ({c.batch_plan().num_learners} learner(s))"]
     lines += [f"    {name:<22}{format_bytes(value):>12}" for name, value in est.learner.items()]
     lines.append(f"    {'total':<22}{format_bytes(est.learner_total):>12}")

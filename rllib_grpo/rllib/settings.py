@@ -23,6 +23,7 @@ def knob(default: Any, unit: str, doc: str, verl: str | tuple[str, ...] = ()) ->
 
 _ACTOR = "actor_rollout_ref.actor."
 _ROLLOUT = "actor_rollout_ref.rollout."
+_OVERLONG_CFG = "reward_model.reward_kwargs.overlong_buffer_cfg."  # verl main_ppo's spelling
 
 
 @dataclass(eq=False, repr=False)  # GRPOConfig inherits these fields, not dataclass equality
@@ -50,6 +51,18 @@ class GRPOSettings:
     max_tokens_per_micro_batch: int = knob(
         16384, "tokens", "Token budget of one micro-batch when use_dynamic_bsz is on; must "
         "be >= max_prompt_length + max_response_length.", _ACTOR + "ppo_max_token_len_per_gpu")
+    use_remove_padding: bool = knob(
+        True, "flag", "Run every learner forward (old log-prob, reference, update) on packed "
+        "rows: the sequences' real tokens concatenated, positions restarting per sequence, "
+        "attention confined to each sequence (rllib_grpo.models.packing); False = padded rows "
+        "with attention masks. The log-probs and the update are the same either way.",
+        "actor_rollout_ref.model.use_remove_padding")
+    skip_old_log_prob_pass: bool = knob(
+        True, "flag", "When every sample feeds exactly one optimizer step from the weights "
+        "that would recompute its old log-probs (num_epochs 1, one mini-batch per step) and "
+        "nothing reads them before the update (no use_kl_in_reward, no rollout_is), take them "
+        "from the update's own forward, detached, instead of a separate pass (same loss and "
+        "gradients); False always runs the pass.")
     max_prompt_length: int = knob(
         512, "tokens", "Longest prompt; longer ones follow `truncation`.", "data.max_prompt_length")
     max_response_length: int = knob(
@@ -66,10 +79,29 @@ class GRPOSettings:
         "Causal LM: a local folder, a Hugging Face id, 'smollm2-135m', 'builtin:tiny' "
         "(random) or 'builtin:demo' (the demo's warmed-up char-level model).",
         "actor_rollout_ref.model.path")
-    model_dtype: str = knob("float32", "dtype", "Training dtype: float32 | bfloat16.")
+    allow_hub_download: bool = knob(
+        False, "flag", "Accept a model_path that is neither a local folder nor a built-in "
+        "model nor in the local Hugging Face cache, as a hub id every worker downloads; off, "
+        "such a path is refused before anything starts.")
+    model_dtype: str = knob(
+        "float32", "dtype", "Compute and sampling dtype: float32 | bfloat16 (| float16). With "
+        "bfloat16 the learner keeps fp32 master weights and AdamW states "
+        "(master_weights_dtype) and runs forward/backward in bf16 (autocast on one learner, "
+        "FSDP2 MixedPrecisionPolicy with fp32 gradient reduction when sharded); the reference "
+        "model and the samplers hold bf16 weights.",
+        _ACTOR + "fsdp_config.mixed_precision.param_dtype")
+    master_weights_dtype: str = knob(
+        "float32", "dtype", "dtype of the trained parameters, their gradients and AdamW "
+        "states (the master weights): float32 | bfloat16. 'bfloat16' is pure-bf16 training: "
+        "at lr ~1e-6 most updates round away (explain flags it).",
+        _ACTOR + "fsdp_config.model_dtype")
     gradient_checkpointing: bool = knob(
         False, "flag", "Recompute activations in backward to save memory.",
         "actor_rollout_ref.model.enable_gradient_checkpointing")
+    model_override_config: dict = knob(
+        {}, "dict", "Entries overriding the model's HF config (e.g. max_position_embeddings) "
+        "in the learner, the reference and the samplers (vLLM hf_overrides); verl's "
+        "actor_rollout_ref.model.override_config.*.")
 
     # --- sampling -------------------------------------------------------------------
     sampler: str = knob(
@@ -153,16 +185,24 @@ class GRPOSettings:
     overlong_buffer_len: int = knob(
         0, "tokens", "DAPO overlong shaping: penalty ramps from 0 at max_response_length - len "
         "tokens to -overlong_penalty_factor at max_response_length (0 = off).",
-        "reward_model.overlong_buffer.len")
+        ("reward_model.overlong_buffer.len", _OVERLONG_CFG + "len"))
     overlong_penalty_factor: float = knob(
-        1.0, "scalar", "Largest overlong penalty.", "reward_model.overlong_buffer.penalty_factor")
+        1.0, "scalar", "Largest overlong penalty.",
+        ("reward_model.overlong_buffer.penalty_factor", _OVERLONG_CFG + "penalty_factor"))
+    overlong_buffer_enable: bool | None = knob(
+        None, "flag", "Overlong shaping on/off (verl's overlong_buffer.enable); None = on when "
+        "overlong_buffer_len > 0.", ("reward_model.overlong_buffer.enable",
+                                     _OVERLONG_CFG + "enable"))
     mask_truncated_completions: bool = knob(
         False, "flag", "Exclude responses cut at max_response_length from the loss (counted).")
 
     # --- validation -------------------------------------------------------------------
     val_every: int = knob(
-        0, "training steps", "Evaluate on held-out prompts every N steps (0 = off).",
-        "trainer.test_freq")
+        0, "training steps", "Evaluate on held-out prompts every N steps and at the last step "
+        "(total_training_steps); <= 0 = never (verl's test_freq=-1).", "trainer.test_freq")
+    val_before_train: bool = knob(
+        False, "flag", "Evaluate once before the first training step (verl's default: on).",
+        "trainer.val_before_train")
     val_env_config: dict = knob(
         {}, "dict", "env_config overrides of the held-out env (e.g. another data_seed or path).")
     val_num_prompts: int = knob(32, "prompts", "Held-out prompts per validation.")
@@ -172,6 +212,42 @@ class GRPOSettings:
     val_temperature: float = knob(
         0.0, "scalar", "Validation temperature (0 = greedy).",
         "actor_rollout_ref.rollout.val_kwargs.temperature")
+    val_top_p: float = knob(1.0, "probability", "Validation nucleus mass (when sampling).",
+                            "actor_rollout_ref.rollout.val_kwargs.top_p")
+    val_top_k: int = knob(-1, "tokens", "Validation top-k (when sampling); -1 = off.",
+                          "actor_rollout_ref.rollout.val_kwargs.top_k")
+    val_do_sample: bool | None = knob(
+        None, "flag", "Sample validation responses with val_temperature/top_p/top_k; False = "
+        "greedy whatever they say (verl's default); None = sample when val_temperature > 0.",
+        "actor_rollout_ref.rollout.val_kwargs.do_sample")
+
+    # --- data order -------------------------------------------------------------------
+    data_shuffle: bool = knob(
+        True, "flag", "Walk the prompts in a new seeded permutation each epoch (False: file "
+        "order); one permutation is shared by all env runners, each serving its share.",
+        "data.shuffle")
+    data_seed: int | None = knob(
+        None, "seed", "Seed of the prompt order (and of generated tasks' problems); None = "
+        "the config's seed.", "data.seed")
+    minibatch_shuffle_seed: int = knob(
+        42, "seed", "With shuffle_batch_per_epoch (verl actor.shuffle), each learner draws its "
+        "mini-batches from a permutation per epoch, the first included, seeded with this + "
+        "the learner's rank.", _ACTOR + "data_loader_seed")
+
+    # --- multi-turn episodes (envs with env.multi_turn; docs/multi_turn.md) -----------
+    max_turns: int | None = knob(
+        None, "model turns", "Most model turns per multi-turn episode; an episode still running "
+        "after them is truncated (counted in episode/turn_limit_ratio, masked with "
+        "mask_truncated_completions). None = the env's own limit. max_response_length is the "
+        "episode's whole response budget (model and environment tokens).",
+        _ROLLOUT + "multi_turn.max_assistant_turns")
+    max_tokens_per_turn: int | None = knob(
+        None, "tokens", "Most tokens of one model turn in a multi-turn episode; None = what is "
+        "left of max_response_length.")
+    max_observation_tokens: int | None = knob(
+        None, "tokens", "Longest environment reply (tool result, feedback) in a multi-turn "
+        "episode; longer ones are cut. None = only the episode's budget limits it.",
+        _ROLLOUT + "multi_turn.max_tool_response_length")
 
     # --- rollout correction ---------------------------------------------------------
     rollout_is: str | None = knob(
@@ -186,8 +262,24 @@ class GRPOSettings:
     weight_decay: float = knob(0.01, "scalar", "AdamW weight decay.", _ACTOR + "optim.weight_decay")
     betas: tuple = knob((0.9, 0.999), "pair", "AdamW betas.", _ACTOR + "optim.betas")
     lr_warmup_steps: int = knob(
-        0, "training steps", "Linear LR warm-up from 0 over this many training steps.",
-        _ACTOR + "optim.lr_warmup_steps")
+        0, "training steps", "Linear LR warm-up from 0 over this many training steps (learner "
+        "updates, whatever dynamic sampling draws); -1 = lr_warmup_steps_ratio x "
+        "total_training_steps (verl's default).", _ACTOR + "optim.lr_warmup_steps")
+    lr_warmup_steps_ratio: float = knob(
+        0.0, "fraction", "Warm-up length as a fraction of total_training_steps, when "
+        "lr_warmup_steps is -1.", _ACTOR + "optim.lr_warmup_steps_ratio")
+    lr_scheduler_type: str = knob(
+        "constant", "name", "LR after warm-up: constant | cosine (decays to min_lr_ratio x lr "
+        "at total_training_steps). One scheduler step per training step, as verl.",
+        (_ACTOR + "optim.lr_scheduler_type", _ACTOR + "optim.warmup_style"))
+    min_lr_ratio: float | None = knob(
+        0.0, "fraction", "Floor of the cosine schedule, as a fraction of lr (None = 0).",
+        _ACTOR + "optim.min_lr_ratio")
+    num_cycles: float = knob(0.5, "cycles", "Cosine waves over the run (0.5 = a half cosine).",
+                             _ACTOR + "optim.num_cycles")
+    total_training_steps: int | None = knob(
+        None, "training steps", "Length of the run for the LR schedule and the last-step "
+        "validation; None = the command line's stop training_iteration when known.")
 
     # --- FSDP -----------------------------------------------------------------------
     fsdp: bool = knob(
@@ -195,16 +287,15 @@ class GRPOSettings:
         "(per decoder layer); False = RLlib's DDP (a full replica per learner). LoRA runs "
         "(lora_rank > 0) always use DDP.")
     fsdp_param_dtype: str = knob(
-        "auto", "dtype", "FSDP2 compute/all-gather dtype of the parameters: auto (bfloat16 on "
-        "GPU learners, the model dtype on CPU, which keeps CPU runs exact) | model | bfloat16 "
-        "| float16 | float32.", _ACTOR + "fsdp_config.mixed_precision.param_dtype")
+        "auto", "dtype", "FSDP2 compute/all-gather dtype of the parameters: auto (= model_dtype, "
+        "the compute dtype) | model (the master weights' dtype) | bfloat16 | float16 | float32.")
     fsdp_reduce_dtype: str = knob(
         "float32", "dtype", "FSDP2 gradient reduce-scatter dtype: float32 | bfloat16 | model.",
         _ACTOR + "fsdp_config.mixed_precision.reduce_dtype")
     fsdp_cpu_offload: bool = knob(
         False, "flag", "Keep sharded parameters, gradients and optimizer states in host "
         "memory (FSDP2 CPUOffloadPolicy); the optimizer steps on the CPU.",
-        _ACTOR + "fsdp_config.offload_policy")
+        (_ACTOR + "fsdp_config.offload_policy", _ACTOR + "fsdp_config.param_offload"))
 
     # --- LoRA and memory ------------------------------------------------------------
     lora_rank: int = knob(
@@ -232,24 +323,74 @@ class GRPOSettings:
     optimizer_offload: bool = knob(
         False, "flag", "Keep AdamW's states in host memory between optimizer steps "
         "(verl actor.fsdp_config.optimizer_offload): moved to the device for the step, back "
-        "after it (rllib_grpo.rllib.memory.offload_optimizer_states; not yet called by the learner, "
-        "see explain). A no-op on CPU.")
+        "after it (step hooks from rllib_grpo.models.offload.offload_optimizer_states, installed "
+        "by the learner). A no-op on CPU.", _ACTOR + "fsdp_config.optimizer_offload")
     sampler_memory_fraction: float | None = knob(
         None, "fraction of GPU memory", "GPU memory the vLLM engine may take (weights + KV "
         "cache), vLLM's gpu_memory_utilization; None = sampler_config's value, else 0.9 x the "
         "env runner's GPU share when fractional, else vLLM's default.",
         _ROLLOUT + "gpu_memory_utilization")
 
+    # --- weight sync ----------------------------------------------------------------
+    weight_sync_transport: str = knob(
+        "auto", "name", "How the learner's weights reach the samplers after each step: 'auto' "
+        "(by placement: 'local' in one process, 'ipc' on one node's GPUs, 'shm' on one node, "
+        "'collective' across nodes), 'local' (device tensors copied in place), 'ipc' (CUDA "
+        "IPC handles), 'shm' (buckets through shared memory), 'collective' (buckets "
+        "broadcast over a gloo/NCCL group) or 'object_store' (a state dict through Ray, "
+        "RLlib's sync_weights; also auto's fallback when no group can be formed).")
+    weight_sync_bucket_mb: float = knob(
+        512, "MiB", "Size of one weight-sync bucket (in the sampler's dtype): each side of a "
+        "'shm' or 'collective' sync holds at most two of them besides the model; a tensor "
+        "larger than this travels in a bucket of its own.")
+
     # --- reporting ------------------------------------------------------------------
+    peak_tflops: float | None = knob(
+        None, "TFLOP/s per learner device", "Peak of one learner device for perf/mfu/actor "
+        "(6 x parameters x training tokens/s / peak); None = the bf16 dense peak of known GPUs "
+        "by name (rllib_grpo.rllib.perf), and no MFU on CPUs or unknown devices.")
     log_completions_every: int = knob(
         0, "training steps", "Write sampled completions to TensorBoard every N steps (0 = off).")
     warn_no_signal_after: int = knob(
         3, "training steps", "Warn when most groups carry no signal for this many steps.")
 
+    # --- checkpoints and faults -------------------------------------------------------
+    keep_checkpoints: int = knob(
+        0, "checkpoints", "Keep only this run's newest K checkpoints in the folder "
+        "save_to_path writes to (0 = keep all); `rllib train` also passes it to Tune as "
+        "num_to_keep. Checkpoints are written atomically with a manifest of checksums.")
+    max_skipped_steps: int = knob(
+        10, "training steps", "Stop the run when this many training steps in a row learned "
+        "nothing: every optimizer step skipped for a non-finite gradient norm, or every "
+        "reward call failed (0 = never stop).")
+    env_runner_restart_timeout_s: float = knob(
+        600.0, "seconds", "How long a training step whose remote env runners are all lost "
+        "waits for Ray to restart one (restart_failed_env_runners) before it fails; with a "
+        "healthy runner left, the lost share is sampled there at once.")
+
+
+# verl's spellings of a dtype (verl.utils.torch_dtypes.PrecisionType) -> ours.
+DTYPE_SPELLINGS = {"fp32": "float32", "32": "float32", "float32": "float32",
+                   "bf16": "bfloat16", "bfloat16": "bfloat16",
+                   "fp16": "float16", "16": "float16", "float16": "float16"}
+
+
+def canonical_dtype(value: Any) -> Any:
+    """``"bf16"``/``"fp32"``/... -> ``"bfloat16"``/``"float32"``; anything else unchanged
+    (the checks name the field of an unknown one)."""
+    return DTYPE_SPELLINGS.get(str(value).lower(), value) if isinstance(value, str | int) \
+        and not isinstance(value, bool) else value
+
+
+def is_dtype_setting(name: str) -> bool:
+    """A setting whose value is a dtype name (unit ``dtype``)."""
+    field_ = SETTINGS_FIELDS.get(name)
+    return field_ is not None and field_.metadata["unit"] == "dtype"
+
 
 # Settings the RLModule receives in its model_config (LoRA and memory levers).
 MODULE_SETTINGS = ("lora_rank", "lora_alpha", "lora_target_modules", "lora_dropout", "lora_sync",
-                   "ref_param_offload")
+                   "ref_param_offload", "use_remove_padding")
 
 SETTINGS_FIELDS: dict[str, dataclasses.Field] = {
     f.name: f for f in dataclasses.fields(GRPOSettings)

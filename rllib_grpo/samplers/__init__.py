@@ -18,7 +18,7 @@ logger = logging.getLogger(__name__)
 
 SAMPLER_KINDS = ("auto", "vllm", "hf")
 # Options the transformers sampler understands beyond the common ones.
-_HF_OPTIONS = {"device", "max_batch_size"}
+_HF_OPTIONS = {"device", "max_batch_size", "config_overrides"}
 
 
 def make_sampler(
@@ -37,7 +37,7 @@ def make_sampler(
     """
     if kind not in SAMPLER_KINDS:
         raise ValueError(f"sampler kind must be one of {SAMPLER_KINDS}, got {kind!r}")
-    common = {"tokenizer_path": tokenizer_path, "dtype": dtype, "seed": seed}
+    common: dict[str, Any] = {"tokenizer_path": tokenizer_path, "dtype": dtype, "seed": seed}
     if kind in ("auto", "vllm"):
         try:
             from rllib_grpo.samplers.vllm import VLLMSampler
@@ -47,6 +47,8 @@ def make_sampler(
             if kind == "vllm":
                 raise
             logger.warning("vLLM does not import (%s): sampling with transformers", error)
+            if "hf_overrides" in engine_kwargs:  # vLLM's name for HF config overrides
+                engine_kwargs["config_overrides"] = engine_kwargs.pop("hf_overrides")
             engine_kwargs = {k: v for k, v in engine_kwargs.items() if k in _HF_OPTIONS}
     from rllib_grpo.samplers.hf import HFSampler
 

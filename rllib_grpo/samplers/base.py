@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
@@ -57,9 +57,16 @@ class Sampler(Protocol):
     """Generates groups of responses and takes new weights from the learner."""
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams
+        self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams,
+        *, seeds: Sequence[int] | None = None,
     ) -> list[list[Sample]]:
-        """``n`` samples for each prompt: the outer list follows ``prompts``."""
+        """``n`` samples for each prompt: the outer list follows ``prompts``.
+
+        ``seeds`` (one per prompt, optional) seed the prompts' requests instead of
+        the call's seed: multi-turn episodes keep their own seed whatever else is
+        in the batch (vLLM: per request; transformers: the call is seeded from all
+        of them, so the same set of episodes gives the same samples).
+        """
         ...
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, float]:
@@ -93,6 +100,14 @@ class CallSeeds:
             return params.seed
         self.calls += 1
         return (self.seed * 1_000_003 + self.calls) % 2**31
+
+
+def combined_seed(seeds: Sequence[int]) -> int:
+    """One seed from several (order matters): a call seeded by all its requests' seeds."""
+    value = 0
+    for seed in seeds:
+        value = (value * 1_000_003 + int(seed)) % 2**61
+    return value % 2**31
 
 
 def state_dict_bytes(state_dict: Mapping[str, torch.Tensor]) -> int:
@@ -176,7 +191,7 @@ def mean_log_prob(groups: Sequence[Sequence[Sample]]) -> float:
     return sum(log_probs) / len(log_probs) if log_probs else 0.0
 
 
-def _filters(params: SamplingParams) -> dict[str, float]:
+def _filters(params: SamplingParams) -> dict[str, Any]:
     if params.temperature == 0:  # greedy: the engines ignore top-k/top-p and temperature
         return {"temperature": 0.0}
     return {"temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p}

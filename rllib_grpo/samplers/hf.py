@@ -5,14 +5,23 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 from transformers import GenerationConfig
 
 from rllib_grpo.models.loading import load_causal_lm
 from rllib_grpo.models.tokenizers import load_tokenizer
-from rllib_grpo.samplers.base import CallSeeds, Sample, SamplingParams, state_dict_bytes
+from rllib_grpo.models.transfer import Manifest
+from rllib_grpo.models.transport import BucketReceiver, GroupSpec, SlotsSpec
+from rllib_grpo.samplers.base import (
+    CallSeeds,
+    Sample,
+    SamplingParams,
+    combined_seed,
+    state_dict_bytes,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -34,9 +43,11 @@ class HFSampler:
         seed: int = 0,
         device: str | torch.device = "cpu",
         max_batch_size: int | None = None,
+        config_overrides: dict | None = None,
     ) -> None:
         self.device = torch.device(device)
-        self.model = load_causal_lm(model_path, dtype=dtype).to(self.device)
+        self.model = load_causal_lm(model_path, dtype=dtype,
+                                    config_overrides=config_overrides).to(self.device)
         self.eos_token_ids = _eos_token_ids(self.model, tokenizer_path or model_path)
         if not self.eos_token_ids:
             logger.warning("no eos token found for %s: samples end only at max_tokens", model_path)
@@ -49,11 +60,21 @@ class HFSampler:
         )
         self.seeds = CallSeeds(seed)
         self.max_batch_size = max_batch_size
+        self._weight_receiver = BucketReceiver()
+        self._live: dict[str, torch.Tensor] | None = None  # parameters and buffers by name
+        self._checked_names: tuple | None = None
+        self._homes: list[torch.Tensor | None] = []  # per bucket: the parameters' memory
+        self._homed: str | None = None  # the layout they follow
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams
+        self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams,
+        *, seeds: Sequence[int] | None = None,
     ) -> list[list[Sample]]:
-        """``n`` samples per prompt; reproducible for a given ``params.seed``."""
+        """``n`` samples per prompt; reproducible for a given ``params.seed``.
+
+        ``seeds`` (one per prompt): one batched ``generate`` has one RNG, so the call
+        is seeded from all of them (`rllib_grpo.samplers.base.combined_seed`).
+        """
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         rows = [list(prompt) for prompt in prompts for _ in range(n)]
@@ -61,7 +82,8 @@ class HFSampler:
         config = self._generation_config(params, stop_ids)
         chunk = self.max_batch_size or max(len(rows), 1)
         samples: list[Sample] = []
-        with _seeded_rng(self.seeds.next(params), self.device):
+        call_seed = combined_seed(seeds) if seeds is not None else self.seeds.next(params)
+        with _seeded_rng(call_seed, self.device):
             for start in range(0, len(rows), chunk):
                 samples += self._generate_rows(rows[start : start + chunk], config, stop_ids)
         return [samples[i * n : (i + 1) * n] for i in range(len(prompts))]
@@ -74,9 +96,101 @@ class HFSampler:
         ``partial=True`` (the LoRA sync's merged layers) copies a subset and keeps the rest.
         """
         start = time.perf_counter()
-        _check_state_dict_keys(self.model, state_dict, partial=partial)
-        self.model.load_state_dict(dict(state_dict), strict=False)
+        self._check_names(set(state_dict), partial)
+        self._copy_into_model(state_dict.items())
         return {"bytes": state_dict_bytes(state_dict), "seconds": time.perf_counter() - start}
+
+    # ------------------------------------------------------------------ weight transfer
+    # The receiving side of `rllib_grpo.models.transport`: weights stream in by bucket and
+    # are copied into the live parameters (in place, cast to the model's dtype).
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        """The dtype weights should travel in: the model's."""
+        return next(self.model.parameters()).dtype
+
+    def join_weight_group(self, spec: GroupSpec, rank: int) -> None:
+        """Join a weight group as ``rank`` (`rllib_grpo.models.transport.WeightGroup`)."""
+        self._weight_receiver.join(spec, rank)
+
+    def prepare_weights(self, manifest: Manifest, slots: SlotsSpec | None = None,
+                        check: bool = True, in_place: bool = True) -> None:
+        """Refuse a partial or foreign manifest (before any byte moves); map the slots;
+        with ``in_place``, lay the parameters out like the manifest's buckets (once per
+        layout), so that a broadcast bucket lands in the parameters themselves."""
+        if check:
+            self._check_names(manifest.names(), manifest.partial)
+        if slots is not None:
+            self._weight_receiver.map_slots(slots)
+        if in_place and not manifest.partial and manifest.fingerprint != self._homed:
+            self._home(manifest)
+
+    def receive_weights(self, manifest: Manifest, via: str, ipc: dict | None = None,
+                        materialize: bool = False) -> dict:
+        """Stream a sync in and copy it into the model; ``materialize`` returns the tensors
+        (copies) instead, for a payload the caller rebuilds (LoRA)."""
+        start = time.perf_counter()
+        homes = self._homes if manifest.fingerprint == self._homed else None
+        stream = self._weight_receiver.stream(manifest, via, ipc, homes=homes)
+        if materialize:
+            tensors = {name: tensor.detach().to("cpu", copy=True) for name, tensor in stream}
+            return {"tensors": tensors, "seconds": time.perf_counter() - start}
+        self._copy_into_model(stream)
+        return {"bytes": manifest.nbytes, "seconds": time.perf_counter() - start}
+
+    def leave_weight_group(self) -> None:
+        self._weight_receiver.close()
+
+    def _check_names(self, names: set[str], partial: bool) -> None:
+        key = (frozenset(names), partial)
+        if key != self._checked_names:  # the same names every sync: check them once
+            _check_state_dict_keys(self.model, names, partial=partial)
+            self._checked_names = key
+
+    @torch.no_grad()
+    def _copy_into_model(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy in place; a tied weight given under both names is copied once, a tensor
+        received into the parameter itself (see `_home`) not at all."""
+        live = self._live_tensors()
+        done: set[int] = set()
+        for name, tensor in weights:
+            target = live[name]
+            if id(target) in done:
+                continue
+            tensor = torch.as_tensor(tensor)
+            if target.shape != tensor.shape:  # copy_ would broadcast silently
+                raise ValueError(f"{name}: shape {tuple(tensor.shape)} does not fit the "
+                                 f"sampler's {tuple(target.shape)}")
+            if not (tensor.data_ptr() == target.data_ptr() and tensor.dtype == target.dtype
+                    and tensor.stride() == target.stride()):
+                target.copy_(tensor)
+            done.add(id(target))
+
+    def _live_tensors(self) -> dict[str, torch.Tensor]:
+        if self._live is None:
+            self._live = self.model.state_dict(keep_vars=True)
+        return self._live
+
+    @torch.no_grad()
+    def _home(self, manifest: Manifest) -> None:
+        """Move each bucket's parameters (those of its dtype and shape) into one flat
+        tensor laid out like the bucket: the parameters become views of it."""
+        live = self._live_tensors()
+        homes: list[torch.Tensor | None] = []
+        for bucket in manifest.buckets:
+            found = [live.get(e.name) for e in bucket.entries]
+            targets = [t for t in found if t is not None]
+            if len(targets) < len(found) or any(
+                    t.dtype != bucket.dtype or tuple(t.shape) != e.shape
+                    for t, e in zip(targets, bucket.entries, strict=True)):
+                homes.append(None)
+                continue
+            flat = torch.empty(bucket.numel, dtype=bucket.dtype, device=self.device)
+            for entry, target in zip(bucket.entries, targets, strict=True):
+                view = flat.narrow(0, entry.offset, entry.numel).view(entry.shape)
+                view.copy_(target)
+                target.data = view
+            homes.append(flat)
+        self._homes, self._homed = homes, manifest.fingerprint
 
     def sleep(self) -> None:
         """No-op: the transformers sampler keeps its weights where they are."""
@@ -86,7 +200,8 @@ class HFSampler:
 
     def close(self) -> None:
         """Drop the model."""
-        self.model = None
+        self._weight_receiver.close()
+        self.model, self._live = None, None
 
     # ------------------------------------------------------------------ internals
 
@@ -130,7 +245,7 @@ class HFSampler:
         ]
 
 
-def _eos_token_ids(model: torch.nn.Module, tokenizer_path: str) -> set[int]:
+def _eos_token_ids(model: Any, tokenizer_path: str) -> set[int]:
     """EOS ids from the generation config, the model config and the tokenizer, as vLLM unites them."""
     ids: set[int] = set()
     for source in (model.generation_config.eos_token_id, model.config.eos_token_id):
@@ -173,7 +288,8 @@ def _seeded_rng(seed: int, device: torch.device) -> Iterator[None]:
 
 
 def _check_state_dict_keys(
-    model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor], partial: bool = False
+    model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor] | set[str],
+    partial: bool = False,
 ) -> None:
     expected = set(model.state_dict())
     missing = set() if partial else expected - set(state_dict) - _tied_aliases(model, set(state_dict))

@@ -24,8 +24,11 @@ import numpy as np
 import torch
 
 from rllib_grpo.logs import is_quiet
+from rllib_grpo.models.transfer import Manifest
+from rllib_grpo.models.transport import GroupSpec, SlotsSpec
 from rllib_grpo.models.weights import fused_closure, module_of
 from rllib_grpo.samplers.base import CallSeeds, Sample, SamplingParams, state_dict_bytes
+from rllib_grpo.samplers.vllm_worker import EXTENSION_QUALNAME
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +61,9 @@ class _ComputedBufferNotice(logging.Filter):
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.msg == "%s: Failed to load weights" and record.args
-                    and str(record.args[0]).endswith("RotaryEmbedding"))
+        args = record.args
+        return not (record.msg == "%s: Failed to load weights" and isinstance(args, tuple)
+                    and bool(args) and str(args[0]).endswith("RotaryEmbedding"))
 
 
 _COMPUTED_BUFFER_NOTICE = _ComputedBufferNotice()
@@ -118,33 +122,44 @@ class VLLMSampler:
                 )
             )
         self.seeds = CallSeeds(seed)
+        self.last_num_cached_tokens = 0
         self.weights_through_files = tensor_parallel_size > 1
         self.engine_start_seconds = time.perf_counter() - start
         hf_config = self.llm.llm_engine.model_config.hf_text_config
         self.tied_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams
+        self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams,
+        *, seeds: Sequence[int] | None = None,
     ) -> list[list[Sample]]:
         """``n`` samples per prompt; reproducible for a given ``params.seed``.
 
         Every request is seeded (prompt ``i`` of a call with seed ``s`` uses
-        ``s + i*n``, and vLLM adds the sample's index), so results do not
-        depend on the engine's shared RNG or on how requests are batched.
+        ``s + i*n``, or ``seeds[i]`` when given, and vLLM adds the sample's
+        index), so results do not depend on the engine's shared RNG or on how
+        requests are batched.  A multi-turn episode's next turn is a request
+        for its whole conversation so far: vLLM's prefix cache (on by default
+        in the V1 engine) finds the earlier turns' KV blocks, so only the new
+        tokens are prefilled.
         """
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         if not prompts:
             return []
-        call_seed = self.seeds.next(params)
+        call_seed = self.seeds.next(params) if seeds is None else 0
         # vLLM refuses n > 1 for greedy requests: sample once, copy.
         copies, n = (n, 1) if params.temperature == 0 else (1, n)
         requests = [{"prompt_token_ids": list(prompt)} for prompt in prompts]
         per_prompt_params = [
-            self._request_params(params, n, seed=call_seed + i * n) for i in range(len(prompts))
+            self._request_params(params, n, seed=call_seed + i * n if seeds is None
+                                 else int(seeds[i]))
+            for i in range(len(prompts))
         ]
         with self._eager_on_cpu():
             outputs = self.llm.generate(requests, per_prompt_params, use_tqdm=False)
+        # Prompt tokens served from the prefix cache (e.g. a multi-turn episode's earlier turns).
+        self.last_num_cached_tokens = sum(getattr(o, "num_cached_tokens", 0) or 0
+                                          for o in outputs)
         return [_samples(output, copies) for output in outputs]
 
     def _eager_on_cpu(self) -> contextlib.AbstractContextManager:
@@ -184,6 +199,57 @@ class VLLMSampler:
         # Cached KV blocks were computed by the old weights.
         self.llm.reset_prefix_cache()
         return {"bytes": state_dict_bytes(state_dict), "seconds": time.perf_counter() - start}
+
+    # ------------------------------------------------------------------ weight transfer
+    # Each vLLM worker joins the learner's weight group itself (`vllm_worker.WeightSyncExtension`).
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        """The dtype weights should travel in: the engine's."""
+        return self.llm.llm_engine.model_config.dtype
+
+    @property
+    def num_weight_ranks(self) -> int:
+        """Ranks this engine takes in a weight group: one per worker."""
+        return self.llm.llm_engine.vllm_config.parallel_config.world_size
+
+    def join_weight_group(self, spec: GroupSpec, rank: int) -> None:
+        """Every worker joins, as ranks ``rank`` .. ``rank + num_weight_ranks - 1``."""
+        self.llm.collective_rpc("grpo_join_weight_group",
+                                kwargs={"spec": spec, "rank_offset": rank})
+
+    def prepare_weights(self, manifest: Manifest, slots: SlotsSpec | None = None,
+                        check: bool = True, in_place: bool = True) -> None:
+        """Refuse a partial or foreign manifest (before any byte moves); map the slots.
+        (``in_place`` is the transformers sampler's: vLLM's loader always copies.)"""
+        if check:
+            self._check_keys(self._with_tied_head(manifest).names(), partial=manifest.partial)
+        if slots is not None:
+            self.llm.collective_rpc("grpo_map_slots", kwargs={"slots": slots})
+
+    def receive_weights(self, manifest: Manifest, via: str, ipc: dict | None = None,
+                        materialize: bool = False) -> dict:
+        """Stream a sync into the engine's ``reload_weights``, then drop cached prefixes;
+        ``materialize`` returns copies of the tensors instead (LoRA payloads)."""
+        start = time.perf_counter()
+        manifest = manifest if materialize else self._with_tied_head(manifest)
+        result = self.llm.collective_rpc(
+            "grpo_receive_weights",
+            kwargs={"manifest": manifest, "via": via, "ipc": ipc, "materialize": materialize})
+        if materialize:
+            return {"tensors": result[0], "seconds": time.perf_counter() - start}
+        self.llm.reset_prefix_cache()
+        return {"bytes": manifest.nbytes, "seconds": time.perf_counter() - start}
+
+    def leave_weight_group(self) -> None:
+        self.llm.collective_rpc("grpo_leave_weight_group")
+
+    def _with_tied_head(self, manifest: Manifest) -> Manifest:
+        """vLLM keeps a tied head it is not given: send the embeddings under its name too."""
+        names = manifest.names()
+        if self.tied_embeddings and LM_HEAD_KEY not in names and EMBED_KEY in names:
+            return dataclasses.replace(manifest,
+                                       aliases=(*manifest.aliases, (LM_HEAD_KEY, EMBED_KEY)))
+        return manifest
 
     def sleep(self, level: int = 1) -> None:
         """Free GPU memory (weights offloaded at level 1); a no-op on CPU."""
@@ -243,7 +309,8 @@ class VLLMSampler:
             weights[LM_HEAD_KEY] = weights[EMBED_KEY]
         return weights
 
-    def _check_keys(self, weights: Mapping[str, torch.Tensor], partial: bool = False) -> None:
+    def _check_keys(self, weights: Mapping[str, torch.Tensor] | set[str],
+                    partial: bool = False) -> None:
         """vLLM keeps any weight it is not given; refuse a partial (unless ``partial``: then
         an incomplete fused layer) or foreign state dict."""
         if not self._checkpoint_keys:  # a hub id: nothing on disk to compare with
@@ -287,6 +354,8 @@ def _engine_args(vllm: Any, **kwargs: Any) -> dict[str, Any]:
     fields = {field.name for field in dataclasses.fields(vllm.EngineArgs)}
     if "use_tqdm_on_load" in fields and is_quiet():
         kwargs.setdefault("use_tqdm_on_load", False)
+    if "worker_extension_cls" in fields:  # weight syncs stream into the workers
+        kwargs.setdefault("worker_extension_cls", EXTENSION_QUALNAME)
     if "logprobs_mode" in fields:
         kwargs.setdefault("logprobs_mode", "processed_logprobs")
     else:
@@ -317,5 +386,6 @@ def _sample(completion: Any) -> Sample:
         for token_id, position in zip(token_ids, completion.logprobs, strict=True)
     ]
     # "abort" only happens on shutdown; count it as a truncation.
-    finish_reason = "stop" if completion.finish_reason == "stop" else "length"
-    return Sample(token_ids, log_probs, finish_reason)
+    if completion.finish_reason == "stop":
+        return Sample(token_ids, log_probs, "stop")
+    return Sample(token_ids, log_probs, "length")

@@ -1,0 +1,271 @@
+"""Weight-sync benchmark: GRPO's weight sync on each transport against the physical floors,
+measured in one run, on random models shaped like SmolLM2-135M and Qwen2.5-0.5B (built
+from their configs: nothing is downloaded).
+
+    python -m benchmarks.weight_sync                       # both shapes
+    python -m benchmarks.weight_sync --shapes smollm2 --reps 3 --json out.json
+
+For each shape, with the transformers sampler (it copies into its live parameters):
+
+* **local**: learner and env runner in the driver (``num_learners=0``,
+  ``num_env_runners=0``): `WeightSync.sync` against ``copy_`` of the same tensors into
+  the sampler's, in place, in the same process (target: <= 2x);
+* **remote**: one env runner actor on this node: the sync through shared memory (``auto``),
+  through a gloo group (``collective``) and through Ray's object store (``object_store``,
+  RLlib's ``sync_weights``: the path before this transport layer), against a raw gloo
+  broadcast of the same bytes between the same two processes (target: collective <= 1.5x)
+  and a memcpy of the same bytes in one process.
+
+Every figure is the median of ``--reps`` rounds after a warm-up round; in a round each
+path runs once, in turns, so that all see the same load (the machine is shared).  A
+sync's time is the driver's wall time of `WeightSync.sync` (``timing_s/update_weights``);
+the remote paths take turns on one env runner and one weight group (see `_sync`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import threading
+import time
+from functools import partial
+from typing import Any
+
+SHAPES = ("smollm2", "qwen05b")
+SMOLLM2_SHAPE: dict[str, Any] = {  # HuggingFaceTB/SmolLM2-135M's config.json
+    "version": 1, "seed": 0, "vocab_size": 49_152, "hidden_size": 576, "intermediate_size": 1536,
+    "num_layers": 30, "num_heads": 9, "num_kv_heads": 3, "max_position_embeddings": 8192,
+    "rope_theta": 100_000.0, "save_dtype": "float32",
+}
+MODEL_SMOLLM2 = "builtin:smollm2-shape"
+DTYPES = {"smollm2": "float32", "qwen05b": "bfloat16"}  # the 0.5B shape in bf16, as on GPUs
+
+
+def _model_folder(shape: str) -> str:
+    from benchmarks.workloads import (
+        MODEL_QWEN05B,
+        _build_qwen05b_shape,
+        register_benchmark_models,
+    )
+    from rllib_grpo.models import register_builtin_model, resolve_model
+
+    register_benchmark_models()
+    register_builtin_model(MODEL_SMOLLM2, _build_qwen05b_shape, params=SMOLLM2_SHAPE)
+    return resolve_model(MODEL_SMOLLM2 if shape == "smollm2" else MODEL_QWEN05B)
+
+
+def _build(folder: str, dtype: str, num_env_runners: int) -> Any:
+    from rllib_grpo import GRPOConfig
+
+    config = (GRPOConfig()
+              .environment("rllib_grpo/Arithmetic-v0", env_config={"max_operand": 4})
+              .training(model_path=folder, model_dtype=dtype, sampler="hf", prompts_per_step=2,
+                        group_size=2, max_prompt_length=16, max_response_length=2,
+                        use_kl_loss=False, lr=1e-6)
+              .env_runners(num_env_runners=num_env_runners,
+                           create_local_env_runner=num_env_runners == 0))
+    return config.build_algo()
+
+
+def _interleaved(funcs: dict[str, Any], reps: int) -> dict[str, float]:
+    """Median seconds of each function, run in turns (one call of each per round, the order
+    rotating) so that every figure sees the same load on a shared machine; one warm-up
+    round first."""
+    times: dict[str, list[float]] = {name: [] for name in funcs}
+    names = list(funcs)
+    for round_ in range(reps + 1):
+        shift = round_ % len(names)  # each path follows each other one in some round
+        for name in names[shift:] + names[:shift]:
+            func = funcs[name]
+            start = time.perf_counter()
+            seconds = func()
+            if round_:  # round 0 warms up: groups, slots, buffers, first-touch page faults
+                # A float is the function's own timing (the raw broadcast's); else wall time.
+                times[name].append(seconds if isinstance(seconds, float)
+                                   else time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def _sync(algo: Any, via: str | None = None) -> dict[str, float]:
+    """One `WeightSync.sync`; ``via`` overrides the remote runners' path.  All paths share
+    the one gloo group that ``auto`` formed (shm and collective differ only in where the
+    bytes go), so switching between them in turns costs nothing."""
+    from rllib_grpo.rllib.weight_sync import WeightSync
+
+    if getattr(algo, "_weight_sync", None) is None:
+        algo._weight_sync = WeightSync(algo)
+    sync = algo._weight_sync
+    if sync.transports is None:
+        sync.sync()  # place the runners, form the group
+    if via is not None:
+        sync.transports = {i: t if t == "local" else via for i, t in sync.transports.items()}
+    return sync.sync()
+
+
+def _unique_state(algo: Any) -> dict[str, Any]:
+    from rllib_grpo.models.transfer import split_aliases
+    from rllib_grpo.rllib.weight_sender import policy_module
+
+    return split_aliases(policy_module(algo.learner_group._learner).lm.state_dict())[0]
+
+
+def measure_local(folder: str, dtype: str, reps: int) -> dict[str, Any]:
+    import torch
+
+    algo = _build(folder, dtype, 0)
+    try:
+        source = _unique_state(algo)
+        live = algo.env_runner.sampler.model.state_dict(keep_vars=True)
+        targets = [(live[name], tensor) for name, tensor in source.items()]
+
+        @torch.no_grad()
+        def copy_in_place() -> None:
+            for target, tensor in targets:
+                target.copy_(tensor)
+
+        times = _interleaved({"local_sync_s": lambda: _sync(algo),
+                              "copy_in_place_s": copy_in_place}, reps)
+        metrics = _sync(algo)
+        transports = algo._weight_sync.transport_names()
+    finally:
+        algo.stop()
+    return {**times, "local_bytes": metrics["weight_sync/bytes"],
+            "local_transport": transports[0]}
+
+
+def _raw_gloo_receiver(runner: Any, spec: Any, nbytes: int) -> None:
+    import torch
+
+    from rllib_grpo.models.transport import WeightGroup
+
+    group = WeightGroup(spec, 1)
+    buffer = torch.empty(nbytes, dtype=torch.uint8)
+    for _ in range(2):  # a warm-up, then the timed one
+        group.barrier()
+        group.broadcast(buffer).wait()
+        group.barrier()
+
+
+def raw_gloo_broadcast(algo: Any, nbytes: int) -> float:
+    """Seconds of one broadcast of ``nbytes`` from the driver to the env runner (after a
+    warm-up one), timed from a barrier to a barrier: the receiver has it all."""
+    import ray
+    import torch
+
+    from rllib_grpo.models.transport import WeightGroup, open_store
+
+    store, spec = open_store(ray.util.get_node_ip_address(), 2, "gloo")
+    source = torch.ones(nbytes, dtype=torch.uint8)
+    times: list[float] = []
+
+    def send() -> None:
+        group = WeightGroup(spec, 0, store)
+        for _ in range(2):
+            group.barrier()
+            start = time.perf_counter()
+            group.broadcast(source).wait()
+            group.barrier()
+            times.append(time.perf_counter() - start)
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    algo.env_runner_group.foreach_env_runner(
+        partial(_raw_gloo_receiver, spec=spec, nbytes=nbytes), local_env_runner=False)
+    thread.join()
+    return times[-1]
+
+
+def measure_remote(folder: str, dtype: str, reps: int) -> dict[str, Any]:
+    import torch
+
+    algo = _build(folder, dtype, 1)
+    out: dict[str, Any] = {}
+    try:
+        out["auto_transport"] = (_sync(algo), algo._weight_sync.transport_names()[1])[1]
+        for via in ("shm", "collective", "object_store"):
+            out[f"{via}_bytes"] = _sync(algo, via)["weight_sync/bytes"]
+        nbytes = int(out["collective_bytes"])
+        source, target = torch.ones(nbytes, dtype=torch.uint8), torch.empty(nbytes, dtype=torch.uint8)
+        out.update(_interleaved({
+            "shm_sync_s": lambda: _sync(algo, "shm"),
+            "collective_sync_s": lambda: _sync(algo, "collective"),
+            "raw_gloo_s": lambda: raw_gloo_broadcast(algo, nbytes),
+            "memcpy_s": lambda: target.copy_(source),
+        }, reps))
+        # Apart: freeing a state dict's worth of object-store memory after each of its syncs
+        # slows whatever runs next (shm after it: 1.1 s instead of 0.17 s, SmolLM2 shape).
+        out.update(_interleaved({"object_store_sync_s": lambda: _sync(algo, "object_store")},
+                                reps))
+    finally:
+        algo.stop()
+    return out
+
+
+def ratios(r: dict[str, float]) -> dict[str, float]:
+    return {
+        "local / copy_ in place": r["local_sync_s"] / r["copy_in_place_s"],
+        "collective / raw gloo broadcast": r["collective_sync_s"] / r["raw_gloo_s"],
+        "shm (auto) / raw gloo broadcast": r["shm_sync_s"] / r["raw_gloo_s"],
+        "shm (auto) / object store": r["shm_sync_s"] / r["object_store_sync_s"],
+        "collective / object store": r["collective_sync_s"] / r["object_store_sync_s"],
+        "shm (auto) / memcpy": r["shm_sync_s"] / r["memcpy_s"],
+    }
+
+
+def format_table(results: dict[str, dict]) -> str:
+    shapes = list(results)
+    rows = ["| | " + " | ".join(shapes) + " |", "|---|" + "---:|" * len(shapes)]
+
+    def row(label: str, cell: Any) -> None:
+        rows.append(f"| {label} | " + " | ".join(cell(results[s]) for s in shapes) + " |")
+
+    row("bytes per sync (one runner)", lambda r: f"{r['collective_bytes'] / 2**20:.0f} MiB "
+        f"({r['dtype']})")
+    for key, label in (("local_sync_s", "local sync"), ("copy_in_place_s", "copy_ in place"),
+                       ("shm_sync_s", "remote sync, shm (auto)"),
+                       ("collective_sync_s", "remote sync, collective (gloo)"),
+                       ("object_store_sync_s", "remote sync, object store (before)"),
+                       ("raw_gloo_s", "raw gloo broadcast, 2 processes"),
+                       ("memcpy_s", "memcpy, 1 process")):
+        row(label, lambda r, k=key: f"{r[k] * 1000:.0f} ms")
+    for name in ratios(next(iter(results.values()))["measured"]):
+        row(f"**{name}**", lambda r, n=name: f"**{ratios(r['measured'])[n]:.2f}x**")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", nargs="+", choices=SHAPES, default=list(SHAPES))
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # the actors inherit it
+    import ray
+    import torch
+
+    torch.set_num_threads(1)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             object_store_memory=3 * 2**30)
+    results: dict[str, dict] = {}
+    try:
+        for shape in args.shapes:
+            folder, dtype = _model_folder(shape), DTYPES[shape]
+            measured = {**measure_local(folder, dtype, args.reps),
+                        **measure_remote(folder, dtype, args.reps)}
+            results[shape] = {**measured, "dtype": dtype, "measured": measured,
+                              "ratios": ratios(measured)}
+            print(json.dumps({shape: results[shape]["ratios"]}), flush=True)
+    finally:
+        ray.shutdown()
+    print(format_table(results))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"results": results, "reps": args.reps,
+                       "load_at_end": os.getloadavg()[0]}, f, indent=2, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

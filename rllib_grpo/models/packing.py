@@ -1,0 +1,222 @@
+"""Padding-free ("packed") forward passes of a causal LM over prompt + response rows.
+
+A micro-batch arrives padded: prompts ``(B, P)`` left-padded, responses ``(B, R)``
+right-padded.  Packing concatenates each sequence's real tokens (prompt then
+response) into a few rows, position ids restarting at 0 for every sequence, and no
+attention mask.  transformers (>= 4.55; this project needs 5.16) recognises that
+layout from the position ids alone (``masking_utils.find_packed_sequence_indices``)
+and confines attention to each sequence:
+
+* ``flash_attention_2`` / ``flash_attention_3`` (GPU): the varlen kernels, built
+  from the position ids, with no mask at all.  One row holds the whole micro-batch
+  (at most the token budget: verl's ``use_remove_padding=True`` layout);
+* ``sdpa``, ``eager``, ``flex_attention`` (any device, CPU included): a
+  block-diagonal causal mask built from the position ids.  That mask is dense, so a
+  row of T tokens costs T^2 attention: sequences are packed first-fit-decreasing into
+  rows no longer than the micro-batch's longest sequence, which removes the padding
+  and never makes a row's attention cost more than a padded row's.
+
+The response log-probs (and entropies) come back as ``(B, R)`` tensors with zeros
+on padding, exactly like `rllib_grpo.rllib.module.response_log_probs` (to float
+precision: ``tests/test_packing.py``), so every loss and aggregation downstream is
+unchanged.  No Ray here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import torch
+
+from rllib_grpo.algos import entropy_from_logits, logprobs_from_logits
+
+# Attention implementations whose kernels take packed rows without a dense mask.
+VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3")
+
+
+def attention_implementation(lm: torch.nn.Module) -> str:
+    """The attention implementation ``lm`` (HF, peft- or FSDP-wrapped) runs with."""
+    config = getattr(lm, "config", None)
+    return str(getattr(config, "_attn_implementation", None) or "eager")
+
+
+def uses_varlen_attention(lm: torch.nn.Module) -> bool:
+    """Whether ``lm`` attends with a varlen kernel (one packed row costs no dense mask)."""
+    return any(name in attention_implementation(lm) for name in VARLEN_ATTENTION)
+
+
+def pack_rows(seq_lengths: list[int], row_capacity: int) -> list[list[int]]:
+    """Sequences into rows of at most ``row_capacity`` tokens, first-fit decreasing.
+
+    Returns the sequence indices of each row (deterministic: ties by index).
+    Raises ``ValueError`` when a sequence is longer than a row.
+    """
+    if seq_lengths and max(seq_lengths) > row_capacity:
+        raise ValueError(f"a sequence of {max(seq_lengths)} tokens does not fit a packed row "
+                         f"of {row_capacity} tokens")
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for index in sorted(range(len(seq_lengths)), key=lambda i: (-seq_lengths[i], i)):
+        for row, room in enumerate(free):
+            if seq_lengths[index] <= room:
+                rows[row].append(index)
+                free[row] -= seq_lengths[index]
+                break
+        else:
+            rows.append([index])
+            free.append(row_capacity - seq_lengths[index])
+    return rows
+
+
+@dataclasses.dataclass
+class PackedMicroBatch:
+    """One micro-batch in packed layout, and the indices that unpack its outputs.
+
+    Attributes:
+        input_ids: ``(rows, row_len)`` tokens; row tails are padding (token 0).
+        position_ids: ``(rows, row_len)`` restarting at 0 for every sequence (tails 0).
+        predictor_rows, predictor_cols: for each response token of the padded batch
+            (``response_mask`` order, row-major), where the logit that predicts it
+            sits in the packed rows (the token just before it).
+        target_ids: those response tokens.
+        response_mask: ``(B, R)`` bool, where the unpacked values go.
+        num_real_tokens: prompt + response tokens packed (no padding).
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    predictor_rows: torch.Tensor
+    predictor_cols: torch.Tensor
+    target_ids: torch.Tensor
+    response_mask: torch.Tensor
+    num_real_tokens: int
+
+    @property
+    def num_slots(self) -> int:
+        """Token slots the forward pass computes (real tokens + row tails)."""
+        return self.input_ids.numel()
+
+
+def pack_micro_batch(batch: dict[str, torch.Tensor], varlen: bool) -> PackedMicroBatch:
+    """Pack the real tokens of a padded micro-batch (see the module docstring).
+
+    Args:
+        batch: ``prompt_ids``/``prompt_mask`` (B, P), left-padded, and
+            ``response_ids``/``response_mask`` (B, R), right-padded.
+        varlen: one row for the whole micro-batch (varlen attention kernels), else
+            rows no longer than the longest sequence.
+    """
+    # The layout is index bookkeeping on the host (numpy: small ops cost microseconds);
+    # the device does one gather/scatter of the tokens.
+    prompt_mask = batch["prompt_mask"].detach().cpu().numpy().astype(bool)
+    response_mask = batch["response_mask"].detach().cpu().numpy().astype(bool)
+    width = prompt_mask.shape[1] + response_mask.shape[1]
+    full_mask = np.concatenate([prompt_mask, response_mask], axis=1)
+    lengths = full_mask.sum(axis=1)
+    if (~prompt_mask.any(axis=1) & response_mask.any(axis=1)).any():
+        raise ValueError("a response without a prompt token has no logit to predict its "
+                         "first token; every row needs at least one prompt token")
+    total = int(lengths.sum())
+    capacity = max(total, 1) if varlen else max(int(lengths.max(initial=1)), 1)
+    length_list = lengths.tolist()
+    rows = pack_rows(length_list, capacity)
+    row_len = max([sum(length_list[i] for i in row) for row in rows] + [1])
+    starts = [0] * len(length_list)  # where each sequence starts in the flat packed rows
+    for r, row in enumerate(rows):
+        offset = r * row_len
+        for index in row:
+            starts[index] = offset
+            offset += length_list[index]
+    seq_start = np.asarray(starts, dtype=np.int64)
+    # Real tokens in row-major order (each sequence's tokens contiguous, prompt first).
+    source = np.flatnonzero(full_mask)
+    seq_of = source // width
+    first = np.cumsum(lengths) - lengths
+    position_in_seq = np.arange(total) - first[seq_of]
+    destination = seq_start[seq_of] + position_in_seq
+    # Response tokens, in response_mask order; the logit predicting each sits one slot
+    # earlier in its packed row (the same sequence: every response has a prompt token).
+    targets = np.flatnonzero(source % width >= prompt_mask.shape[1])
+    predictor = destination[targets - 1]
+
+    device = batch["prompt_ids"].device
+    num_rows = max(len(rows), 1)
+    flat_ids = torch.cat([batch["prompt_ids"], batch["response_ids"]], dim=1).long().reshape(-1)
+    source_t = torch.from_numpy(source).to(device)
+    input_ids = torch.zeros(num_rows * row_len, dtype=torch.long, device=device)
+    input_ids[torch.from_numpy(destination).to(device)] = flat_ids[source_t]
+    position_ids = np.zeros(num_rows * row_len, dtype=np.int64)
+    position_ids[destination] = position_in_seq
+    return PackedMicroBatch(
+        input_ids=input_ids.view(num_rows, row_len),
+        position_ids=torch.from_numpy(position_ids).view(num_rows, row_len).to(device),
+        predictor_rows=torch.from_numpy(predictor // row_len).to(device),
+        predictor_cols=torch.from_numpy(predictor % row_len).to(device),
+        target_ids=flat_ids[source_t[torch.from_numpy(targets).to(device)]],
+        response_mask=batch["response_mask"].bool(),
+        num_real_tokens=total,
+    )
+
+
+def packed_response_log_probs(
+    lm: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    temperature: float,
+    with_entropy: bool = False,
+    detach_entropy: bool = False,
+) -> dict[str, torch.Tensor]:
+    """`rllib_grpo.rllib.module.response_log_probs` computed on packed rows.
+
+    Same arguments and result: ``{"log_probs": (B, R), "entropy": (B, R) if
+    with_entropy}`` (float32), zeros on padding positions; ``detach_entropy``: the
+    entropy is for metrics only (no graph).  The graph always reaches the model's
+    parameters, even when no row has a response token (a sharded model then still
+    runs its collective backward).
+    """
+    packed = pack_micro_batch(batch, varlen=uses_varlen_attention(lm))
+    cols = packed.predictor_cols
+    rows = packed.predictor_rows
+    if cols.numel() == 0:  # nothing to score: keep one logit so backward reaches the model
+        cols, rows = cols.new_zeros(1), rows.new_zeros(1)
+    # Only the logits that predict response tokens go through the LM head.
+    keep, keep_index = torch.unique(cols, return_inverse=True)
+    logits = lm(
+        input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
+        logits_to_keep=keep,
+    ).logits
+    response_logits = logits[rows, keep_index].float() / temperature
+    out: dict[str, torch.Tensor] = {}
+    values = {"log_probs": logprobs_from_logits(response_logits, packed.target_ids)
+              if packed.target_ids.numel() else response_logits[:0, 0]}
+    if with_entropy:
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not detach_entropy):
+            values["entropy"] = entropy_from_logits(response_logits[: packed.target_ids.numel()])
+    shape = packed.response_mask.shape
+    for name, value in values.items():
+        unpacked = torch.zeros(shape, dtype=torch.float32, device=value.device)
+        unpacked = unpacked.masked_scatter(packed.response_mask, value.float())
+        if packed.target_ids.numel() == 0 and value.requires_grad:
+            unpacked = unpacked + 0.0 * response_logits.sum()
+        out[name] = unpacked
+    return out
+
+
+def prefer_varlen_attention(lm: torch.nn.Module, device: torch.device, compute_dtype: str) -> bool:
+    """Switch ``lm`` to ``flash_attention_2`` where packed rows can use its varlen kernel.
+
+    Only on CUDA, with the ``flash_attn`` package installed and a 16-bit compute dtype
+    (the kernel takes no float32).  Returns whether ``lm`` now attends with a varlen
+    kernel; elsewhere it keeps its implementation (``sdpa``: a block-diagonal mask).
+    """
+    import importlib.util
+
+    if uses_varlen_attention(lm):
+        return True
+    if (device.type != "cuda" or compute_dtype not in ("bfloat16", "float16")
+            or importlib.util.find_spec("flash_attn") is None):
+        return False
+    base: Any = lm.get_base_model() if hasattr(lm, "get_base_model") else lm  # type: ignore[operator]
+    base.set_attn_implementation("flash_attention_2")
+    return uses_varlen_attention(lm)

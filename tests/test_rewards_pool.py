@@ -1,0 +1,112 @@
+"""Reward calls run in parallel with a per-call timeout that really ends a hung call;
+a score that overflows float32 is an error-scored sample; a run that learns nothing stops."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from rllib_grpo.rewards import RewardScorer
+from tests.conftest import tiny_config
+
+
+def hang(data_source, solution_str, ground_truth, extra_info=None):
+    (extra_info["dir"] / str(os.getpid())).touch()
+    time.sleep(600)
+    return 1.0
+
+
+def open_fds(data_source, solution_str, ground_truth, extra_info=None):
+    return {"score": 0.0, "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd"))}
+
+
+def echo(data_source, solution_str, ground_truth, extra_info=None):
+    if solution_str == "boom":
+        raise KeyError("boom")
+    return {"score": float(solution_str), "pid": os.getpid()}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_sixteen_hanging_rewards_cost_one_timeout_and_are_killed(tmp_path):
+    scorer = RewardScorer(hang, timeout_s=1.0, workers=16)
+    assert scorer.pool.mode == "process"  # user code
+    start = time.perf_counter()
+    results = scorer.score_many([("any", str(i), "x", {"dir": tmp_path}) for i in range(16)])
+    elapsed = time.perf_counter() - start
+    assert elapsed < 4.0, elapsed  # one 1 s timeout for all sixteen, not sixteen in a row
+    assert all(r["reward_error"] and "TimeoutError" in r["reward_error_message"]
+               for r in results)
+    assert (scorer.num_calls, scorer.num_timeouts, scorer.pool.num_killed) == (16, 16, 16)
+    pids = [int(p.name) for p in tmp_path.iterdir()]
+    assert len(pids) == 16 and not any(map(_alive, pids))  # the hung processes are gone
+    scorer.close()
+
+
+def test_calls_run_in_parallel_in_order_and_survive_errors():
+    scorer = RewardScorer(echo, timeout_s=5.0, workers=4)
+    requests = [("any", str(i), "x", None) for i in range(12)] + [("any", "boom", "x", None)]
+    results = scorer.score_many(requests)
+    assert [r["score"] for r in results[:12]] == [float(i) for i in range(12)]
+    assert len({r["pid"] for r in results[:12]} - {os.getpid()}) > 1  # several workers
+    assert results[12]["reward_error"] and "KeyError" in results[12]["reward_error_message"]
+    assert scorer.num_errors == 1
+    pids = {r["pid"] for r in results[:12]}
+    scorer.close()
+    assert not any(map(_alive, pids))
+
+
+def test_a_worker_process_holds_none_of_its_parents_files(tmp_path):
+    with open(tmp_path / "held_open", "w"):  # a descriptor of the parent's
+        scorer = RewardScorer(open_fds, timeout_s=5.0)
+        fds = scorer("any", "x", "y")["fds"]
+    scorer.close()
+    # stdin/stdout/stderr, its pipe, and the descriptor listdir used
+    assert len(fds) <= 5 and fds[:3] == [0, 1, 2], fds
+
+
+def test_builtin_scorers_run_on_threads_user_code_in_processes():
+    assert RewardScorer().pool.mode == "thread"
+    assert RewardScorer("gsm8k").pool.mode == "thread"
+    assert RewardScorer(echo).pool.mode == "process"
+    assert RewardScorer(echo, isolation="thread").pool.mode == "thread"
+    with pytest.raises(ValueError, match="isolation"):
+        RewardScorer(echo, isolation="fiber")
+
+
+@pytest.mark.parametrize("value", [1e39, -1e39, {"score": 3.5e38}])
+def test_a_score_infinite_in_float32_is_an_error_scored_sample(value):
+    scorer = RewardScorer(lambda *args, **kwargs: value, isolation="inline")
+    result = scorer("any", "x", "y")
+    assert result["reward_error"] is True and result["score"] == 0.0
+    assert "infinite in float32" in result["reward_error_message"]
+    assert scorer.num_errors == 1
+    assert RewardScorer(lambda *a, **k: 3.0e38, isolation="inline")("a", "x", "y")[
+        "reward_error"] is False
+
+
+@pytest.mark.slow
+def test_a_run_whose_rewards_all_fail_stops_with_a_message(ray_session, tmp_path):
+    reward_file = tmp_path / "huge_reward.py"
+    reward_file.write_text("def reward(data_source, solution_str, ground_truth, "
+                           "extra_info=None):\n    return 1e39\n")
+    config = tiny_config(max_skipped_steps=2)
+    config.env_config = {"max_operand": 4, "reward_fn": f"{reward_file}:reward"}
+    algo = config.build_algo()
+    try:
+        first = algo.train()
+        assert first["reward/errors"] == 16  # every sample error-scored, counted
+        with pytest.raises(Exception, match=r"2 training steps in a row learned nothing: every "
+                                            r"reward call failed \(e\.g\. ValueError: reward "
+                                            r"score 1e\+39 is infinite in float32"):
+            algo.train()
+    finally:
+        algo.stop()
