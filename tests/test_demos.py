@@ -92,7 +92,6 @@ def test_demo_starts_a_ray_of_its_own_even_beside_a_running_cluster(monkeypatch,
         raise _Stop
 
     monkeypatch.setattr(ray, "init", init)
-    monkeypatch.setattr("rllib_grpo.cli.startup.prefetch_imports", lambda sampler: None)
     with pytest.raises(_Stop):
         demo.main(["--out", str(tmp_path), "--sampler", "hf"])
     assert seen["address"] == "local" and seen["num_cpus"] == 2

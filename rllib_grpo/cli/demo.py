@@ -150,20 +150,14 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    from rllib_grpo.cli.startup import RAY_INIT_QUIET_START, prefetch_imports
-
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
-    imports = prefetch_imports(args.sampler)  # while ray.init waits for its processes
     # A Ray of its own (address="local"), even when a `ray start` cluster runs here.
     ray.init(address="local", num_cpus=2, object_store_memory=500 * 1024**2,
              include_dashboard=False,
              log_to_driver=False, configure_logging=args.verbose,
-             logging_level=logging.INFO if args.verbose else logging.WARNING,
-             _system_config=RAY_INIT_QUIET_START)
-    if imports is not None:
-        imports.join()
+             logging_level=logging.INFO if args.verbose else logging.WARNING)
     config = spec.build_config(args.seed, args.sampler)
     _prepare_model(config.model_path)
     algo = config.build_algo()

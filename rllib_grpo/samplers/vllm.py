@@ -39,18 +39,6 @@ RELOAD_LOGGER = "vllm.model_executor.model_loader.reload"
 LAYERWISE_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
 
 
-def import_vllm() -> Any:
-    """Ask for an in-process engine, then import vLLM, ``LLM`` included (the slow part).
-
-    `VLLMSampler` calls it; start-up code may call it earlier, in a thread.
-    """
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    import vllm
-    from vllm import LLM  # noqa: F401  (most of the import's time)
-
-    return vllm
-
-
 class _ComputedBufferNotice(logging.Filter):
     """Drops vLLM's "RotaryEmbedding: Failed to load weights" on every full reload.
 
@@ -93,9 +81,10 @@ class VLLMSampler:
         ``tensor_parallel_size > 1`` the workers are separate processes, which
         cannot receive tensors: weights then travel through a safetensors file.
         """
-        # Set before vLLM reads its environment (it caches it once an engine runs).
+        # Both must be set before vLLM reads its environment (it caches it once an engine runs).
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_space_gb)))
-        vllm = import_vllm()
+        import vllm
         from vllm.platforms import current_platform
 
         logging.getLogger(LAYERWISE_LOGGER).addFilter(_COMPUTED_BUFFER_NOTICE)  # idempotent
