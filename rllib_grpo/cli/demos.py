@@ -47,8 +47,9 @@ def smollm2_config(seed: int = 0, sampler: str = "auto") -> Any:
     """SmolLM2-135M-Instruct on one-digit sums (chat template), sized for a 2-core CPU.
 
     Sampling at temperature 1, the model mostly rambles ("What a delightful moment...")
-    and gets about one answer in six right (greedy: two in three); GRPO teaches it to
-    answer briefly and right.  No KL term: the reference forward would cost a fifth of
+    and gets fewer than a third of its answers right (greedy: two in three); GRPO teaches
+    it to answer briefly and right (held-out, measured: greedy 0.667 -> 0.917, sampled
+    0.292 -> 0.958 in 15 steps; docs/demo.md).  No KL term: the reference forward would cost a fifth of
     each step on CPU, and 15 small steps stay close to the start anyway.
     """
     from rllib_grpo.rllib.config import GRPOConfig
