@@ -92,6 +92,9 @@ def test_demo_starts_a_ray_of_its_own_even_beside_a_running_cluster(monkeypatch,
         raise _Stop
 
     monkeypatch.setattr(ray, "init", init)
+    # main() quiets the console first; that is process-wide, and tests/test_console.py
+    # needs the libraries' own logging.
+    monkeypatch.setattr("rllib_grpo.logs.quiet_console", lambda verbose=False: None)
     with pytest.raises(_Stop):
         demo.main(["--out", str(tmp_path), "--sampler", "hf"])
     assert seen["address"] == "local" and seen["num_cpus"] == 2
