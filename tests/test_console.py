@@ -66,8 +66,15 @@ def clean_console_env(monkeypatch):
     for key in (logs.QUIET_ENV, *logs.LIBRARY_ENV):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setattr(logs, "_installed", False)
+    # Filters an earlier test installed (`rllib train` in-process quiets the console) and
+    # those added by this test.
+    _remove_noise_filters()
     yield
-    for noise in logs.KNOWN_NOISE:  # filters added by the test
+    _remove_noise_filters()
+
+
+def _remove_noise_filters() -> None:
+    for noise in logs.KNOWN_NOISE:
         log = logging.getLogger(noise.logger)
         log.filters = [f for f in log.filters if not isinstance(f, logs.NoiseFilter)]
 
