@@ -81,8 +81,12 @@ def _remove_noise_filters() -> None:
 
 def _emitted(logger_name: str, message: str) -> list[str]:
     seen: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: seen.append(record.getMessage())
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    handler = Collect()
     log = logging.getLogger(logger_name)
     log.addHandler(handler)
     try:
