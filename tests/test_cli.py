@@ -282,6 +282,11 @@ def test_train_from_flags_writes_a_checkpoint(trainings):
     assert checkpoint.is_relative_to(root / "flags")
     assert re.search(r"^iter 1  reward ", outputs["flags"], re.MULTILINE)
     assert "TensorBoard: tensorboard --logdir" in outputs["flags"]
+    # The quiet console: the start-up time, and no banners from Ray, RLlib or Tune.
+    assert re.search(r"^start-up: \d", outputs["flags"], re.MULTILINE), outputs["flags"]
+    for banner in ("Token authentication", "new API stack", "Install gputil",
+                   "RLModuleConfig", "View detailed results here", "Configuration for experiment"):
+        assert banner not in outputs["flags"], banner
     assert list(checkpoint.parent.glob("events.out.tfevents.*"))
 
 

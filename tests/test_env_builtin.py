@@ -191,3 +191,26 @@ def test_prepare_data_without_hub_fails_clearly(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=offline))
     with pytest.raises(SystemExit, match="--from-file"):
         main(["math", "--out", str(tmp_path / "m.jsonl")])
+
+
+def test_arithmetic_heldout_split_is_disjoint_from_training_for_every_seed():
+    train = {r.extra_info["expression"] for seed in (0, 1) for r in
+             make_arithmetic_records(1500, seed=seed, heldout_fraction=0.25)}
+    heldout = {r.extra_info["expression"] for seed in (2, 3) for r in make_arithmetic_records(
+        300, seed=seed, heldout_fraction=0.25, split="heldout")}
+    assert len(train) + len(heldout) == 100  # all one-digit sums, each on one side
+    assert not train & heldout and 10 < len(heldout) < 40
+    # The default draws every problem, exactly as before the split existed.
+    assert make_arithmetic_records(20, seed=0) == make_arithmetic_records(
+        20, seed=0, heldout_fraction=0.0)
+
+
+@pytest.mark.parametrize("knobs, needle", [
+    ({"split": "heldout"}, "needs heldout_fraction > 0"),
+    ({"heldout_fraction": 1.0}, "heldout_fraction must be in [0, 1)"),
+    ({"heldout_fraction": 0.2, "split": "test"}, "split must be one of"),
+    ({"heldout_fraction": 1e-4, "split": "heldout", "max_operand": 1}, "raise max_operand"),
+])
+def test_arithmetic_split_errors_name_the_field(knobs, needle):
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        make_arithmetic_records(3, seed=0, **knobs)

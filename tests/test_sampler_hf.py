@@ -97,6 +97,15 @@ def test_log_probs_equal_a_forward_pass(model_path, sampler, prompts, params):
     assert max_log_prob_diff(load_causal_lm(model_path), prompts, groups, params) < 1e-5
 
 
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.0),
+                                    SamplingParams(temperature=0.7, top_k=5, top_p=0.9)],
+                         ids=["greedy", "sampled"])
+def test_generation_config_is_valid_so_transformers_warns_about_nothing(sampler, params):
+    """transformers warns "generation flags are not valid" for sampling options on a
+    greedy config; strict validation raises on the same issues."""
+    sampler._generation_config(params, {0}).validate(strict=True)
+
+
 def test_greedy_samples_agree(sampler, prompts):
     for group in sampler.generate(prompts, 3, SamplingParams(temperature=0.0, max_tokens=10)):
         assert group[0].token_ids == group[1].token_ids == group[2].token_ids

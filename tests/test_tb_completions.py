@@ -98,12 +98,12 @@ def test_tune_callback_writes_text_into_the_trial_folder(tmp_path):
 def test_progress_line_names_the_main_metrics(capsys):
     result = {"training_iteration": 3, "critic/score/mean": 0.5, "actor/kl_loss": 0.001,
               "response_length/mean": 3.25, "time_this_iter_s": 1.23}
-    assert progress_line(result) == "iter 3  reward 0.5  kl 0.001  resp_len 3.25  1.2s"
+    assert progress_line(result) == "iter 3  reward 0.500  len 3.2  kl 0.0010  step 1.23s"
     ppo = {"training_iteration": 1, "env_runners": {"episode_return_mean": 21.5},
            "time_this_iter_s": 0.5}
     assert "return 21.5" in progress_line(ppo)
     ProgressPrinter().on_trial_result(3, ["a"], "a", result)
-    assert capsys.readouterr().out.startswith("iter 3  reward 0.5")
+    assert capsys.readouterr().out.startswith("iter 3  reward 0.500")
 
 
 def test_multi_turn_rows_show_the_whole_conversation():

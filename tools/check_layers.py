@@ -9,8 +9,9 @@ still a dependency.  Layers, lowest first (a module may import its own layer or 
     4 rllib                      RLlib glue: config, algorithm, learner, module, env runner, FSDP
     5 cli                        entry points: rllib train, rllib-grpo explain, the demo
 
-``rllib_grpo/registration.py`` imports nothing of the package (layer 0); the package root and
-the ``python -m rllib_grpo.demo`` shim are entry points (layer 6).
+``rllib_grpo/registration.py`` and ``rllib_grpo/logs.py`` import nothing of the package
+(layer 0); the package root and the ``python -m rllib_grpo.demo`` shim are entry points
+(layer 6).
 
     python tools/check_layers.py      # prints each problem; exit 1 if any
 """
@@ -23,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "rllib_grpo"
-LAYERS = {"registration": 0, "algos": 1, "data": 2, "rewards": 2, "envs": 2, "models": 3,
+LAYERS = {"registration": 0, "logs": 0, "algos": 1, "data": 2, "rewards": 2, "envs": 2, "models": 3,
           "samplers": 3, "rllib": 4, "cli": 5, "demo": 6, "": 6}
 # Source folders of the package's modules (``rllib_grpo.envs`` ships from ``envs/``).
 SOURCES = {PACKAGE: ROOT / PACKAGE, f"{PACKAGE}.envs": ROOT / "envs"}

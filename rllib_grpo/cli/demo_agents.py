@@ -5,12 +5,10 @@
 
 Each uses its built-in warmed-up character-level model (`rllib_grpo.models.demo_agents`);
 the progress line adds the multi-turn metrics (turns per episode, tool calls per
-episode and their success rate).
+episode and their success rate: `rllib_grpo.cli.console.COLUMNS`).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 TASKS = ("tool-arithmetic", "guess-number")
 
@@ -59,15 +57,3 @@ def task_config(task: str, seed: int = 0, sampler: str = "auto", model_path: str
     if task == "guess-number":
         return guess_number_config(seed, sampler, model_path)
     raise ValueError(f"task must be one of {TASKS}, got {task!r}")
-
-
-def multi_turn_progress(result: dict[str, Any]) -> str:
-    """``  turns 1.80  tools/ep 0.90  tool ok 0.95`` for a multi-turn result (the tool part
-    only when the step had tool calls), else ``""``."""
-    if "num_turns/mean" not in result:
-        return ""
-    line = f"  turns {result['num_turns/mean']:.2f}"
-    if result.get("tool_calls/per_episode", 0.0) > 0:
-        line += (f"  tools/ep {result['tool_calls/per_episode']:.2f}  tool ok "
-                 f"{result.get('tool_calls/success_rate', 0.0):.2f}")
-    return line

@@ -108,7 +108,9 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
                    help="object store size of the Ray started here (default: Ray's)")
     p.add_argument("-v", "--verbose", type=int, default=0, choices=range(4),
                    help="Tune's own output 0-3 (default 0: none; 1: status tables and each "
-                        "trial's config); one progress line per iteration is always printed")
+                        "trial's config; 2 and 3 also restore vLLM/Ray/transformers INFO logs "
+                        "and their known-harmless warnings, see rllib_grpo.logs); one "
+                        "progress line per iteration is always printed")
 
 
 def build_parser(prog: str = "rllib") -> argparse.ArgumentParser:

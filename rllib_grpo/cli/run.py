@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from rllib_grpo.cli.experiment import ConfigError, Experiment
+from rllib_grpo.logs import console_env, quiet_console
 
 
 def run_tune(exp: Experiment, config: Any, stop: dict[str, Any],
              args: argparse.Namespace) -> int:
     """Run the experiment with ``tune.Tuner``; print where results and checkpoints went."""
+    _quiet_tune(args)
     import ray
     from ray import tune
 
@@ -84,6 +86,7 @@ def resume(args: argparse.Namespace, file: str | None, overrides: list[str]) -> 
              if value]
     if given:
         raise ConfigError(f"--resume continues a run as it was configured; drop {given[0]}")
+    _quiet_tune(args)
     import ray
     from ray import tune
 
@@ -104,6 +107,16 @@ def resume(args: argparse.Namespace, file: str | None, overrides: list[str]) -> 
             ray.shutdown()
 
 
+def _quiet_tune(args: argparse.Namespace) -> None:
+    """Before Ray starts: quiet console settings, which its workers (the trials, which import
+    vLLM and transformers) inherit (`rllib_grpo.logs`); no Tune banner at ``--verbose 0``."""
+    quiet_console(verbose=args.verbose >= 2)
+    if args.verbose == 0:
+        # Tune's newer console prints an experiment banner even at verbose 0; the classic
+        # one prints nothing there (our progress lines and the final paths remain).
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+
+
 def _init_ray(args: argparse.Namespace) -> bool:
     """Start (or connect to) Ray unless it is up already; True if this call did."""
     import ray
@@ -116,13 +129,23 @@ def _init_ray(args: argparse.Namespace) -> bool:
     if ray.is_initialized():
         return False
     if args.ray_address:
-        ray.init(address=args.ray_address)
+        # Workers of an existing cluster do not inherit this process's environment.
+        ray.init(address=args.ray_address,
+                 runtime_env={"env_vars": console_env()}, logging_level=_ray_log_level(args))
         return True
     # A new local Ray, even when RAY_ADDRESS is set or a `ray start` cluster runs here.
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # workers inherit it
+    # Its workers inherit the console settings (`rllib_grpo.logs`) from this environment.
     ray.init(address="local", num_cpus=args.num_cpus, num_gpus=args.num_gpus,
-             object_store_memory=args.object_store_memory, include_dashboard=False)
+             object_store_memory=args.object_store_memory, include_dashboard=False,
+             logging_level=_ray_log_level(args))
     return True
+
+
+def _ray_log_level(args: argparse.Namespace) -> int:
+    """Ray's driver log level: WARNING unless ``--verbose 2`` or more."""
+    import logging
+
+    return logging.INFO if args.verbose >= 2 else logging.WARNING
 
 
 def check_resources(algo_cls: Any, config: Any, available: dict[str, float]) -> None:

@@ -3,6 +3,7 @@ sampled completions as a text table."""
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Mapping
 from typing import Any
@@ -30,10 +31,11 @@ def flatten(result: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def scalar_metrics(result: Mapping[str, Any]) -> dict[str, float]:
-    """The numeric top-level GRPO metrics of a training result."""
+    """The finite numeric top-level GRPO metrics of a training result (a metric logged only
+    on some steps, such as validation, reads NaN on the others: nothing to plot)."""
     return {
         k: float(v) for k, v in flatten(result).items()
-        if k.startswith(SCALAR_PREFIXES) and isinstance(v, numbers.Real)
+        if k.startswith(SCALAR_PREFIXES) and isinstance(v, numbers.Real) and math.isfinite(v)
     }
 
 

@@ -1,5 +1,5 @@
-"""Ray Tune hooks of `rllib train`: a progress line per iteration, and sampled
-completions in TensorBoard.
+"""Ray Tune hooks of `rllib train`: a progress line per iteration (`rllib_grpo.cli.console`),
+and sampled completions in TensorBoard.
 
 Tune's TensorBoard logger writes numbers only, so completions take two small hooks:
 
@@ -16,52 +16,33 @@ to ``tune.RunConfig(callbacks=[...])``.  `rllib train` does both.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from ray import tune
 
+from rllib_grpo.cli.console import progress_line, startup_line
 from rllib_grpo.cli.tensorboard import completions_table
 
 COMPLETIONS_KEY = "completions"
 COMPLETIONS_TAG = "completions"
 COMPLETIONS_ROWS = 16
-# (label, result key) shown on each progress line when present.
-PROGRESS_KEYS = (
-    ("reward", "critic/score/mean"),
-    ("kl", "actor/kl_loss"),
-    ("resp_len", "response_length/mean"),
-    ("return", "env_runners/episode_return_mean"),
-)
-
-
-def progress_line(result: dict[str, Any], trial_name: str = "") -> str:
-    """One line per iteration: the step, the main metrics found and the step's time."""
-    parts = [f"{trial_name + ' ' if trial_name else ''}iter {result.get('training_iteration')}"]
-    for label, key in PROGRESS_KEYS:
-        value = _lookup(result, key)
-        if isinstance(value, int | float) and not math.isnan(value):
-            parts.append(f"{label} {value:.4g}")
-    parts.append(f"{result.get('time_this_iter_s', float('nan')):.1f}s")
-    return "  ".join(parts)
-
-
-def _lookup(result: dict[str, Any], key: str) -> Any:
-    if key in result:
-        return result[key]
-    node: Any = result
-    for part in key.split("/"):
-        node = node.get(part) if isinstance(node, dict) else None
-    return node
 
 
 class ProgressPrinter(tune.Callback):
-    """Prints `progress_line` for every result (trial names only with several trials)."""
+    """Prints `rllib_grpo.cli.console.progress_line` for every result (the same line as the
+    demo; trial names only with several trials), and each trial's start-up time once."""
+
+    def __init__(self) -> None:
+        self._startup_shown: set[str] = set()
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,
                         **info: Any) -> None:
         name = str(trial) if len(trials) > 1 else ""
-        print(progress_line(result, name), flush=True)
+        startup = startup_line(result)
+        if startup and str(trial) not in self._startup_shown:
+            self._startup_shown.add(str(trial))
+            print(f"{name + ': ' if name else ''}{startup}", flush=True)
+        print(progress_line(result, prefix=name + " " if name else ""), flush=True)
 
 
 def add_completions(*, algorithm: Any, result: dict, **kwargs: Any) -> None:

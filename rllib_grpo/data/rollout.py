@@ -201,6 +201,10 @@ def data_metrics(batch: RolloutBatch, max_response_length: int) -> dict[str, flo
     metrics.update(group_signal_metrics(batch))
     metrics.update(episode_metrics(batch.infos, real))
     metrics["reward/errors"] = float(np.sum(batch.reward_errors[real]))
+    accuracy = [float(batch.infos[i]["acc"]) for i in np.flatnonzero(real)
+                if i < len(batch.infos) and batch.infos[i].get("acc") is not None]
+    if accuracy:  # the reward function's ``acc``: right answers, whatever the shaping
+        metrics["reward/acc/mean"] = float(np.mean(accuracy))
     return metrics
 
 

@@ -16,6 +16,7 @@ from rllib_grpo.models.loading import (
 from rllib_grpo.models.registry import (
     builtin_model_names,
     default_cache_dir,
+    needs_build,
     register_builtin_model,
     resolve_model,
 )
@@ -30,6 +31,6 @@ from rllib_grpo.models.tokenizers import (
 __all__ = [
     "DEFAULT_ALPHABET", "DTYPES", "SPECIAL_TOKENS", "VLLM_HEAD_SIZES", "ModelAndTokenizer",
     "build_char_tokenizer", "build_tiny_causal_lm", "builtin_model_names", "default_cache_dir",
-    "load_causal_lm", "load_tokenizer", "register_builtin_model", "resolve_model",
+    "load_causal_lm", "load_tokenizer", "needs_build", "register_builtin_model", "resolve_model",
     "save_model_dir", "sft_warmup", "torch_dtype",
 ]

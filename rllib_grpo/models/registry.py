@@ -93,6 +93,17 @@ def resolve_model(
     return name_or_path
 
 
+def needs_build(name_or_path: str, *, cache_dir: str | os.PathLike | None = None) -> bool:
+    """Whether ``resolve_model(name_or_path)`` would build a built-in model now (it is a
+    registered name whose folder is not in the cache yet)."""
+    _load_builtin_modules()
+    if name_or_path not in _BUILTINS:
+        return False
+    folder = Path(cache_dir or default_cache_dir()) / _cache_key(
+        name_or_path, _BUILTINS[name_or_path][1])
+    return not folder.is_dir()
+
+
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 

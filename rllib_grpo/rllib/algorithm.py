@@ -13,6 +13,7 @@ import math
 import time
 from typing import Any
 
+import ray
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
@@ -71,8 +72,10 @@ class GRPO(ResilientAlgorithm):
 
     @override(Algorithm)
     def setup(self, config: Any) -> None:
+        self._startup_origin = startup_origin()
         super().setup(config)
         self._no_signal_streak = 0
+        self._startup_seconds: float | None = None
         self.last_rollout: RolloutBatch | None = None
         self._data_position = 0
         self._validated_before_train = False
@@ -84,6 +87,10 @@ class GRPO(ResilientAlgorithm):
             self._log_dict(self.validate())
             self._validated_before_train = True
         t_step = time.perf_counter()
+        if self._startup_seconds is None:
+            self._startup_seconds = time.time() - self._startup_origin
+        # Every step, so that every result carries it (a one-off value reads NaN later).
+        self._log_value("timing_s/startup", self._startup_seconds)
 
         with self.metrics.log_time("timing_s/sample"):
             rollout = self._sample_step()
@@ -314,6 +321,22 @@ class GRPO(ResilientAlgorithm):
                 "easy / too hard for the model.", self._no_signal_streak, 100 * flat,
                 100 * right, 100 * wrong,
             )
+
+
+def startup_origin() -> float:
+    """When start-up began, for ``timing_s/startup`` (seconds until the first training step).
+
+    In a driver: when the process started (imports and ``ray.init`` included).  Inside a
+    Ray actor (a Tune trial), whose process may have idled in Ray's worker pool: now, as
+    the algorithm is being built.
+    """
+    import psutil
+
+    try:
+        in_actor = ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
+    except Exception:  # noqa: BLE001  (no usable runtime context: count from process start)
+        in_actor = False
+    return time.time() if in_actor else psutil.Process().create_time()
 
 
 def prompt_slices(position: int, num_prompts: int, num_runners: int) -> list[tuple[int, int]]:

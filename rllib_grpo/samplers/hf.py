@@ -207,11 +207,12 @@ class HFSampler:
 
     def _generation_config(self, params: SamplingParams, stop_ids: set[int]) -> GenerationConfig:
         sampling = params.temperature > 0
+        # Greedy: no sampling option at all (transformers warns about any that is set).
         return GenerationConfig(
             do_sample=sampling,
-            temperature=params.temperature if sampling else 1.0,
-            top_p=params.top_p if sampling else 1.0,
-            top_k=params.top_k if sampling and params.top_k > 0 else 0,  # None means 50
+            temperature=params.temperature if sampling else None,
+            top_p=params.top_p if sampling else None,
+            top_k=(params.top_k if params.top_k > 0 else 0) if sampling else None,  # 0: off
             max_new_tokens=params.max_tokens,
             eos_token_id=sorted(stop_ids),
             pad_token_id=self.pad_token_id,

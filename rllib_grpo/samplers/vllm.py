@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rllib_grpo.logs import is_quiet
 from rllib_grpo.models.transfer import Manifest
 from rllib_grpo.models.transport import GroupSpec, SlotsSpec
 from rllib_grpo.models.weights import fused_closure, module_of
@@ -35,6 +36,25 @@ EMBED_KEY, LM_HEAD_KEY = "model.embed_tokens.weight", "lm_head.weight"
 # HF modules that vLLM fuses into one layer (llama/qwen/mistral families).  A partial
 # reload must give every tensor of a layer it touches: vLLM refills the rest with garbage.
 RELOAD_LOGGER = "vllm.model_executor.model_loader.reload"
+LAYERWISE_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+
+
+class _ComputedBufferNotice(logging.Filter):
+    """Drops vLLM's "RotaryEmbedding: Failed to load weights" on every full reload.
+
+    A rotary embedding holds a cos/sin cache computed at start-up and no checkpoint
+    tensor, so a reload cannot give it weights; vLLM puts the cache back and warns.
+    `VLLMSampler._check_keys` already refuses a state dict that misses a checkpoint
+    tensor, so nothing real is hidden.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        return not (record.msg == "%s: Failed to load weights" and isinstance(args, tuple)
+                    and bool(args) and str(args[0]).endswith("RotaryEmbedding"))
+
+
+_COMPUTED_BUFFER_NOTICE = _ComputedBufferNotice()
 
 
 class VLLMSampler:
@@ -66,6 +86,8 @@ class VLLMSampler:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_space_gb)))
         import vllm
         from vllm.platforms import current_platform
+
+        logging.getLogger(LAYERWISE_LOGGER).addFilter(_COMPUTED_BUFFER_NOTICE)  # idempotent
 
         self._vllm = vllm
         self.on_cpu = current_platform.is_cpu()
@@ -122,11 +144,25 @@ class VLLMSampler:
                                  else int(seeds[i]))
             for i in range(len(prompts))
         ]
-        outputs = self.llm.generate(requests, per_prompt_params, use_tqdm=False)
+        with self._eager_on_cpu():
+            outputs = self.llm.generate(requests, per_prompt_params, use_tqdm=False)
         # Prompt tokens served from the prefix cache (e.g. a multi-turn episode's earlier turns).
         self.last_num_cached_tokens = sum(getattr(o, "num_cached_tokens", 0) or 0
                                           for o in outputs)
         return [_samples(output, copies) for output in outputs]
+
+    def _eager_on_cpu(self) -> contextlib.AbstractContextManager:
+        """On CPU, run vLLM's few ``torch.compile``d helpers eagerly.
+
+        With ``enforce_eager`` the model runs eagerly, but the sampler's token-rank count
+        (``batched_count_greater_than``) is still compiled with inductor at the first
+        request that asks for log-probs: 3-8 s inside the first training step, for a
+        comparison that takes microseconds eagerly at these sizes.  GPUs keep the
+        compiled kernel (it avoids a vocabulary-sized copy there).
+        """
+        if not self.on_cpu:
+            return contextlib.nullcontext()
+        return torch.compiler.set_stance("force_eager")
 
     def load_weights(
         self, state_dict: Mapping[str, torch.Tensor], *, partial: bool = False
@@ -302,8 +338,11 @@ def _global_rng_kept() -> Iterator[None]:
 
 
 def _engine_args(vllm: Any, **kwargs: Any) -> dict[str, Any]:
-    """Add ``logprobs_mode="processed_logprobs"`` where this vLLM knows it."""
+    """Add ``logprobs_mode="processed_logprobs"`` where this vLLM knows it; no load
+    progress bar on a quiet console (it is for checkpoints that take minutes)."""
     fields = {field.name for field in dataclasses.fields(vllm.EngineArgs)}
+    if "use_tqdm_on_load" in fields and is_quiet():
+        kwargs.setdefault("use_tqdm_on_load", False)
     if "worker_extension_cls" in fields:  # weight syncs stream into the workers
         kwargs.setdefault("worker_extension_cls", EXTENSION_QUALNAME)
     if "logprobs_mode" in fields:
