@@ -80,7 +80,8 @@ def test_rollout_gap_is_split_by_staleness():
 
 # --------------------------------------------------------------------------- stale guard
 class _StubAlgo:
-    """What `AsyncPipeline.draw`/`fill` use of `GRPO`: fresh groups at the current version."""
+    """What `AsyncPipeline.draw`/`fill` use of `GRPO`: fresh groups at the current version
+    (every fresh group's rewards vary)."""
 
     def __init__(self, version: int) -> None:
         self.version, self.last_rollout = version, None
@@ -88,31 +89,39 @@ class _StubAlgo:
 
     def _sample_groups(self, num_prompts: int):
         self.fresh_calls.append(num_prompts)
-        return _batch(num_prompts, [self.version] * num_prompts, first_group=100)
+        return _batch([self.version] * num_prompts, first_group=100 * len(self.fresh_calls))
 
 
-def _batch(num_groups: int, versions: list[int], first_group: int = 0):
+def _batch(versions: list[int], varied: list[bool] | None = None, first_group: int = 0):
+    """Groups of 2 trajectories, group g sampled with ``versions[g]``; its two rewards
+    differ when ``varied[g]`` (default: all do)."""
     from rllib_grpo.data.rollout import build_rollout_batch
 
-    rows = [g for g in range(num_groups) for _ in range(2)]  # groups of 2
+    varied = varied or [True] * len(versions)
+    rows = [(g, r) for g in range(len(versions)) for r in range(2)]
     batch = build_rollout_batch(
         [[1, 2]] * len(rows), [[3]] * len(rows), [[-0.5]] * len(rows),
-        [float(g % 2) for g in rows], [first_group + g for g in rows], [False] * len(rows),
-        [False] * len(rows), [{} for _ in rows], pad_token_id=0)
-    batch.weights_version[:] = [versions[g] for g in rows]
+        [float(r) if varied[g] else 0.0 for g, r in rows], [first_group + g for g, _ in rows],
+        [False] * len(rows), [False] * len(rows), [{} for _ in rows], pad_token_id=0)
+    batch.weights_version[:] = [versions[g] for g, _ in rows]
     return batch
 
 
-def test_groups_older_than_the_bound_are_dropped_and_sampled_again():
+def _pipeline(algo, ready):
     from rllib_grpo.rllib.async_pipeline import AsyncPipeline
 
-    algo = _StubAlgo(version=5)
     pipeline = AsyncPipeline.__new__(AsyncPipeline)  # no Ray: the driver state only
     pipeline.algo, pipeline.max_staleness = algo, 1
-    pipeline._learner_version = pipeline._runner_version = 5
+    pipeline._learner_version = pipeline._runner_version = algo.version
     pipeline._tag, pipeline._shares, pipeline.dropped_stale_groups = None, {}, 0
+    pipeline._ready, pipeline._ready_prompts = ready, ready.num_groups
+    return pipeline
+
+
+def test_groups_older_than_the_bound_are_dropped_and_sampled_again():
+    algo = _StubAlgo(version=5)
     # The background batch: 4 groups sampled with versions 4, 3, 4, 5 (3 is two updates old).
-    pipeline._ready, pipeline._ready_prompts = _batch(4, [4, 3, 4, 5]), 4
+    pipeline = _pipeline(algo, _batch([4, 3, 4, 5]))
     rollout = pipeline.fill(4)
     assert pipeline.dropped_stale_groups == 1
     assert algo.fresh_calls == [1]  # exactly the dropped group's place, sampled fresh
@@ -120,6 +129,26 @@ def test_groups_older_than_the_bound_are_dropped_and_sampled_again():
     assert len(rollout) == 8 and staleness.max() <= 1
     assert sorted(set(rollout.weights_version.tolist())) == [4, 5]
     assert rollout.num_groups == 4 and algo.last_rollout is rollout
+
+
+def test_dynamic_sampling_counts_only_kept_groups_under_staleness():
+    from rllib_grpo.rllib.algorithm import GRPO
+
+    algo = _StubAlgo(version=5)
+    algo.config = _remote(tiny_config(max_staleness=1, filter_groups=True,
+                                      filter_groups_metric="seq_reward", prompts_per_step=4))
+    logged: dict[str, float] = {}
+    algo._log_dict = logged.update
+    # Background batch: group 1 is two updates old (dropped), group 2 has no signal (filtered).
+    algo._pipeline = _pipeline(algo, _batch([4, 3, 4, 4], [True, True, False, True]))
+    rollout = GRPO._sample_step(algo)
+    assert rollout.num_groups == 4 and (5 - rollout.weights_version).max() <= 1
+    for g in np.unique(rollout.group_index):  # every trained group carries a signal
+        assert np.std(rollout.scores[rollout.group_index == g]) > 0
+    # 2 groups kept from the background batch + a fresh generation batch of 4 prompts.
+    assert algo.fresh_calls == [4] and algo._pipeline.dropped_stale_groups == 1
+    assert logged["train/num_gen_batches"] == 2
+    assert logged["filter_groups/discarded_surplus_groups"] == 2
 
 
 # --------------------------------------------------------------------------- end to end
