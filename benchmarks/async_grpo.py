@@ -4,6 +4,7 @@ runner and one remote learner process (``num_learners=1``), on CPU.
 
     python -m benchmarks.async_grpo                         # 2 rounds x 2 modes x 90 s
     python -m benchmarks.async_grpo --seconds 60 --rounds 1 --json out.json
+    python -m benchmarks.async_grpo --curve 120                # reward per 20 iterations
 
 Each run builds a fresh algorithm (the build is not timed), then trains for a fixed wall
 time; it reports iterations per minute, the mean reward (``critic/score/mean``) of the
@@ -24,6 +25,8 @@ from typing import Any
 # name -> GRPO settings: one step off policy with its recommended correction (docs/async.md)
 MODES: dict[str, dict[str, Any]] = {"sync": {"max_staleness": 0},
                                     "async": {"max_staleness": 1, "rollout_is": "token"}}
+# --curve also runs one step off policy without the correction.
+CURVE_MODES: dict[str, dict[str, Any]] = {**MODES, "async_no_is": {"max_staleness": 1}}
 LAST = 5  # iterations whose reward is "the reward after the fixed wall time"
 
 
@@ -31,7 +34,7 @@ def build(mode: str, seed: int = 0) -> Any:
     """The demo's config with one remote env runner and one remote learner."""
     from rllib_grpo.cli.demo import demo_config
 
-    config = demo_config(seed=seed, sampler="hf").training(**MODES[mode])
+    config = demo_config(seed=seed, sampler="hf").training(**CURVE_MODES[mode])
     config.env_runners(num_env_runners=1, create_local_env_runner=False)
     config.learners(num_learners=1)
     return config.build_algo()
@@ -104,6 +107,26 @@ def format_table(rows: list[dict[str, Any]], seconds: float) -> str:
     return "\n".join(lines)
 
 
+def curve(mode: str, iterations: int, window: int = 20) -> list[float]:
+    """Mean reward of each ``window`` iterations over ``iterations`` (a fresh algorithm)."""
+    algo = build(mode)
+    try:
+        scores = [float(algo.train()["critic/score/mean"]) for _ in range(iterations)]
+    finally:
+        algo.stop()
+    return [statistics.fmean(scores[i:i + window]) for i in range(0, len(scores), window)]
+
+
+def format_curve(curves: dict[str, list[float]], window: int = 20) -> str:
+    """Reward per ``window`` iterations, one column per mode, as a Markdown table."""
+    names = list(curves)
+    lines = ["| iterations | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for i in range(max(len(c) for c in curves.values())):
+        cells = [f"{curves[n][i]:.3f}" if i < len(curves[n]) else "" for n in names]
+        lines.append(f"| {i * window + 1}-{(i + 1) * window} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the turns and print (and with ``--json`` write) the table."""
     import ray
@@ -112,13 +135,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=90.0, help="wall time per run")
     parser.add_argument("--rounds", type=int, default=2, help="runs per mode, in turns")
     parser.add_argument("--json", help="write the runs and means here")
+    parser.add_argument("--curve", type=int, default=0, metavar="N",
+                        help="instead: the reward curve of N iterations per mode "
+                        f"({', '.join(CURVE_MODES)}), one after the other")
     args = parser.parse_args(argv)
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              configure_logging=False, object_store_memory=500 * 1024**2)
     try:
-        rows = turns(args.rounds, args.seconds)
+        if args.curve:
+            curves = {mode: curve(mode, args.curve) for mode in CURVE_MODES}
+        else:
+            rows = turns(args.rounds, args.seconds)
     finally:
         ray.shutdown()
+    if args.curve:
+        print(format_curve(curves))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"curves": curves, "window": 20}, f, indent=2)
+        return
     print(format_table(rows, args.seconds))
     if args.json:
         with open(args.json, "w") as f:

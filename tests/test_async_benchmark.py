@@ -22,3 +22,11 @@ def test_modes_take_turns_and_the_table_gives_the_async_over_sync_ratio():
     assert means["ratio"]["learner_idle_frac"] == pytest.approx(0.5)
     table = format_table(rows, 60.0)
     assert "| **mean** | **ratio** | 1.50x | 1.50x | 1.00x | 0.50x | 1.00x |" in table
+
+
+def test_the_curve_table_has_one_row_per_window_and_one_column_per_mode():
+    from benchmarks.async_grpo import format_curve
+
+    table = format_curve({"sync": [0.25, 0.5], "async": [0.125]}, window=20).splitlines()
+    assert table[0] == "| iterations | sync | async |"
+    assert table[2:] == ["| 1-20 | 0.250 | 0.125 |", "| 21-40 | 0.500 |  |"]
