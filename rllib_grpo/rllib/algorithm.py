@@ -2,6 +2,8 @@
 
     sample groups -> update the policy on whole groups -> sync weights to the samplers
 
+With ``max_staleness`` >= 1 the next step's sampling runs in the background during the
+update (`rllib_grpo.rllib.async_pipeline`; docs/async.md).
 Tensor math lives in the learner (`rllib_grpo.rllib.learner`) and `rllib_grpo.algos`;
 sampling and scoring in the env runners (`rllib_grpo.rllib.env_runner`).
 """
