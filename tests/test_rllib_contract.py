@@ -32,7 +32,8 @@ PRIVATE_RLLIB_NAMES = [
     ("ray.rllib.core.rl_module.rl_module", "RLModule", "_forward",
      ["self", "batch", "kwargs"], "rllib/module.py"),
     ("ray.rllib.core.learner.learner_group", "LearnerGroup", "_get_results",
-     ["self", "results"], "rllib/learner_group.py, rllib/fsdp.py: gather on every learner"),
+     ["self", "results"], "rllib/learner_group.py, rllib/fsdp.py: gather on every learner; "
+     "rllib/async_pipeline.py: the learners' policy version"),
     ("ray.rllib.utils.checkpoints", "Checkpointable", "_check_component",
      ["self", "name", "components", "not_components"], "rllib/learner_group.py: get_state"),
     ("ray.rllib.utils.checkpoints", "Checkpointable", "_get_subcomponents",
@@ -54,7 +55,8 @@ PRIVATE_RLLIB_NAMES = [
     ("ray.rllib.algorithms.algorithm_config", "AlgorithmConfig",
      "_dont_auto_sync_env_runner_states", None, "rllib/config.py: no connector-state sync"),
     ("ray.rllib.core.learner.learner", "Learner", "_weights_seq_no", None,
-     "rllib/weight_sender.py: the sequence number a weight sync carries"),
+     "rllib/weight_sender.py: the sequence number a weight sync carries; "
+     "rllib/learner.py, rllib/async_pipeline.py: the policy version (staleness)"),
 ]
 
 

@@ -3,7 +3,8 @@
 Padded numpy arrays, one row per trajectory, groups contiguous
 (``[p0, p0, ..., p1, p1, ...]``, verl's interleaved repeat), plus per-sample
 reward info.  Units: ``prompt_*`` columns are (trajectories, prompt tokens),
-``response_*`` columns (trajectories, response tokens), the rest per trajectory.
+``response_*`` columns (trajectories, response tokens), the rest per trajectory;
+``weights_version`` is the policy version (learner updates done) the sampler held.
 No Ray and no torch here; the driver concatenates batches and the learner reads
 the columns.
 
@@ -25,7 +26,7 @@ from rllib_grpo.data.trajectory import episode_metrics
 ARRAY_FIELDS = (
     "prompt_ids", "prompt_mask", "response_ids", "response_mask", "rollout_log_probs",
     "scores", "group_index", "response_lengths", "prompt_lengths", "truncated",
-    "sample_mask", "reward_errors", "reward_baselines",
+    "sample_mask", "reward_errors", "reward_baselines", "weights_version",
 )
 
 
@@ -46,6 +47,8 @@ class RolloutBatch:
     sample_mask: np.ndarray
     reward_errors: np.ndarray
     reward_baselines: np.ndarray
+    # Per trajectory: the policy version (learner updates done) of the weights that sampled it.
+    weights_version: np.ndarray
     infos: list[dict[str, Any]] = field(default_factory=list)
     # (trajectories, response tokens): 1 on the model's own tokens; None = response_mask.
     loss_mask: np.ndarray | None = None
@@ -140,6 +143,7 @@ def build_rollout_batch(
         reward_baselines=np.asarray(
             reward_baselines if reward_baselines is not None else np.zeros(len(scores)),
             dtype=np.float32),
+        weights_version=np.zeros(len(scores), dtype=np.int64),
         infos=infos,
         loss_mask=loss_mask,
     )

@@ -2,6 +2,8 @@
 
     sample groups -> update the policy on whole groups -> sync weights to the samplers
 
+With ``max_staleness`` >= 1 the next step's sampling runs in the background during the
+update (`rllib_grpo.rllib.async_pipeline`; docs/async.md).
 Tensor math lives in the learner (`rllib_grpo.rllib.learner`) and `rllib_grpo.algos`;
 sampling and scoring in the env runners (`rllib_grpo.rllib.env_runner`).
 """
@@ -33,6 +35,7 @@ from rllib_grpo.data.recipes import (
     validation_metrics,
 )
 from rllib_grpo.data.rollout import RolloutBatch, concat_rollouts, data_metrics
+from rllib_grpo.rllib.async_pipeline import AsyncPipeline
 from rllib_grpo.rllib.config import GRPOConfig
 from rllib_grpo.rllib.resilience import ResilientAlgorithm
 from rllib_grpo.rllib.weight_sync import WeightSync
@@ -79,6 +82,9 @@ class GRPO(ResilientAlgorithm):
         self.last_rollout: RolloutBatch | None = None
         self._data_position = 0
         self._validated_before_train = False
+        self._weight_sync: WeightSync | None = None  # made on the first sync
+        # max_staleness >= 1: the next step's groups are sampled while the learner trains.
+        self._pipeline = AsyncPipeline(self) if self.config.max_staleness else None
 
     @override(Algorithm)
     def training_step(self) -> None:
@@ -96,6 +102,8 @@ class GRPO(ResilientAlgorithm):
             rollout = self._sample_step()
         self._log_dict(data_metrics(rollout, c.max_response_length))
         self._warn_if_no_signal()
+        if self._pipeline is not None:  # the next step's sampling overlaps this update
+            self._pipeline.before_update(rollout, self._generation_batch_prompts())
 
         t0 = time.perf_counter()
         learner_results = self.learner_group.update(
@@ -104,14 +112,20 @@ class GRPO(ResilientAlgorithm):
                 (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0)},
         )
         self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
-        self._log_value("timing_s/update_actor", time.perf_counter() - t0)
+        update_time = time.perf_counter() - t0
+        self._log_value("timing_s/update_actor", update_time)
         self._surface_learner_metrics()
         self._stop_if_nothing_learned(rollout)
 
-        t0 = time.perf_counter()
-        self._sync_weights()
-        self._log_value("timing_s/update_weights", time.perf_counter() - t0)
+        if self._pipeline is None:
+            t0 = time.perf_counter()
+            self._sync_weights()
+            self._log_value("timing_s/update_weights", time.perf_counter() - t0)
+        else:  # the runners are busy: they get the weights when their generation ends
+            self._pipeline.updated()
         if self._validation_due(self.iteration + 1):
+            if self._pipeline is not None:
+                self._pipeline.settle()
             self._log_dict(self.validate())
 
         step_time = time.perf_counter() - t_step
@@ -120,6 +134,23 @@ class GRPO(ResilientAlgorithm):
         self._log_value("perf/total_num_tokens", tokens)
         self._log_value("perf/time_per_step", step_time)
         self._log_value("perf/throughput", tokens / max(step_time, 1e-9))
+        self._log_idle_fractions(step_time, update_time)
+
+    def _log_idle_fractions(self, step_time: float, update_time: float) -> None:
+        """``async/learner_idle_frac``: 1 - learner update seconds / step seconds;
+        ``async/sampler_idle_frac``: 1 - the env runners' generation + reward seconds of the
+        step's (last) sample call / step seconds (docs/async.md).  Logged in both modes."""
+        busy = sum(self.metrics.peek((ENV_RUNNER_RESULTS, key), default=0.0)
+                   for key in ("timing_s/gen", "timing_s/reward"))
+        step = max(step_time, 1e-9)
+        self._log_value("async/learner_idle_frac", min(1.0, max(0.0, 1 - update_time / step)))
+        self._log_value("async/sampler_idle_frac", min(1.0, max(0.0, 1 - busy / step)))
+
+    def _generation_batch_prompts(self) -> int:
+        """Prompts of one generation batch (dynamic sampling draws several per step)."""
+        c = self.config
+        return (c.gen_prompts_per_batch or c.prompts_per_step) if c.filter_groups \
+            else c.prompts_per_step
 
     def _validation_due(self, step: int) -> bool:
         """verl: every ``test_freq`` steps and at the last one; never when it is <= 0."""
@@ -131,17 +162,17 @@ class GRPO(ResilientAlgorithm):
         fastest path the placement allows (`rllib_grpo.rllib.weight_sync`: device tensors in
         one process, CUDA IPC / shared memory on one node, bucketed collectives across
         nodes; Ray's object store as the fallback)."""
-        sync: WeightSync | None = getattr(self, "_weight_sync", None)
-        if sync is None:
-            sync = self._weight_sync = WeightSync(self)
-        self._log_dict(sync.sync())
+        if getattr(self, "_weight_sync", None) is None:
+            self._weight_sync = WeightSync(self)
+        assert self._weight_sync is not None
+        self._log_dict(self._weight_sync.sync())
 
     @override(Algorithm)
     def cleanup(self) -> None:
-        sync: WeightSync | None = getattr(self, "_weight_sync", None)
-        if sync is not None:
-            sync.close()
-            del self._weight_sync
+        weight_sync = getattr(self, "_weight_sync", None)
+        if weight_sync is not None:
+            weight_sync.close()
+            self._weight_sync = None
         super().cleanup()
 
     # ------------------------------------------------------------------ checkpoints
@@ -153,7 +184,9 @@ class GRPO(ResilientAlgorithm):
         """
         state = super().get_state(components, not_components=not_components, **kwargs)
         if self._check_component(DATA_POSITION, components, not_components):
-            state[DATA_POSITION] = self._data_position
+            # In-flight samples are not saved: a restored run samples their prompts again.
+            state[DATA_POSITION] = self._data_position - (
+                self._pipeline.in_flight_prompts if self._pipeline is not None else 0)
         group = self.env_runner_group
         if group is not None and group.num_remote_env_runners() > 0 and self._check_component(
                 REMOTE_RUNNERS, components, not_components):
@@ -164,6 +197,8 @@ class GRPO(ResilientAlgorithm):
     @override(Algorithm)
     def set_state(self, state: dict) -> None:
         super().set_state(state)
+        if self._pipeline is not None:  # restored weights and data: start the pipeline clean
+            self._pipeline.reset()
         self._data_position = state.get(DATA_POSITION, self._data_position)
         if REMOTE_RUNNERS in state and self.env_runner_group is not None:
             by_index = dict(state[REMOTE_RUNNERS])
@@ -201,7 +236,10 @@ class GRPO(ResilientAlgorithm):
         """One step's groups; with dynamic sampling (DAPO), only groups with a signal."""
         c = self.config
         if not c.filter_groups:
+            if self._pipeline is not None:
+                return self._pipeline.fill(c.prompts_per_step)
             return self._sample_groups(c.prompts_per_step)
+        draw = self._sample_groups if self._pipeline is None else self._pipeline.draw
         gen_prompts = c.gen_prompts_per_batch or c.prompts_per_step
         kept, totals, num_batches, num_kept = [], GroupFilterStats(), 0, 0
         while num_kept < c.prompts_per_step:
@@ -213,7 +251,7 @@ class GRPO(ResilientAlgorithm):
                     f"{totals.dropped_all_wrong} all wrong): the data is too easy (mostly all "
                     "right) or too hard (mostly all wrong) for the model. Change the data or "
                     "raise max_num_gen_batches / gen_prompts_per_batch.")
-            batch, stats = filter_groups(self._sample_groups(gen_prompts), c.filter_groups_metric)
+            batch, stats = filter_groups(draw(gen_prompts), c.filter_groups_metric)
             num_batches += 1
             for name in ("kept", "dropped_all_right", "dropped_all_wrong", "dropped_other"):
                 setattr(totals, name, getattr(totals, name) + getattr(stats, name))
@@ -239,8 +277,7 @@ class GRPO(ResilientAlgorithm):
         """
         group = self.env_runner_group
         num_remote = group.num_remote_env_runners()
-        slices = prompt_slices(self._data_position, num_prompts, max(1, num_remote))
-        self._data_position += num_prompts
+        slices = self._claim_prompts(num_prompts)
         if num_remote == 0:
             runner = group.local_env_runner
             batches = [runner.sample(num_prompts=num_prompts, start=slices[0][0])]
@@ -262,6 +299,14 @@ class GRPO(ResilientAlgorithm):
         rollout = concat_rollouts(batches, pad_token_id=0)
         self.last_rollout = rollout
         return rollout
+
+    def _claim_prompts(self, num_prompts: int) -> list[tuple[int, int]]:
+        """The next ``num_prompts`` positions of the shared order, as ``(start, count)``
+        per remote runner (one slice for the local runner); the data position moves on."""
+        num_runners = max(1, self.env_runner_group.num_remote_env_runners())
+        slices = prompt_slices(self._data_position, num_prompts, num_runners)
+        self._data_position += num_prompts
+        return slices
 
     def validate(self) -> dict[str, float]:
         """Score held-out prompts (greedy by default) and return verl's ``val-core`` metrics.
@@ -302,7 +347,11 @@ class GRPO(ResilientAlgorithm):
             self._log_value(key, value)
 
     def _surface_learner_metrics(self) -> None:
-        for key in ACTOR_KEYS:
+        split = [f"training/{name}/staleness_{k}" for k in range(min(self.config.max_staleness,
+                                                                    8) + 1)
+                 for name in ("rollout_log_probs_diff_max", "rollout_probs_diff_mean")
+                 ] if self._pipeline is not None else []
+        for key in (*ACTOR_KEYS, *split):
             value = self.metrics.peek((LEARNER_RESULTS, DEFAULT_MODULE_ID, key), default=math.nan)
             if not math.isnan(value):
                 self._log_value(key, value)

@@ -19,6 +19,7 @@ from rllib_grpo.data.datasets import TRUNCATION_MODES
 from rllib_grpo.data.env import env_options
 from rllib_grpo.data.recipes import FILTER_METRICS
 from rllib_grpo.models.lora import LORA_SYNC_MODES
+from rllib_grpo.rllib.async_pipeline import async_errors, async_pitfalls
 from rllib_grpo.rllib.input_checks import input_errors
 from rllib_grpo.rllib.weight_sync_plan import WEIGHT_SYNC_TRANSPORTS
 from rllib_grpo.samplers import SAMPLER_KINDS
@@ -231,7 +232,8 @@ def find_errors(c: Any) -> list[str]:
     """Settings that cannot run, each naming the field and the fix."""
     return (_check_names(c) + _check_sizes(c) + _check_algorithm(c) + _check_recipes(c)
             + _check_lora_and_memory(c) + _check_precision(c) + _check_lr_schedule(c)
-            + _check_env_and_sampler(c) + _check_multi_turn(c) + input_errors(c))
+            + _check_env_and_sampler(c) + _check_multi_turn(c) + input_errors(c)
+            + async_errors(c))
 
 
 def _precision_pitfalls(c: Any) -> list[str]:
@@ -251,7 +253,7 @@ def _precision_pitfalls(c: Any) -> list[str]:
 
 def find_pitfalls(c: Any) -> list[str]:
     """Settings that run but are probably not what the user meant, each with its fix."""
-    pitfalls = []
+    pitfalls = async_pitfalls(c)
     dr_adv = not c.norm_adv_by_std_in_grpo and c.adv_estimator == "grpo"
     dr_agg = c.loss_agg_mode == "seq-mean-token-sum-norm"
     if dr_adv and not dr_agg:

@@ -150,12 +150,21 @@ class TextEnvRunner(EnvRunner, Checkpointable):
     def sample(self, num_prompts: int | None = None, start: int | None = None,
                **kwargs: Any) -> RolloutBatch:
         """Sample ``num_prompts`` groups of ``group_size`` scored responses, for the prompts
-        at positions ``start ..`` of the shared order (None: where this env stands)."""
+        at positions ``start ..`` of the shared order (None: where this env stands).
+
+        Every trajectory carries ``weights_version``: the learner update count of the
+        weights this runner holds (weights change only between calls, never inside one)."""
         c = self.config
         num_prompts = num_prompts or c.prompts_per_step
         _seek(self.env, start)
-        if self._episodes is not None:
-            return self._sample_episodes(num_prompts)
+        batch = (self._sample_episodes(num_prompts) if self._episodes is not None
+                 else self._sample_groups(num_prompts))
+        batch.weights_version[:] = self._weights_seq_no  # one call, one policy version
+        return batch
+
+    def _sample_groups(self, num_prompts: int) -> RolloutBatch:
+        """Single-turn branch of `sample`: one generate call for every group."""
+        c = self.config
         t0 = time.perf_counter()
         prompts = [self._next_prompt(self.env) for _ in range(num_prompts)]
         groups = self.sampler.generate(
@@ -195,17 +204,17 @@ class TextEnvRunner(EnvRunner, Checkpointable):
 
     def _sample_episodes(self, num_prompts: int) -> RolloutBatch:
         """Multi-turn branch of `sample`: the step's episodes, every turn batched."""
-        c = self.config
+        c, episode_sampler = self.config, self._episodes
+        assert episode_sampler is not None, "a multi-turn env builds an EpisodeSampler"
         t0 = time.perf_counter()
         prompts = [self._next_prompt(self.env) for _ in range(num_prompts)]
         group_ids = list(range(self._group_counter, self._group_counter + num_prompts))
         self._group_counter += num_prompts
-        sampler = self._episodes
-        assert sampler is not None  # sample() calls this for multi-turn envs only
-        episodes = sampler.sample(prompts, group_ids, c.group_size, self.sampling_params())
-        batch = sampler.to_batch(episodes, pad_token_id=self.tokenizer.pad_token_id or 0,
-                                 score_adjustment=self._overlong_penalty)
-        t_env = sampler.env_seconds
+        episodes = episode_sampler.sample(prompts, group_ids, c.group_size,
+                                          self.sampling_params())
+        batch = episode_sampler.to_batch(episodes, pad_token_id=self.tokenizer.pad_token_id or 0,
+                                         score_adjustment=self._overlong_penalty)
+        t_env = episode_sampler.env_seconds
         self._log_sample_metrics(len(batch), time.perf_counter() - t0 - t_env, t_env)
         return batch
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rllib_grpo.rllib.async_pipeline import async_line
 from rllib_grpo.rllib.checks import find_errors, find_pitfalls
 from rllib_grpo.rllib.memory import memory_lines
 from rllib_grpo.rllib.weight_sync_plan import predict_transport
@@ -163,6 +164,7 @@ def explain_config(c: Any) -> str:
         _precision_line(c),
         *_schedule_lines(c),
         *_recipe_lines(c),
+        async_line(c),
         _weight_sync_line(c),
     ]
     lines += memory_lines(c)

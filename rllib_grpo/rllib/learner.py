@@ -61,6 +61,7 @@ from rllib_grpo.rllib.micro_batches import select_rows as _select
 from rllib_grpo.rllib.module import response_log_probs
 from rllib_grpo.rllib.perf import PhaseTimes, StepMetrics, num_parameters, peak_flops, step_metrics
 from rllib_grpo.rllib.perf import value_stats as _stats
+from rllib_grpo.rllib.rollout_gap import rollout_gap_metrics
 from rllib_grpo.rllib.step_schedule import LRSchedule, minibatch_order
 
 logger = logging.getLogger(__name__)
@@ -69,6 +70,7 @@ logger = logging.getLogger(__name__)
 TENSOR_COLUMNS = (
     "prompt_ids", "prompt_mask", "response_ids", "response_mask", "rollout_log_probs",
     "scores", "group_index", "sample_mask", "reward_baselines", "truncated", "loss_mask",
+    "weights_version",
 )
 # Per-token rates from the policy loss, averaged over micro-batches by token count.
 RATE_METRICS = ("actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl")
@@ -126,6 +128,8 @@ class GRPOLearner(TorchLearner):
             k: torch.as_tensor(np.asarray(module_batch[k])).to(self._device)
             for k in TENSOR_COLUMNS if k in module_batch
         }
+        if "weights_version" in tensors:  # learner updates since each trajectory's weights
+            tensors["staleness"] = self._weights_seq_no - tensors.pop("weights_version")
         self.phase_times.reset()
         c, minibatch = self.config, self.config.batch_plan().trajectories_per_minibatch_per_learner
         order, epochs = minibatch_order(len(tensors["scores"]), minibatch, c.num_epochs,
@@ -266,22 +270,15 @@ class GRPOLearner(TorchLearner):
         return token_scores - beta * kld
 
     def _log_rollout_agreement(self, batch, mask) -> None:
-        """verl's rollout-vs-trainer probability gap (DESIGN: always logged)."""
+        """verl's rollout-vs-trainer probability gap (DESIGN: always logged); split by
+        staleness under asynchronous rollouts (`rllib_grpo.rllib.rollout_gap`)."""
         if "rollout_log_probs" not in batch:
             return
         valid = mask.bool() & batch["sample_mask"][:, None].bool()
-        rollout_p = batch["rollout_log_probs"].float()[valid].exp()
-        trainer_p = batch["old_log_probs"][valid].exp()
-        if rollout_p.numel() == 0:
-            return
-        diff = (rollout_p - trainer_p).abs()
-        self._log("training/rollout_probs_diff_mean", diff.mean().item())
-        self._log("training/rollout_probs_diff_max", diff.max().item())
-        log_diff = (batch["rollout_log_probs"].float() - batch["old_log_probs"])[valid].abs()
-        self._log("training/rollout_log_probs_diff_max", log_diff.max().item())
-        if rollout_p.numel() > 1 and rollout_p.std() > 0 and trainer_p.std() > 0:
-            corr = torch.corrcoef(torch.stack([rollout_p, trainer_p]))[0, 1]
-            self._log("training/rollout_actor_probs_pearson_corr", corr.item())
+        staleness = batch.get("staleness") if self.config.max_staleness else None
+        for key, value in rollout_gap_metrics(batch["rollout_log_probs"], batch["old_log_probs"],
+                                              valid, staleness).items():
+            self._log(key, value)
 
     # ------------------------------------------------------------------ one mini-batch
     def _micro_batches(self, minibatch: dict[str, torch.Tensor]) -> list[list[int]]:

@@ -79,10 +79,14 @@ def old_log_probs_from_update(config: Any) -> bool:
 
     Only when each sample feeds exactly one optimizer step, from the weights a separate
     pass would use (one epoch, one mini-batch per step), nothing reads the old log-probs
-    before the loss (the in-reward KL and rollout importance weights do), and the training
-    forward is deterministic (LoRA dropout would make it differ from an eval pass).
+    before the loss (the in-reward KL and rollout importance weights do), the training
+    forward is deterministic (LoRA dropout would make it differ from an eval pass), and
+    rollouts are synchronous: with ``max_staleness`` >= 1 the sampler's log-probs come from
+    older weights, and the old log-probs are a pass of their own over the whole batch before
+    the update (where the per-staleness gap and ``rollout_is`` read them).
     """
     return bool(config.skip_old_log_prob_pass and config.num_epochs == 1
                 and config.batch_plan().minibatches_per_epoch == 1
                 and not config.use_kl_in_reward and not config.rollout_is
-                and not getattr(config, "lora_dropout", 0.0))
+                and not getattr(config, "lora_dropout", 0.0)
+                and not getattr(config, "max_staleness", 0))

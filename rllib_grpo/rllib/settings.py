@@ -344,6 +344,16 @@ class GRPOSettings:
         "'shm' or 'collective' sync holds at most two of them besides the model; a tensor "
         "larger than this travels in a bucket of its own.")
 
+    # --- asynchronous rollouts (docs/async.md) -----------------------------------------
+    max_staleness: int = knob(
+        0, "learner updates", "0 = synchronous GRPO (sample, update, sync in turn). K >= 1 = "
+        "one-step-off-policy: the remote env runners generate the next step's groups while "
+        "the learner trains on the current ones, and get the new weights between two "
+        "generations; no trajectory older than K learner updates is trained on (its group is "
+        "dropped and sampled again, counted in async/dropped_stale_groups). Needs "
+        "num_env_runners >= 1. In-flight samples are not checkpointed: a restored run samples "
+        "those prompts again.")
+
     # --- reporting ------------------------------------------------------------------
     peak_tflops: float | None = knob(
         None, "TFLOP/s per learner device", "Peak of one learner device for perf/mfu/actor "
