@@ -20,7 +20,9 @@ def ray_session():
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=2, object_store_memory=300 * 1024**2, include_dashboard=False,
+        # A Ray of its own, even when another cluster runs on this machine.
+        ray.init(address="local", num_cpus=2, object_store_memory=300 * 1024**2,
+                 include_dashboard=False,
                  log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()

@@ -4,6 +4,7 @@ verl's validation metrics."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -75,18 +76,25 @@ class ValidationSample:
     extra: dict = field(default_factory=dict)
 
 
+def _groups_by_source(samples: list[ValidationSample]
+                      ) -> Iterator[tuple[str, list[list[ValidationSample]], int, bool]]:
+    """Per data source: its prompts' sample groups, N (the fewest samples of a prompt), and
+    whether every sample reports ``acc`` (else the metrics use ``reward``)."""
+    by_source: dict[str, dict[int, list[ValidationSample]]] = {}
+    for s in samples:
+        by_source.setdefault(s.data_source, {}).setdefault(s.prompt_index, []).append(s)
+    for source, prompts in by_source.items():
+        groups = list(prompts.values())
+        yield (source, groups, min(len(g) for g in groups),
+               all(s.acc is not None for g in groups for s in g))
+
+
 def validation_metrics(samples: list[ValidationSample]) -> dict[str, float]:
     """verl's ``val-core`` metrics per data source: ``{var}/mean@N``, ``best@N/mean`` and
     (when the reward function reports ``pred``) ``maj@N/mean``.  ``var`` is ``acc`` when
     reported, else ``reward``; N is the number of samples per prompt."""
-    by_source: dict[str, dict[int, list[ValidationSample]]] = {}
-    for s in samples:
-        by_source.setdefault(s.data_source, {}).setdefault(s.prompt_index, []).append(s)
     metrics: dict[str, float] = {}
-    for source, prompts in by_source.items():
-        groups = list(prompts.values())
-        n = min(len(g) for g in groups)
-        use_acc = all(s.acc is not None for g in groups for s in g)
+    for source, groups, n, use_acc in _groups_by_source(samples):
         var = "acc" if use_acc else "reward"
         values = [[float(s.acc) if use_acc and s.acc is not None else s.score for s in g[:n]]
                   for g in groups]
@@ -125,14 +133,8 @@ def pass_at_k_metrics(samples: list[ValidationSample]) -> dict[str, float]:
     """``val-core/<source>/<var>/pass@k/mean`` for k = 1, 2, 4, ... and N (samples per
     prompt), by the unbiased estimator averaged over prompts.  A sample is right when its
     ``acc`` is true (``var`` = ``acc``), else when its score is above 0 (``reward``)."""
-    by_source: dict[str, dict[int, list[ValidationSample]]] = {}
-    for s in samples:
-        by_source.setdefault(s.data_source, {}).setdefault(s.prompt_index, []).append(s)
     metrics: dict[str, float] = {}
-    for source, prompts in by_source.items():
-        groups = list(prompts.values())
-        n = min(len(g) for g in groups)
-        use_acc = all(s.acc is not None for g in groups for s in g)
+    for source, groups, n, use_acc in _groups_by_source(samples):
         var = "acc" if use_acc else "reward"
         right = [sum(bool(s.acc) if use_acc else s.score > 0 for s in g[:n]) for g in groups]
         ks = sorted({*(2**i for i in range(n.bit_length()) if 2**i <= n), n})

@@ -208,9 +208,9 @@ def _views_kept_safe(bucket: Any, buffer: torch.Tensor, aliases_of: dict[str, li
             views[i].set_(views[i].clone())  # type: ignore[call-overload]
 
 
-
-class BucketSender:
-    """Rank 0 of a weight group: streams a manifest's buckets by broadcast or through slots."""
+class _GroupMember:
+    """What both ends of a weight group hold: the group, the shared-memory slots and two
+    reusable bucket buffers on the group's device."""
 
     def __init__(self, group: WeightGroup | None = None) -> None:
         self.group = group
@@ -219,13 +219,26 @@ class BucketSender:
 
     def _group(self) -> WeightGroup:
         if self.group is None:
-            raise RuntimeError("BucketSender: no weight group (closed, or never joined)")
+            raise RuntimeError(f"{type(self).__name__}: not in a weight group (closed, or "
+                               "never joined)")
         return self.group
 
     def _slots(self) -> SharedSlots:
         if self.slots is None:
-            raise RuntimeError("BucketSender: no shared-memory slots (call ensure_slots)")
+            raise RuntimeError(f"{type(self).__name__}: no shared-memory slots mapped yet")
         return self.slots
+
+    def _buffer(self, i: int, nbytes: int) -> torch.Tensor:
+        device = self._group().device
+        while len(self._buffers) <= i:
+            self._buffers.append(torch.empty(0, dtype=torch.uint8, device=device))
+        if self._buffers[i].numel() < nbytes:
+            self._buffers[i] = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        return self._buffers[i]
+
+
+class BucketSender(_GroupMember):
+    """Rank 0 of a weight group: streams a manifest's buckets by broadcast or through slots."""
 
     def ensure_slots(self, nbytes: int) -> SlotsSpec:
         """Shared-memory slots of at least ``nbytes`` (new files when they grow)."""
@@ -273,37 +286,14 @@ class BucketSender:
             return tensor.reshape(-1)
         return place.copy_(tensor.reshape(-1))
 
-    def _buffer(self, i: int, nbytes: int) -> torch.Tensor:
-        device = self._group().device
-        while len(self._buffers) <= i:
-            self._buffers.append(torch.empty(0, dtype=torch.uint8, device=device))
-        if self._buffers[i].numel() < nbytes:
-            self._buffers[i] = torch.empty(nbytes, dtype=torch.uint8, device=device)
-        return self._buffers[i]
-
     def close(self) -> None:
         if self.slots is not None:
             self.slots.close()
         self.slots, self.group, self._buffers = None, None, []
 
 
-class BucketReceiver:
+class BucketReceiver(_GroupMember):
     """A receiving rank: joins the group, maps the slots, streams ``(name, tensor)``."""
-
-    def __init__(self) -> None:
-        self.group: WeightGroup | None = None
-        self.slots: SharedSlots | None = None
-        self._buffers: list[torch.Tensor] = []
-
-    def _group(self) -> WeightGroup:
-        if self.group is None:
-            raise RuntimeError("BucketReceiver: not in a weight group (call join first)")
-        return self.group
-
-    def _slots(self) -> SharedSlots:
-        if self.slots is None:
-            raise RuntimeError("BucketReceiver: no shared-memory slots (call map_slots first)")
-        return self.slots
 
     def join(self, spec: GroupSpec, rank: int) -> None:
         self.close()
@@ -367,14 +357,6 @@ class BucketReceiver:
             assert received is not None
             yield from _views_kept_safe(bucket, received, aliases_of)
             del received
-
-    def _buffer(self, i: int, nbytes: int) -> torch.Tensor:
-        device = self._group().device
-        while len(self._buffers) <= i:
-            self._buffers.append(torch.empty(0, dtype=torch.uint8, device=device))
-        if self._buffers[i].numel() < nbytes:
-            self._buffers[i] = torch.empty(nbytes, dtype=torch.uint8, device=device)
-        return self._buffers[i]
 
     def close(self) -> None:
         if self.slots is not None:
