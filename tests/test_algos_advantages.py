@@ -342,3 +342,13 @@ def test_unknown_estimator_and_bad_shapes():
         compute_advantage("gae_typo", r, m, ["a"])
     with pytest.raises(ValueError, match=r"\(B, T\)"):
         compute_advantage("grpo", r, m[:, :0], ["a"])
+
+
+def test_scores_land_on_the_last_model_token_even_with_holes():
+    from rllib_grpo.algos import scores_to_tokens
+
+    mask = torch.tensor([[1.0, 1.0, 0.0, 0.0],    # a plain response of 2 tokens
+                         [1.0, 0.0, 0.0, 1.0],    # a multi-turn mask: env tokens at 1-2
+                         [0.0, 0.0, 0.0, 0.0]])   # empty
+    out = scores_to_tokens(torch.tensor([2.0, 3.0, 5.0]), mask)
+    assert out.tolist() == [[0, 2, 0, 0], [0, 0, 0, 3], [5, 0, 0, 0]]

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from rllib_grpo.algos import scores_to_tokens
 from tests.conftest import tiny_config
 
 
@@ -42,7 +43,6 @@ def _fixed_batch(vocab: int, pad: int, seed: int = 0) -> dict[str, np.ndarray]:
 
 def _reference_step(lm, ref_lm, batch, c):
     from rllib_grpo.algos import agg_loss, compute_advantage, kl_penalty, policy_loss
-    from rllib_grpo.rllib.learner import GRPOLearner
     from rllib_grpo.rllib.module import response_log_probs
 
     t = {k: torch.as_tensor(v) for k, v in batch.items()}
@@ -50,7 +50,7 @@ def _reference_step(lm, ref_lm, batch, c):
     with torch.no_grad():
         old = response_log_probs(lm, t, c.temperature)["log_probs"]
         ref = response_log_probs(ref_lm, t, c.temperature)["log_probs"]
-    rewards = GRPOLearner._scores_to_tokens(t["scores"], mask)
+    rewards = scores_to_tokens(t["scores"], mask)
     adv, _ = compute_advantage("grpo", rewards, mask, group_ids=batch["group_index"])
     optim = torch.optim.AdamW(lm.parameters(), lr=c.lr, betas=c.betas, weight_decay=c.weight_decay)
     out = response_log_probs(lm, t, c.temperature, with_entropy=True)

@@ -10,7 +10,7 @@ build on this package, never the reverse).  One module per concept:
 * :mod:`~rllib_grpo.algos.kl_control`: fixed / adaptive KL coefficient controllers;
 * :mod:`~rllib_grpo.algos.aggregation`: globally normalised loss aggregation;
 * :mod:`~rllib_grpo.algos.policy_losses`: surrogate losses (``vanilla``, ``gspo``, ...);
-* :mod:`~rllib_grpo.algos.reward_shaping`: DAPO's overlong penalty;
+* :mod:`~rllib_grpo.algos.reward_shaping`: DAPO's overlong penalty, scores on last tokens;
 * :mod:`~rllib_grpo.algos.lr_schedule`: verl's constant / cosine LR schedules with warm-up.
 """
 
@@ -39,7 +39,7 @@ from rllib_grpo.algos.kl_control import (
 from rllib_grpo.algos.lr_schedule import LR_SCHEDULER_TYPES, lr_multiplier, num_warmup_steps
 from rllib_grpo.algos.policy_losses import POLICY_LOSSES, PolicyLossConfig, policy_loss
 from rllib_grpo.algos.registry import Registry
-from rllib_grpo.algos.reward_shaping import overlong_penalty
+from rllib_grpo.algos.reward_shaping import overlong_penalty, scores_to_tokens
 
 __all__ = [
     "ADV_ESTIMATORS",
@@ -70,6 +70,7 @@ __all__ = [
     "masked_whiten",
     "num_warmup_steps",
     "overlong_penalty",
+    "scores_to_tokens",
     "policy_loss",
     "safe_div",
 ]

@@ -1,4 +1,5 @@
-"""Reward shaping applied to scores before advantages: DAPO's overlong penalty."""
+"""Reward shaping applied to scores before advantages: DAPO's overlong penalty, and the
+placement of a sequence's score on its last token."""
 
 from __future__ import annotations
 
@@ -26,3 +27,17 @@ def overlong_penalty(
     expected = max_response_length - buffer_len
     exceed = response_lengths.float() - expected
     return torch.clamp(-exceed / buffer_len * penalty_factor, max=0.0)
+
+
+def scores_to_tokens(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each sequence's scalar score on its last valid token: (B,), (B, R) -> (B, R).
+
+    The last position where ``mask`` is 1 (index 0 for an empty row), so a multi-turn loss
+    mask, with holes where the environment's tokens are, puts the score on the model's last
+    token.
+    """
+    token_scores = torch.zeros_like(mask)
+    positions = torch.arange(mask.shape[-1], device=mask.device)
+    last = torch.where(mask > 0, positions, -1).max(-1).values.clamp(min=0)
+    token_scores[torch.arange(len(scores)), last] = scores
+    return token_scores

@@ -40,6 +40,7 @@ from rllib_grpo.algos import (
     get_kl_controller,
     kl_penalty,
     policy_loss,
+    scores_to_tokens,
 )
 from rllib_grpo.models.offload import offload_optimizer_states
 from rllib_grpo.models.packing import prefer_varlen_attention
@@ -61,7 +62,7 @@ from rllib_grpo.rllib.micro_batches import select_rows as _select
 from rllib_grpo.rllib.module import response_log_probs
 from rllib_grpo.rllib.perf import PhaseTimes, StepMetrics, num_parameters, peak_flops, step_metrics
 from rllib_grpo.rllib.perf import value_stats as _stats
-from rllib_grpo.rllib.rollout_gap import rollout_gap_metrics
+from rllib_grpo.rllib.rollout_gap import rollout_gap_metrics, truncated_is_weights
 from rllib_grpo.rllib.step_schedule import LRSchedule, minibatch_order
 
 logger = logging.getLogger(__name__)
@@ -193,7 +194,7 @@ class GRPOLearner(TorchLearner):
             batch["old_log_probs"] = old
             self._log_old_log_prob_metrics(batch, entropy)
 
-        token_scores = self._scores_to_tokens(batch["scores"].float(), mask)
+        token_scores = scores_to_tokens(batch["scores"].float(), mask)
         token_rewards = token_scores
         if c.use_kl_in_reward:
             token_rewards = self._apply_kl_in_reward(batch, token_scores, mask)
@@ -212,7 +213,11 @@ class GRPOLearner(TorchLearner):
             batch["loss_mask"] = mask * keep[:, None]
             self._log("response/truncated_masked_frac", 1.0 - keep.mean().item())
         if c.rollout_is == "token":
-            batch["rollout_is_weights"] = self._rollout_is_weights(batch, mask)
+            batch["rollout_is_weights"], is_metrics = truncated_is_weights(
+                batch["old_log_probs"], batch["rollout_log_probs"], mask,
+                c.rollout_is_threshold)
+            for key, value in is_metrics.items():
+                self._log(key, value)
         valid = mask.bool() & batch["sample_mask"][:, None].bool()
         real = batch["sample_mask"].bool()
         for name, values in (("critic/rewards", token_rewards.sum(-1)[real]),
@@ -230,31 +235,6 @@ class GRPOLearner(TorchLearner):
         totals = self._minibatch_totals(batch)
         entropy_share = agg_loss(entropy, mask, self.config.loss_agg_mode, **totals.agg_kwargs())
         self._log("actor/entropy", all_reduce(entropy_share).item() / totals.dp_size)
-
-    def _rollout_is_weights(self, batch, mask) -> torch.Tensor:
-        """Truncated token-level importance weights pi_old / pi_rollout (verl rollout_is=token)."""
-        log_ratio = (batch["old_log_probs"] - batch["rollout_log_probs"].float()).clamp(-20, 20)
-        weights = log_ratio.exp().clamp(max=self.config.rollout_is_threshold) * mask
-        valid = mask.bool()
-        if valid.any():
-            self._log("rollout_corr/is_weight_mean", weights[valid].mean().item())
-            self._log("rollout_corr/is_truncated_frac", (log_ratio.exp()[valid] >
-                                                         self.config.rollout_is_threshold)
-                      .float().mean().item())
-        return weights
-
-    @staticmethod
-    def _scores_to_tokens(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Scalar score on the last valid response token (index 0 for empty responses).
-
-        The last position where ``mask`` is 1, so a multi-turn loss mask (with holes where the
-        environment's tokens are) puts the score on the model's last token.
-        """
-        token_scores = torch.zeros_like(mask)
-        positions = torch.arange(mask.shape[-1], device=mask.device)
-        last = torch.where(mask > 0, positions, -1).max(-1).values.clamp(min=0)
-        token_scores[torch.arange(len(scores)), last] = scores
-        return token_scores
 
     def _apply_kl_in_reward(self, batch, token_scores, mask) -> torch.Tensor:
         c = self.config

@@ -6,6 +6,7 @@ staleness of the trajectories (learner version minus the version that sampled th
 ``training/rollout_log_probs_diff_max/staleness_<k>`` and
 ``training/rollout_probs_diff_mean/staleness_<k>``: at staleness 0 the gap is numerics
 only (sampler vs trainer kernels), at staleness k >= 1 it also holds k policy updates.
+`truncated_is_weights` corrects the loss for the gap (verl ``rollout_is="token"``).
 """
 
 from __future__ import annotations
@@ -45,3 +46,20 @@ def rollout_gap_metrics(rollout_log_probs: torch.Tensor, old_log_probs: torch.Te
                 metrics["training/rollout_probs_diff_mean" + suffix] = \
                     prob_diff[tokens].mean().item()
     return metrics
+
+
+def truncated_is_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor,
+                         mask: torch.Tensor, threshold: float
+                         ) -> tuple[torch.Tensor, dict[str, float]]:
+    """Token-level importance weights pi_old / pi_rollout truncated at ``threshold``, zero
+    off ``mask``: (B, R) -> (B, R), and their metrics over the masked tokens."""
+    log_ratio = (old_log_probs - rollout_log_probs.float()).clamp(-20, 20)
+    weights = log_ratio.exp().clamp(max=threshold) * mask
+    valid = mask.bool()
+    if not valid.any():
+        return weights, {}
+    return weights, {
+        "rollout_corr/is_weight_mean": weights[valid].mean().item(),
+        "rollout_corr/is_truncated_frac": (log_ratio.exp()[valid] > threshold).float()
+        .mean().item(),
+    }
