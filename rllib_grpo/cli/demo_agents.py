@@ -18,32 +18,28 @@ def tool_arithmetic_config(seed: int = 0, sampler: str = "auto", model_path: str
 
     Budget: a tool call is ~14 tokens, the result ~8, the answer ~7; 32 tokens in all.
     """
-    from rllib_grpo.rllib.config import GRPOConfig
-
-    return (
-        GRPOConfig()
-        .environment("rllib_grpo/ToolArithmetic-v0", env_config={"max_turns": 3})
-        .training(
-            model_path=model_path or "builtin:demo-tools",
-            prompts_per_step=16, group_size=8, max_prompt_length=16,
-            max_response_length=32, max_tokens_per_turn=16,
-            lr=1e-3, use_kl_loss=True, kl_loss_coef=0.001, sampler=sampler,
-        )
-        .debugging(seed=seed)
-    )
+    return _episode_config("rllib_grpo/ToolArithmetic-v0", {"max_turns": 3},
+                           model_path or "builtin:demo-tools", seed, sampler,
+                           max_response_length=32, max_tokens_per_turn=16)
 
 
 def guess_number_config(seed: int = 0, sampler: str = "auto", model_path: str | None = None):
     """GRPO on GuessNumber-v0 with ``builtin:demo-guess`` (also used by its learning test)."""
+    return _episode_config("rllib_grpo/GuessNumber-v0", {}, model_path or "builtin:demo-guess",
+                           seed, sampler, max_response_length=24, max_tokens_per_turn=4)
+
+
+def _episode_config(env: str, env_config: dict, model_path: str, seed: int, sampler: str,
+                    max_response_length: int, max_tokens_per_turn: int):
+    """What both multi-turn demos share: 16 prompts x 8 episodes, lr 1e-3, KL loss 0.001."""
     from rllib_grpo.rllib.config import GRPOConfig
 
     return (
         GRPOConfig()
-        .environment("rllib_grpo/GuessNumber-v0")
+        .environment(env, env_config=env_config)
         .training(
-            model_path=model_path or "builtin:demo-guess",
-            prompts_per_step=16, group_size=8, max_prompt_length=16,
-            max_response_length=24, max_tokens_per_turn=4,
+            model_path=model_path, prompts_per_step=16, group_size=8, max_prompt_length=16,
+            max_response_length=max_response_length, max_tokens_per_turn=max_tokens_per_turn,
             lr=1e-3, use_kl_loss=True, kl_loss_coef=0.001, sampler=sampler,
         )
         .debugging(seed=seed)
