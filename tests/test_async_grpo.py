@@ -47,15 +47,19 @@ def test_explain_shows_the_pipeline_and_the_bound():
     assert "rollouts:                      synchronous" in sync
     text = explain_config(_remote(tiny_config(max_staleness=1)))
     assert "one step off policy" in text and "max_staleness=1" in text
-    assert "old log-probs from a separate pass" in text
+    assert "old log-probs from the update's own forward" in text
     assert "rollout_is='token'" in text  # the pitfall: no correction of the gap
 
 
-def test_the_on_policy_shortcut_is_off_under_staleness():
+def test_the_old_log_probs_come_from_the_update_under_staleness_too():
+    """One mini-batch, one epoch: the learner's weights at the update are the old policy
+    whatever weights sampled, so the update's own forward gives the old log-probs (the
+    equality with a separate pass: tests/test_packing.py)."""
     from rllib_grpo.rllib.micro_batches import old_log_probs_from_update
 
     assert old_log_probs_from_update(tiny_config())
-    assert not old_log_probs_from_update(_remote(tiny_config(max_staleness=1)))
+    assert old_log_probs_from_update(_remote(tiny_config(max_staleness=1, rollout_is="token")))
+    assert not old_log_probs_from_update(_remote(tiny_config(max_staleness=1, num_epochs=2)))
 
 
 # --------------------------------------------------------------------------- gap metrics
@@ -76,6 +80,32 @@ def test_rollout_gap_is_split_by_staleness():
     assert metrics["training/rollout_probs_diff_mean/staleness_1"] == pytest.approx(0.25)
     assert metrics["training/rollout_log_probs_diff_max"] == pytest.approx(np.log(2.0), rel=1e-5)
     assert not any("staleness" in key for key in rollout_gap_metrics(rollout, old, valid))
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_importance_weights_by_level_against_the_products_written_out(level):
+    from rllib_grpo.rllib.rollout_gap import truncated_is_weights
+
+    old = torch.log(torch.tensor([[0.5, 0.5, 0.5], [0.4, 0.2, 0.9], [0.3, 0.3, 0.3]]))
+    rollout = torch.log(torch.tensor([[0.5, 0.25, 0.5], [0.8, 0.1, 0.01], [0.3, 0.3, 0.3]]))
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])  # padding counts no
+    weights, metrics = truncated_is_weights(old, rollout, mask, threshold=1.5, level=level)
+    if level == "token":  # ratios 1, 2 | 0.5, 2 -> truncated at 1.5
+        expected = [[1.0, 1.5, 0.0], [0.5, 1.5, 0.0], [0.0, 0.0, 0.0]]
+        truncated = 2 / 4
+    else:  # products over the masked tokens: 1 * 2 = 2 -> 1.5; 0.5 * 2 = 1 (0.9/0.01 padding)
+        expected = [[1.5, 1.5, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]
+        truncated = 2 / 4
+    assert torch.allclose(weights, torch.tensor(expected), atol=1e-6)
+    assert metrics["rollout_corr/is_truncated_frac"] == pytest.approx(truncated)
+    assert metrics["rollout_corr/is_weight_mean"] == pytest.approx(
+        sum(map(sum, expected)) / 4, rel=1e-6)
+
+
+@pytest.mark.parametrize("value", ["geometric", "TOKEN"])
+def test_unknown_rollout_is_level_is_refused_with_the_levels(value):
+    with pytest.raises(ValueError, match="rollout_is=.*'token', 'sequence'"):
+        tiny_config(rollout_is=value).validate()
 
 
 # --------------------------------------------------------------------------- stale guard

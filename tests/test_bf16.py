@@ -286,5 +286,6 @@ def test_gpu_check_script_runs_on_cpu_with_a_tiny_model(tmp_path):
         env={**os.environ, "PYTHONPATH": root})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     for figure in ('"train_tokens_per_s"', '"mfu"', '"weight_sync_s"', '"weight_sync_bytes"',
-                   '"checkpoint_bit_exact": true', '"phase": "remote"', '"ok": true'):
+                   '"checkpoint_bit_exact": true', '"phase": "remote"', '"phase": "async"',
+                   '"async_vs_sync_throughput": ', '"ok": true'):
         assert figure in out.stdout, figure

@@ -170,20 +170,25 @@ def _config(**training):
     return tiny_config(**{**settings, **training})
 
 
-def _update(learner_and_start, **training) -> dict:
-    """One update of the fixed batch from the start weights with ``training`` settings."""
+def _update(learner_and_start, columns: dict | None = None, **training) -> dict:
+    """One update of the fixed batch (``columns`` replaced) from the start weights with
+    ``training`` settings."""
     from ray.rllib.core import DEFAULT_MODULE_ID
     from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
     learner, start = learner_and_start
+    runners = training.pop("num_env_runners", 0)
     config = _config(**training)
+    if runners:
+        config.env_runners(num_env_runners=runners, create_local_env_runner=False)
     config.validate()
     learner.config = config.copy(copy_frozen=False)
     lm = learner.module[DEFAULT_MODULE_ID].lm
     lm.load_state_dict(start)
     for optim in learner._named_optimizers.values():
         optim.state.clear()
-    columns = _fixed_batch(lm.config.vocab_size, pad=0)
+    learner._weights_seq_no = 0  # the version that trajectories' staleness is counted from
+    columns = {**_fixed_batch(lm.config.vocab_size, pad=0), **(columns or {})}
     results = learner.update(batch=MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(columns)}, 8))
     logged = {k: float(v.peek() if hasattr(v, "peek") else v)
               for k, v in results[DEFAULT_MODULE_ID].items() if "/" in k}
@@ -269,13 +274,36 @@ def test_on_policy_shortcut_gives_the_same_update_without_the_old_pass(learner, 
         assert shortcut["logged"][key] == pytest.approx(separate["logged"][key], abs=1e-7), key
 
 
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_shortcut_gives_the_same_rollout_is_weights_and_gap_metrics(learner, level, monkeypatch):
+    """Stale samples (weights_version behind the learner) whose sampler log-probs differ
+    from the learner's: the importance weights, some truncated, and the gap split by
+    staleness are the same from the update's forward as from a separate pass."""
+    rng = np.random.default_rng(1)
+    columns = {"rollout_log_probs": rng.uniform(-3.6, -2.0, (8, 4)).astype(np.float32),
+               "weights_version": np.array([0, 0, 0, 0, -1, -1, -1, -1], np.int64)}
+    training = dict(rollout_is=level, rollout_is_threshold=2.0, max_staleness=1,
+                    num_env_runners=1)
+    separate = _update(learner, columns, skip_old_log_prob_pass=False, **training)
+    shortcut = _update(learner, columns, skip_old_log_prob_pass=True, **training)
+    assert shortcut["logged"]["timing_s/old_log_prob"] == 0.0
+    assert 0.0 < separate["logged"]["rollout_corr/is_truncated_frac"] < 1.0
+    assert _relative_diff(shortcut["grads"], separate["grads"]) < 1e-6
+    for key in ("rollout_corr/is_weight_mean", "rollout_corr/is_truncated_frac",
+                "training/rollout_log_probs_diff_max/staleness_1",
+                "training/rollout_probs_diff_mean/staleness_0", "actor/pg_loss"):
+        assert shortcut["logged"][key] == pytest.approx(separate["logged"][key], abs=1e-6), key
+    without = _update(learner, columns, **{**training, "rollout_is": None})
+    assert _relative_diff(without["grads"], separate["grads"]) > 1e-3  # the weights matter
+
+
 def test_shortcut_only_when_each_sample_feeds_one_step_from_the_same_weights():
     from rllib_grpo.rllib.micro_batches import old_log_probs_from_update
 
     assert old_log_probs_from_update(_config())
     for off in (dict(skip_old_log_prob_pass=False), dict(prompts_per_minibatch=1),
                 dict(num_epochs=2), dict(use_kl_in_reward=True, use_kl_loss=False),
-                dict(rollout_is="token"), dict(lora_rank=4, lora_dropout=0.1)):
+                dict(lora_rank=4, lora_dropout=0.1)):
         assert not old_log_probs_from_update(_config(**off)), off
 
 

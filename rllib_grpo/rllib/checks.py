@@ -21,6 +21,7 @@ from rllib_grpo.data.recipes import FILTER_METRICS
 from rllib_grpo.models.lora import LORA_SYNC_MODES
 from rllib_grpo.rllib.async_pipeline import async_errors, async_pitfalls
 from rllib_grpo.rllib.input_checks import input_errors
+from rllib_grpo.rllib.rollout_gap import ROLLOUT_IS_LEVELS
 from rllib_grpo.rllib.weight_sync_plan import WEIGHT_SYNC_TRANSPORTS
 from rllib_grpo.samplers import SAMPLER_KINDS
 
@@ -113,8 +114,9 @@ def _check_algorithm(c: Any) -> list[str]:
         )
     if c.clip_ratio_c <= 1.0:
         errors.append(f"clip_ratio_c={c.clip_ratio_c} must be > 1 (dual clip; verl uses 3).")
-    if c.rollout_is not in (None, "token"):
-        errors.append(f"rollout_is={c.rollout_is!r} is unknown; use None (off) or 'token'.")
+    if c.rollout_is is not None and c.rollout_is not in ROLLOUT_IS_LEVELS:
+        errors.append(f"rollout_is={c.rollout_is!r} is unknown; use None (off) or one of "
+                      f"{', '.join(map(repr, ROLLOUT_IS_LEVELS))}.")
     if c.rollout_is and c.rollout_is_threshold <= 0:
         errors.append(f"rollout_is_threshold={c.rollout_is_threshold} must be > 0.")
     if c.kl_ctrl_type == "adaptive" and c.kl_horizon <= 0:

@@ -212,12 +212,9 @@ class GRPOLearner(TorchLearner):
             keep = (~batch["truncated"].bool()).float()
             batch["loss_mask"] = mask * keep[:, None]
             self._log("response/truncated_masked_frac", 1.0 - keep.mean().item())
-        if c.rollout_is == "token":
-            batch["rollout_is_weights"], is_metrics = truncated_is_weights(
-                batch["old_log_probs"], batch["rollout_log_probs"], mask,
-                c.rollout_is_threshold)
-            for key, value in is_metrics.items():
-                self._log(key, value)
+        if c.rollout_is and old_pass:  # (else per micro-batch, from the update's forward)
+            batch["rollout_is_weights"] = self._rollout_is_weights(
+                batch, batch.get("loss_mask", mask).float(), log=True)
         valid = mask.bool() & batch["sample_mask"][:, None].bool()
         real = batch["sample_mask"].bool()
         for name, values in (("critic/rewards", token_rewards.sum(-1)[real]),
@@ -226,6 +223,17 @@ class GRPOLearner(TorchLearner):
             for key, value in _stats(name, values).items():
                 self._log(key, value)
         return {k: v for k, v in batch.items()}
+
+    def _rollout_is_weights(self, batch: dict[str, torch.Tensor], mask: torch.Tensor,
+                            log: bool = False) -> torch.Tensor:
+        """``rollout_is`` weights pi_old / pi_rollout of ``batch``'s rows (truncated)."""
+        c = self.config
+        weights, metrics = truncated_is_weights(batch["old_log_probs"].detach(),
+                                                batch["rollout_log_probs"], mask,
+                                                c.rollout_is_threshold, c.rollout_is)
+        for key, value in metrics.items() if log else ():
+            self._log(key, value)
+        return weights
 
     def _log_old_log_prob_metrics(self, batch: dict[str, torch.Tensor],
                                   entropy: torch.Tensor) -> None:
@@ -310,7 +318,11 @@ class GRPOLearner(TorchLearner):
                         seen[key][index] = fwd[name].detach()
             self._apply_step(sums, total)
         if seen is not None:
-            self._log_old_log_prob_metrics({**minibatch, **seen}, seen["entropy"])
+            seen_batch = {**minibatch, **seen}
+            self._log_old_log_prob_metrics(seen_batch, seen["entropy"])
+            if self.config.rollout_is:  # the weights' metrics over the whole mini-batch
+                self._rollout_is_weights(seen_batch, seen_batch.get(
+                    "loss_mask", seen_batch["response_mask"]).float(), log=True)
         return {}, {DEFAULT_MODULE_ID: total}, {}
 
     @override(TorchLearner)
@@ -327,12 +339,15 @@ class GRPOLearner(TorchLearner):
         log_prob = fwd_out["log_probs"]
         # On-policy shortcut (no old-log-prob pass): the same forward, detached.
         old_log_prob = batch["old_log_probs"] if "old_log_probs" in batch else log_prob.detach()
+        is_weights = batch.get("rollout_is_weights")
+        if is_weights is None and c.rollout_is:  # shortcut: per row, so per micro-batch
+            is_weights = self._rollout_is_weights({**batch, "old_log_probs": old_log_prob}, mask)
         pg_loss, pg_metrics = policy_loss(
             c.policy_loss, old_log_prob=old_log_prob, log_prob=log_prob,
             advantages=batch["advantages"], response_mask=mask,
             loss_agg_mode=c.loss_agg_mode, clip_ratio=c.clip_ratio,
             clip_ratio_low=c.clip_ratio_low, clip_ratio_high=c.clip_ratio_high,
-            clip_ratio_c=c.clip_ratio_c, rollout_is_weights=batch.get("rollout_is_weights"), **agg,
+            clip_ratio_c=c.clip_ratio_c, rollout_is_weights=is_weights, **agg,
         )
         loss = pg_loss
         n_tok = mask.sum().item()

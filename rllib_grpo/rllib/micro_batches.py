@@ -78,15 +78,15 @@ def old_log_probs_from_update(config: Any) -> bool:
     """Whether the update's own forward gives the old log-probs (``skip_old_log_prob_pass``).
 
     Only when each sample feeds exactly one optimizer step, from the weights a separate
-    pass would use (one epoch, one mini-batch per step), nothing reads the old log-probs
-    before the loss (the in-reward KL and rollout importance weights do), the training
-    forward is deterministic (LoRA dropout would make it differ from an eval pass), and
-    rollouts are synchronous: with ``max_staleness`` >= 1 the sampler's log-probs come from
-    older weights, and the old log-probs are a pass of their own over the whole batch before
-    the update (where the per-staleness gap and ``rollout_is`` read them).
+    pass would use (one epoch, one mini-batch per step), no advantage reads the old
+    log-probs (the in-reward KL does), and the training forward is deterministic (LoRA
+    dropout would make it differ from an eval pass).  The rollout importance weights
+    (``rollout_is``) and the rollout/trainer gap metrics are per row, so the update computes
+    them from the same detached forward, micro-batch by micro-batch; this holds with
+    asynchronous rollouts too (``max_staleness`` >= 1): the old policy is the learner's
+    current one whatever weights sampled, and the sampler's log-probs are kept apart.
     """
     return bool(config.skip_old_log_prob_pass and config.num_epochs == 1
                 and config.batch_plan().minibatches_per_epoch == 1
-                and not config.use_kl_in_reward and not config.rollout_is
-                and not getattr(config, "lora_dropout", 0.0)
-                and not getattr(config, "max_staleness", 0))
+                and not config.use_kl_in_reward
+                and not getattr(config, "lora_dropout", 0.0))

@@ -60,9 +60,9 @@ class GRPOSettings:
     skip_old_log_prob_pass: bool = knob(
         True, "flag", "When every sample feeds exactly one optimizer step from the weights "
         "that would recompute its old log-probs (num_epochs 1, one mini-batch per step) and "
-        "nothing reads them before the update (no use_kl_in_reward, no rollout_is), take them "
-        "from the update's own forward, detached, instead of a separate pass (same loss and "
-        "gradients); False always runs the pass.")
+        "no advantage reads them (no use_kl_in_reward), take them from the update's own "
+        "forward, detached, instead of a separate pass (same loss, gradients, rollout_is "
+        "weights and metrics; also with max_staleness >= 1); False always runs the pass.")
     max_prompt_length: int = knob(
         512, "tokens", "Longest prompt; longer ones follow `truncation`.", "data.max_prompt_length")
     max_response_length: int = knob(
@@ -252,7 +252,8 @@ class GRPOSettings:
     # --- rollout correction ---------------------------------------------------------
     rollout_is: str | None = knob(
         None, "mode", "Truncated importance sampling against the rollout/trainer mismatch: "
-        "None (off) | 'token' (per-token weight min(pi_old/pi_rollout, threshold)).",
+        "None (off) | 'token' (per-token weight min(pi_old/pi_rollout, threshold)) | 'sequence' "
+        "(one weight per response: min(product of its tokens' pi_old/pi_rollout, threshold)).",
         "algorithm.rollout_correction.rollout_is")
     rollout_is_threshold: float = knob(
         2.0, "ratio", "Upper bound of the importance weights.",

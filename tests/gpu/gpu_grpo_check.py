@@ -7,7 +7,10 @@ weights, with the transformers sampler on the same GPU:
 
 1. local learner + local env runner: iterations, then a checkpoint saved, restored and
    continued;
-2. one remote learner (0.5 GPU) + one remote env runner (0.4 GPU): the same.
+2. one remote learner (0.5 GPU) + one remote env runner (0.4 GPU): the same;
+3. the same placement one step off policy (``max_staleness=1``, ``rollout_is='token'``):
+   the same, and its iterations per minute against phase 2's (``async_vs_sync_throughput``,
+   first iteration of each phase left out; docs/async.md).
 
 Per iteration it prints one JSON line: step time, generation time and tokens/s, the update
 phase's time, training tokens/s and MFU (matmul FLOPs 6N per trained token, 2N per token of
@@ -62,7 +65,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--micro-batch", type=int, default=None, help="trajectories per micro-batch")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="the device's dense bf16 peak for MFU (default: from the GPU's name)")
-    p.add_argument("--phases", default="local,remote", help="local, remote or both")
+    p.add_argument("--phases", default="local,remote,async",
+                   help="comma-separated: local, remote, async (remote, max_staleness=1)")
     p.add_argument("--work-dir", default=None, help="model and checkpoints (default: a temp dir)")
     args = p.parse_args(argv)
     defaults = dict(iterations=2, prompts=4, group_size=4, response_length=8, micro_batch=8) \
@@ -225,18 +229,22 @@ def run_phase(name: str, args: argparse.Namespace, model_dir: str, num_params: i
               gpu: bool, work_dir: str) -> dict[str, Any]:
     from ray.rllib.algorithms.algorithm import Algorithm
 
-    config = grpo_config(args, model_dir, remote=name == "remote", gpu=gpu)
+    config = grpo_config(args, model_dir, remote=name in ("remote", "async"), gpu=gpu)
+    if name == "async":
+        config.training(max_staleness=1, rollout_is="token")
     peak = peak_flops(args, gpu)
     t0 = time.perf_counter()
     algo = config.build_algo()
     build_s = time.perf_counter() - t0
-    rows = []
+    rows, step_times = [], []
     try:
         for i in range(args.iterations):
             t0 = time.perf_counter()
             result = algo.train()
-            rows.append(iteration_row(result, time.perf_counter() - t0, num_params,
+            step_times.append(time.perf_counter() - t0)
+            rows.append(iteration_row(result, step_times[-1], num_params,
                                       config.needs_reference, peak))
+            rows[-1]["staleness_mean"] = result.get("async/staleness_mean")
             print(json.dumps({"phase": name, "iteration": i + 1, **rows[-1]}), flush=True)
         saved = learner_facts(algo)
         path = algo.save_to_path(os.path.join(work_dir, f"ckpt-{name}"))
@@ -254,7 +262,10 @@ def run_phase(name: str, args: argparse.Namespace, model_dir: str, num_params: i
         after_s = max_abs_diff(learner_weights(restored), continued)
     finally:
         restored.stop()
+    steady = step_times[1:] or step_times  # the first iteration warms up (and fills the pipe)
     summary = {"phase": name, "build_s": round(build_s, 1), "restore_s": round(restore_s, 1),
+               "iters_per_min": round(60.0 * len(steady) / sum(steady), 2),
+               "staleness_max": max((r["staleness_mean"] or 0.0 for r in rows), default=0.0),
                "master_weights": saved["master_dtypes"],
                "optimizer_states": saved["optimizer_dtypes"],
                "checkpoint_bit_exact": bit_exact,
@@ -283,8 +294,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         ray.shutdown()
     ok = all(s["checkpoint_bit_exact"] and s["master_weights"] == ["torch.float32"]
-             for s in summaries)
-    print(json.dumps({"ok": ok, "total_s": round(time.perf_counter() - start, 1)}), flush=True)
+             and s["staleness_max"] <= (1 if s["phase"] == "async" else 0) for s in summaries)
+    by_phase = {s["phase"]: s for s in summaries}
+    speedup = round(by_phase["async"]["iters_per_min"] / by_phase["remote"]["iters_per_min"],
+                    3) if {"async", "remote"} <= set(by_phase) else None
+    print(json.dumps({"ok": ok, "async_vs_sync_throughput": speedup,
+                      "total_s": round(time.perf_counter() - start, 1)}), flush=True)
     return 0 if ok else 1
 
 
