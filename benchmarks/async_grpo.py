@@ -5,6 +5,7 @@ runner and one remote learner process (``num_learners=1``), on CPU.
     python -m benchmarks.async_grpo                         # 2 rounds x 2 modes x 90 s
     python -m benchmarks.async_grpo --seconds 60 --rounds 1 --json out.json
     python -m benchmarks.async_grpo --curve 120                # reward per 20 iterations
+    python -m benchmarks.async_grpo --lr 3e-4 ...              # the demo at another lr
 
 Each run builds a fresh algorithm (the build is not timed), then trains for a fixed wall
 time; it reports iterations per minute, the mean reward (``critic/score/mean``) of the
@@ -17,6 +18,7 @@ gives per-mode means over the rounds and the async / sync ratio.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -30,11 +32,14 @@ CURVE_MODES: dict[str, dict[str, Any]] = {**MODES, "async_no_is": {"max_stalenes
 LAST = 5  # iterations whose reward is "the reward after the fixed wall time"
 
 
-def build(mode: str, seed: int = 0) -> Any:
-    """The demo's config with one remote env runner and one remote learner."""
+def build(mode: str, seed: int = 0, lr: float | None = None) -> Any:
+    """The demo's config (``lr`` None: its own) with one remote env runner and one remote
+    learner."""
     from rllib_grpo.cli.demo import demo_config
 
     config = demo_config(seed=seed, sampler="hf").training(**CURVE_MODES[mode])
+    if lr is not None:
+        config.training(lr=lr)
     config.env_runners(num_env_runners=1, create_local_env_runner=False)
     config.learners(num_learners=1)
     return config.build_algo()
@@ -70,8 +75,8 @@ def turns(rounds: int, seconds: float, run: Any = None) -> list[dict[str, Any]]:
     return rows
 
 
-def _run_fresh(mode: str, seconds: float) -> dict[str, float]:
-    algo = build(mode)
+def _run_fresh(mode: str, seconds: float, lr: float | None = None) -> dict[str, float]:
+    algo = build(mode, lr=lr)
     try:
         return run_for(algo, seconds)
     finally:
@@ -107,9 +112,9 @@ def format_table(rows: list[dict[str, Any]], seconds: float) -> str:
     return "\n".join(lines)
 
 
-def curve(mode: str, iterations: int, window: int = 20) -> list[float]:
+def curve(mode: str, iterations: int, window: int = 20, lr: float | None = None) -> list[float]:
     """Mean reward of each ``window`` iterations over ``iterations`` (a fresh algorithm)."""
-    algo = build(mode)
+    algo = build(mode, lr=lr)
     try:
         scores = [float(algo.train()["critic/score/mean"]) for _ in range(iterations)]
     finally:
@@ -138,14 +143,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--curve", type=int, default=0, metavar="N",
                         help="instead: the reward curve of N iterations per mode "
                         f"({', '.join(CURVE_MODES)}), one after the other")
+    parser.add_argument("--lr", type=float, default=None,
+                        help="learning rate (default: the demo's)")
     args = parser.parse_args(argv)
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              configure_logging=False, object_store_memory=500 * 1024**2)
     try:
         if args.curve:
-            curves = {mode: curve(mode, args.curve) for mode in CURVE_MODES}
+            curves = {mode: curve(mode, args.curve, lr=args.lr) for mode in CURVE_MODES}
         else:
-            rows = turns(args.rounds, args.seconds)
+            rows = turns(args.rounds, args.seconds, functools.partial(_run_fresh, lr=args.lr))
     finally:
         ray.shutdown()
     if args.curve:

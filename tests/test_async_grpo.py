@@ -255,3 +255,44 @@ def test_a_checkpoint_discards_in_flight_samples_and_restores_clean(ray_session,
         np.testing.assert_array_equal(restored.last_rollout.prompt_ids, in_flight_prompts)
     finally:
         restored.stop()
+
+
+@pytest.mark.slow  # two FSDP2 learners and two remote env runners: ~1-2 min on 2 cores
+def test_staleness_1_with_two_fsdp_learners_and_two_env_runners(ray_session):
+    """The pipeline reads only learner 0's version and splits each request over the
+    runners: with sharded learners and two runners every group is one update old from
+    step 2 on, each runner samples its slice, and after `settle` both hold the learners'
+    gathered weights exactly."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    from rllib_grpo.cli.tensorboard import flatten
+    from rllib_grpo.rllib.fsdp import FSDPGRPOLearner
+
+    config = tiny_config(lr=1e-2, max_staleness=1, rollout_is="token")
+    config.env_runners(num_env_runners=2, num_cpus_per_env_runner=0,
+                       create_local_env_runner=False)
+    config.learners(num_learners=2, num_cpus_per_learner=1)
+    config.resources(num_cpus_for_main_process=0)
+    algo = config.build_algo()
+    try:
+        group = algo.learner_group
+        assert all(group._get_results(group.foreach_learner(
+            lambda learner: isinstance(learner, FSDPGRPOLearner))))
+        results = [flatten(algo.train()) for _ in range(3)]
+        assert [r["async/staleness_max"] for r in results] == [0, 1, 1]
+        assert [r["async/staleness_mean"] for r in results] == [0, 1, 1]
+        assert all("rollout_corr/is_weight_mean" in r for r in results)
+        # Each step's 4 prompts came from both runners (2 each), one group per prompt.
+        assert algo.last_rollout.num_groups == 4
+        assert {1, 2} <= set(algo.runner_states)  # both runners returned their share
+        algo._pipeline.settle()  # take the request in flight; the runners get the newest
+        learner_weights = group.get_weights()[DEFAULT_MODULE_ID]
+        runner_weights = algo.env_runner_group.foreach_env_runner(
+            lambda er: {k: v.detach().cpu() for k, v in er.sampler.model.state_dict().items()},
+            local_env_runner=False)
+        assert len(runner_weights) == 2
+        for weights in runner_weights:
+            for key, value in learner_weights.items():
+                assert torch.equal(weights[key].float(), torch.as_tensor(value).float()), key
+    finally:
+        algo.stop()

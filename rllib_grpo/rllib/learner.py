@@ -62,7 +62,7 @@ from rllib_grpo.rllib.micro_batches import select_rows as _select
 from rllib_grpo.rllib.module import response_log_probs
 from rllib_grpo.rllib.perf import PhaseTimes, StepMetrics, num_parameters, peak_flops, step_metrics
 from rllib_grpo.rllib.perf import value_stats as _stats
-from rllib_grpo.rllib.rollout_gap import rollout_gap_metrics, truncated_is_weights
+from rllib_grpo.rllib.rollout_gap import rollout_correction
 from rllib_grpo.rllib.step_schedule import LRSchedule, minibatch_order
 
 logger = logging.getLogger(__name__)
@@ -192,7 +192,6 @@ class GRPOLearner(TorchLearner):
         mask = batch["loss_mask"].float() if "loss_mask" in batch else mask
         if old_pass:
             batch["old_log_probs"] = old
-            self._log_old_log_prob_metrics(batch, entropy)
 
         token_scores = scores_to_tokens(batch["scores"].float(), mask)
         token_rewards = token_scores
@@ -212,9 +211,12 @@ class GRPOLearner(TorchLearner):
             keep = (~batch["truncated"].bool()).float()
             batch["loss_mask"] = mask * keep[:, None]
             self._log("response/truncated_masked_frac", 1.0 - keep.mean().item())
-        if c.rollout_is and old_pass:  # (else per micro-batch, from the update's forward)
-            batch["rollout_is_weights"] = self._rollout_is_weights(
-                batch, batch.get("loss_mask", mask).float(), log=True)
+        if old_pass:  # (else from the update's forward, micro-batch by micro-batch)
+            self._log_old_log_prob_metrics(batch, entropy)
+            weights = rollout_correction(batch, batch.get("loss_mask", mask).float(), c,
+                                         metrics=False)[0]
+            if weights is not None:  # rollout_is on
+                batch["rollout_is_weights"] = weights
         valid = mask.bool() & batch["sample_mask"][:, None].bool()
         real = batch["sample_mask"].bool()
         for name, values in (("critic/rewards", token_rewards.sum(-1)[real]),
@@ -224,21 +226,12 @@ class GRPOLearner(TorchLearner):
                 self._log(key, value)
         return {k: v for k, v in batch.items()}
 
-    def _rollout_is_weights(self, batch: dict[str, torch.Tensor], mask: torch.Tensor,
-                            log: bool = False) -> torch.Tensor:
-        """``rollout_is`` weights pi_old / pi_rollout of ``batch``'s rows (truncated)."""
-        c = self.config
-        weights, metrics = truncated_is_weights(batch["old_log_probs"].detach(),
-                                                batch["rollout_log_probs"], mask,
-                                                c.rollout_is_threshold, c.rollout_is)
-        for key, value in metrics.items() if log else ():
-            self._log(key, value)
-        return weights
-
     def _log_old_log_prob_metrics(self, batch: dict[str, torch.Tensor],
                                   entropy: torch.Tensor) -> None:
         mask = batch.get("loss_mask", batch["response_mask"]).float()
-        self._log_rollout_agreement(batch, mask)
+        # verl's rollout-vs-trainer gap (DESIGN: always logged), the rollout_is weights'.
+        for key, value in rollout_correction(batch, mask, self.config)[1].items():
+            self._log(key, value)
         # verl aggregates the entropy over the whole batch: global counts, summed over learners.
         totals = self._minibatch_totals(batch)
         entropy_share = agg_loss(entropy, mask, self.config.loss_agg_mode, **totals.agg_kwargs())
@@ -256,17 +249,6 @@ class GRPOLearner(TorchLearner):
         self._log("actor/reward_kl_penalty", current_kl)
         self._log("actor/reward_kl_penalty_coeff", beta)
         return token_scores - beta * kld
-
-    def _log_rollout_agreement(self, batch, mask) -> None:
-        """verl's rollout-vs-trainer probability gap (DESIGN: always logged); split by
-        staleness under asynchronous rollouts (`rllib_grpo.rllib.rollout_gap`)."""
-        if "rollout_log_probs" not in batch:
-            return
-        valid = mask.bool() & batch["sample_mask"][:, None].bool()
-        staleness = batch.get("staleness") if self.config.max_staleness else None
-        for key, value in rollout_gap_metrics(batch["rollout_log_probs"], batch["old_log_probs"],
-                                              valid, staleness).items():
-            self._log(key, value)
 
     # ------------------------------------------------------------------ one mini-batch
     def _micro_batches(self, minibatch: dict[str, torch.Tensor]) -> list[list[int]]:
@@ -318,11 +300,7 @@ class GRPOLearner(TorchLearner):
                         seen[key][index] = fwd[name].detach()
             self._apply_step(sums, total)
         if seen is not None:
-            seen_batch = {**minibatch, **seen}
-            self._log_old_log_prob_metrics(seen_batch, seen["entropy"])
-            if self.config.rollout_is:  # the weights' metrics over the whole mini-batch
-                self._rollout_is_weights(seen_batch, seen_batch.get(
-                    "loss_mask", seen_batch["response_mask"]).float(), log=True)
+            self._log_old_log_prob_metrics({**minibatch, **seen}, seen["entropy"])
         return {}, {DEFAULT_MODULE_ID: total}, {}
 
     @override(TorchLearner)
@@ -341,7 +319,8 @@ class GRPOLearner(TorchLearner):
         old_log_prob = batch["old_log_probs"] if "old_log_probs" in batch else log_prob.detach()
         is_weights = batch.get("rollout_is_weights")
         if is_weights is None and c.rollout_is:  # shortcut: per row, so per micro-batch
-            is_weights = self._rollout_is_weights({**batch, "old_log_probs": old_log_prob}, mask)
+            is_weights = rollout_correction({**batch, "old_log_probs": old_log_prob}, mask, c,
+                                            metrics=False)[0]
         pg_loss, pg_metrics = policy_loss(
             c.policy_loss, old_log_prob=old_log_prob, log_prob=log_prob,
             advantages=batch["advantages"], response_mask=mask,

@@ -12,6 +12,8 @@ only (sampler vs trainer kernels), at staleness k >= 1 it also holds k policy up
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 
@@ -79,3 +81,28 @@ def truncated_is_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.T
         "rollout_corr/is_weight_mean": weights[valid].mean().item(),
         "rollout_corr/is_truncated_frac": (raw[valid] > threshold).float().mean().item(),
     }
+
+
+def rollout_correction(batch: dict[str, torch.Tensor], mask: torch.Tensor, config: Any,
+                       metrics: bool = True) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """What the learner takes from the sampler's log-probs of ``batch`` over ``mask`` (B, R):
+    the ``rollout_is`` weights (None when it is off) and, with ``metrics``, the gap metrics
+    of the real rows (split by staleness under ``max_staleness``) and the weights' metrics.
+
+    ``batch`` holds ``old_log_probs``, ``rollout_log_probs``, ``sample_mask`` and, with
+    asynchronous rollouts, ``staleness`` (per row); without ``rollout_log_probs`` (a sampler
+    that returns none) there is nothing to compare.
+    """
+    if "rollout_log_probs" not in batch:
+        return None, {}
+    old, rollout = batch["old_log_probs"].detach(), batch["rollout_log_probs"]
+    out: dict[str, float] = {}
+    if metrics:
+        valid = mask.bool() & batch["sample_mask"][:, None].bool()
+        staleness = batch.get("staleness") if getattr(config, "max_staleness", 0) else None
+        out = rollout_gap_metrics(rollout, old, valid, staleness)
+    if not config.rollout_is:
+        return None, out
+    weights, weight_metrics = truncated_is_weights(old, rollout, mask,
+                                                   config.rollout_is_threshold, config.rollout_is)
+    return weights, {**out, **weight_metrics} if metrics else out
