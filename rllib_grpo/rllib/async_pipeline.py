@@ -12,9 +12,11 @@ trajectory carries the policy version (learner updates done) of the weights that
 it; a group comes from one sample call, so it never mixes versions.  A group older than
 K updates is dropped before training and sampled again (``async/dropped_stale_groups``);
 the pipeline is one step deep, so in steady state every trained group is exactly one
-update old (staleness 1) and K >= 2 only loosens the bound.  The learner recomputes the
-old log-probs in a pass of its own (`rllib_grpo.rllib.micro_batches.old_log_probs_from_update`)
-and keeps the sampler's log-probs, so ``rollout_is`` weighs the gap.
+update old (staleness 1) and K >= 2 only loosens the bound (docs/async.md says why a
+deeper pipeline would not raise the steady rate).  The old log-probs are the learner's
+(from the update's own forward on a one-mini-batch step, else a pass of their own:
+`rllib_grpo.rllib.micro_batches.old_log_probs_from_update`) and the sampler's are kept, so
+``rollout_is`` weighs the gap.
 
 A lost runner's share of the background request is sampled again at once through
 `ResilientAlgorithm.sample_on_runners`.  Checkpoints hold no in-flight samples: the saved
@@ -59,8 +61,8 @@ def async_pitfalls(c: Any) -> list[str]:
         return []
     if not c.rollout_is:
         return [f"max_staleness={c.max_staleness} trains on samples one policy update old "
-                "without a correction of the sampler/learner gap: consider rollout_is='token' "
-                "(truncated importance weights pi_old / pi_rollout)."]
+                "without a correction of the sampler/learner gap: consider rollout_is='token' or "
+                "'sequence' (truncated importance weights pi_old / pi_rollout)."]
     return []
 
 

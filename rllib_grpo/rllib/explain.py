@@ -149,8 +149,11 @@ def explain_config(c: Any) -> str:
     lines.append("learner forwards:              " + (
         "packed rows, no padding (use_remove_padding)" if c.use_remove_padding
         else "padded rows with attention masks") + "; old log-probs " + (
-        "from the update's own forward (on-policy step)" if old_log_probs_from_update(c)
-        else "from a separate pass"))
+        "from the update's own forward (one mini-batch, one epoch)"
+        if old_log_probs_from_update(c) else "from a separate pass") + (
+        f"; rollout_is={c.rollout_is!r}: loss x min(pi_old/pi_rollout per "
+        f"{'response' if c.rollout_is == 'sequence' else 'token'}, {c.rollout_is_threshold})"
+        if c.rollout_is else ""))
     lines += [
         f"sequence budget:               prompt <= {c.max_prompt_length} tokens "
         f"(truncation={c.truncation}), response <= {c.max_response_length} tokens",

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
@@ -192,6 +193,11 @@ def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> floa
     return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
 
 
+def _whole(value: float) -> int | None:
+    """``value`` as an int; None for NaN (a runner metric not yet logged)."""
+    return None if math.isnan(float(value)) else int(value)
+
+
 def iteration_row(result: dict[str, Any], step_s: float, num_params: int,
                   uses_reference: bool, peak: float | None) -> dict[str, Any]:
     runners = result.get("env_runners", {})
@@ -207,9 +213,11 @@ def iteration_row(result: dict[str, Any], step_s: float, num_params: int,
         "update_s": round(update_s, 3), "train_tokens": int(tokens),
         "train_tokens_per_s": round(tokens / update_s, 1),
         "mfu": round(flops / update_s / peak, 4) if peak else None,
-        "weight_sync_s": round(float(result["timing_s/update_weights"]), 4),
+        # (None: no sync this step, e.g. the first one off policy, its runners hold v0)
+        "weight_sync_s": round(float(result["timing_s/update_weights"]), 4)
+        if "timing_s/update_weights" in result else None,
         "weight_load_s": round(float(runners.get("timing_s/load_weights", float("nan"))), 4),
-        "weight_sync_bytes": int(runners.get("weight_sync/bytes", 0)),
+        "weight_sync_bytes": _whole(runners.get("weight_sync/bytes", 0)),
         "rollout_log_probs_diff_max": result.get("training/rollout_log_probs_diff_max"),
         "rollout_probs_diff_mean": result.get("training/rollout_probs_diff_mean"),
     }
