@@ -164,6 +164,7 @@ class AsyncPipeline:
                 er, {er.worker_index: part}), shares)
             for (_, batch, metrics, state, seconds), index in zip(redone, missing, strict=True):
                 results[index] = (index, batch, metrics, state, seconds)
+        algo.log_fault_counts()  # (sample_on_runners logs them only when it ran)
         ordered = [results[i] for i in sorted(results)]
         for index, _, _, state, _ in ordered:
             algo.runner_states[index] = state

@@ -97,11 +97,15 @@ class ResilientAlgorithm(Algorithm):
                     f"{group.num_healthy_remote_workers()}); see the runners' errors above.")
             if not self.restore_env_runners(group):
                 time.sleep(1.0)
+        self.log_fault_counts()
+        return [results[index] for index in sorted(results)]
+
+    def log_fault_counts(self) -> None:
+        """This run's env runner restarts and shares sampled again (every step's result)."""
         self.metrics.log_value("fault_tolerance/env_runner_restarts", self._num_runner_restarts,
                                reduce="mean", window=1)
         self.metrics.log_value("fault_tolerance/resampled_shares", self._num_resampled_shares,
                                reduce="mean", window=1)
-        return [results[index] for index in sorted(results)]
 
     def _sample_round(self, func: Callable[[Any, Any], Any], pending: dict[int, Any],
                       assignment: dict[int, list[int]], results: dict[int, Any]) -> None:
