@@ -29,34 +29,41 @@ def reward(data_source, solution_str, ground_truth, extra_info=None):
 '''
 
 
-@pytest.mark.slow
-def test_a_killed_env_runner_is_restarted_with_current_weights_and_data_position(
-        ray_session, tmp_path):
-    from rllib_grpo.cli.tensorboard import flatten
-
+def _algo_with_a_killer_reward(tmp_path, **training):
+    """One remote env runner on 64 sums whose reward kills the runner whose pid is written
+    to the returned marker file (once); Ray restarts it."""
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n"
                             for a in range(8) for b in range(8)))
     marker = tmp_path / "kill_runner"
     (tmp_path / "killer.py").write_text(KILLER.format(marker=str(marker)))
-    config = tiny_config(lr=1e-2, env_runner_restart_timeout_s=300)
+    config = tiny_config(lr=1e-2, env_runner_restart_timeout_s=300, **training)
     config.environment("rllib_grpo/GSM8K-v0")
     config.env_config = {"path": str(data), "data_source": "arithmetic",
                          "reward_fn": f"{tmp_path / 'killer.py'}:reward"}
     config.env_runners(num_env_runners=1, create_local_env_runner=False)
     config.fault_tolerance(restart_failed_env_runners=True, env_runner_health_probe_timeout_s=10)
-    algo = config.build_algo()
-    try:
-        def runner_pid() -> int:
-            return algo.env_runner_group.foreach_env_runner(
-                lambda er: os.getpid(), local_env_runner=False)[0]
+    return config.build_algo(), marker
 
-        first_pid = runner_pid()
+
+def _runner_pid(algo) -> int:
+    return algo.env_runner_group.foreach_env_runner(
+        lambda er: os.getpid(), local_env_runner=False)[0]
+
+
+@pytest.mark.slow
+def test_a_killed_env_runner_is_restarted_with_current_weights_and_data_position(
+        ray_session, tmp_path):
+    from rllib_grpo.cli.tensorboard import flatten
+
+    algo, marker = _algo_with_a_killer_reward(tmp_path)
+    try:
+        first_pid = _runner_pid(algo)
         results = [flatten(algo.train())]
         marker.write_text(str(first_pid))  # the next sample's first reward call kills it
         results += [flatten(algo.train()) for _ in range(3)]
         assert algo.iteration == 4  # every step completed
-        assert marker.with_suffix(".taken").exists() and runner_pid() != first_pid
+        assert marker.with_suffix(".taken").exists() and _runner_pid(algo) != first_pid
         assert results[1]["fault_tolerance/env_runner_restarts"] == 1
         assert results[-1]["fault_tolerance/env_runner_restarts"] == 1
         # The restarted runner sampled with the learner's current weights ...
@@ -78,32 +85,16 @@ def test_a_runner_killed_during_a_background_request_costs_a_resampled_share(
     older than the bound."""
     from rllib_grpo.cli.tensorboard import flatten
 
-    data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n"
-                            for a in range(8) for b in range(8)))
-    marker = tmp_path / "kill_runner"
-    (tmp_path / "killer.py").write_text(KILLER.format(marker=str(marker)))
-    config = tiny_config(lr=1e-2, env_runner_restart_timeout_s=300, max_staleness=1,
-                         rollout_is="token")
-    config.environment("rllib_grpo/GSM8K-v0")
-    config.env_config = {"path": str(data), "data_source": "arithmetic",
-                         "reward_fn": f"{tmp_path / 'killer.py'}:reward"}
-    config.env_runners(num_env_runners=1, create_local_env_runner=False)
-    config.fault_tolerance(restart_failed_env_runners=True, env_runner_health_probe_timeout_s=10)
-    algo = config.build_algo()
+    algo, marker = _algo_with_a_killer_reward(tmp_path, max_staleness=1, rollout_is="token")
     try:
-        def runner_pid() -> int:
-            return algo.env_runner_group.foreach_env_runner(
-                lambda er: os.getpid(), local_env_runner=False)[0]
-
-        first_pid = runner_pid()
+        first_pid = _runner_pid(algo)
         results = [flatten(algo.train())]
         # From step 2 on a runner samples only in background requests (launched before
         # each update): the first reward call from now on kills it inside one.
         marker.write_text(str(first_pid))
         results += [flatten(algo.train()) for _ in range(3)]
         assert algo.iteration == 4  # every step completed
-        assert marker.with_suffix(".taken").exists() and runner_pid() != first_pid
+        assert marker.with_suffix(".taken").exists() and _runner_pid(algo) != first_pid
         assert results[0]["fault_tolerance/env_runner_restarts"] == 0
         assert results[-1]["fault_tolerance/env_runner_restarts"] == 1
         assert results[-1]["fault_tolerance/resampled_shares"] == 1

@@ -212,9 +212,7 @@ class GRPOLearner(TorchLearner):
             batch["loss_mask"] = mask * keep[:, None]
             self._log("response/truncated_masked_frac", 1.0 - keep.mean().item())
         if old_pass:  # (else from the update's forward, micro-batch by micro-batch)
-            self._log_old_log_prob_metrics(batch, entropy)
-            weights = rollout_correction(batch, batch.get("loss_mask", mask).float(), c,
-                                         metrics=False)[0]
+            weights = self._log_old_log_prob_metrics(batch, entropy)
             if weights is not None:  # rollout_is on
                 batch["rollout_is_weights"] = weights
         valid = mask.bool() & batch["sample_mask"][:, None].bool()
@@ -227,15 +225,19 @@ class GRPOLearner(TorchLearner):
         return {k: v for k, v in batch.items()}
 
     def _log_old_log_prob_metrics(self, batch: dict[str, torch.Tensor],
-                                  entropy: torch.Tensor) -> None:
+                                  entropy: torch.Tensor) -> torch.Tensor | None:
+        """Log what the old log-probs show (the rollout gap, the rollout_is weights', the
+        entropy) over the loss mask; return those weights (None: rollout_is off)."""
         mask = batch.get("loss_mask", batch["response_mask"]).float()
         # verl's rollout-vs-trainer gap (DESIGN: always logged), the rollout_is weights'.
-        for key, value in rollout_correction(batch, mask, self.config)[1].items():
+        weights, metrics = rollout_correction(batch, mask, self.config)
+        for key, value in metrics.items():
             self._log(key, value)
         # verl aggregates the entropy over the whole batch: global counts, summed over learners.
         totals = self._minibatch_totals(batch)
         entropy_share = agg_loss(entropy, mask, self.config.loss_agg_mode, **totals.agg_kwargs())
         self._log("actor/entropy", all_reduce(entropy_share).item() / totals.dp_size)
+        return weights
 
     def _apply_kl_in_reward(self, batch, token_scores, mask) -> torch.Tensor:
         c = self.config
