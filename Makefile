@@ -58,9 +58,9 @@ test: lint
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 
-# docs/configuration.md is generated from rllib_grpo/rllib/settings.py (a test checks it).
+# docs/configuration.md is generated from rllib_grpo/rllib/config/settings.py (a test checks it).
 docs: $(STAMP)
-	$(PY) -m rllib_grpo.rllib.settings > docs/configuration.md
+	$(PY) -m rllib_grpo.rllib.config.settings > docs/configuration.md
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.harness

@@ -1,7 +1,7 @@
 """The baseline: the same GRPO compute written as a plain loop in one process.
 
 No Ray, no RLlib, no env runner, no driver: the project's sampler generates
-prompts x group_size responses, `rllib_grpo.rllib.module.response_log_probs` gives the
+prompts x group_size responses, `rllib_grpo.rllib.learner.module.response_log_probs` gives the
 old (and reference) log-probs without gradients, and a forward + backward over
 the same micro-batches plus one clipped AdamW step updates the policy, with the
 same loss functions (`rllib_grpo.algos`).  With the transformers sampler the
@@ -29,7 +29,7 @@ from benchmarks.common import (
 from rllib_grpo.algos import agg_loss, compute_advantage, kl_penalty, policy_loss
 from rllib_grpo.data.batching import split_fixed
 from rllib_grpo.models import load_causal_lm, load_tokenizer
-from rllib_grpo.rllib.module import response_log_probs
+from rllib_grpo.rllib.learner.module import response_log_probs
 from rllib_grpo.samplers import SamplingParams, make_sampler
 
 FORWARD_KEYS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")

@@ -35,7 +35,7 @@ from rllib_grpo.models import (  # noqa: E402
     register_builtin_model,
     resolve_model,
 )
-from rllib_grpo.rllib.config import TEXT_SPACE, GRPOConfig  # noqa: E402
+from rllib_grpo.rllib.config.grpo_config import TEXT_SPACE, GRPOConfig  # noqa: E402
 
 MODEL_PARAMS = {"hidden_size": 256, "num_layers": 8, "num_heads": 8, "num_kv_heads": 8,
                 "intermediate_size": 1536, "max_position_embeddings": 128, "seed": 0}

@@ -92,8 +92,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from benchmarks.common import Workload, token_counts
     from benchmarks.rllib_run import build_config
     from benchmarks.workloads import prepare_model
-    from rllib_grpo.rllib.config import TEXT_SPACE
-    from rllib_grpo.rllib.env_runner import TextEnvRunner
+    from rllib_grpo.rllib.config.grpo_config import TEXT_SPACE
+    from rllib_grpo.rllib.env_runner.env_runner import TextEnvRunner
 
     torch.set_num_threads(args.threads)
     w = Workload(model=args.model, prompts=args.prompts, group_size=args.group_size,

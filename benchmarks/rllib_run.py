@@ -74,8 +74,8 @@ class Probes:
 
     def install_learner(self) -> None:
         """Probes on the learner side (classes and module functions; before the build)."""
-        from rllib_grpo.rllib import learner, module
-        from rllib_grpo.rllib.env_runner import TextEnvRunner
+        from rllib_grpo.rllib.env_runner.env_runner import TextEnvRunner
+        from rllib_grpo.rllib.learner import learner, module
 
         self.wrap(learner, "response_log_probs", "old_log_prob")
         self.wrap(module.CausalLMRLModule, "reference_log_probs", "ref")
@@ -109,7 +109,7 @@ def use_old_weight_sync(algo: Any) -> None:
     """
     from ray.rllib.core import DEFAULT_MODULE_ID
 
-    from rllib_grpo.rllib.module import CausalLMRLModule
+    from rllib_grpo.rllib.learner.module import CausalLMRLModule
 
     group, learner_group = algo.env_runner_group, algo.learner_group
     algo._sync_weights = lambda: group.sync_weights(
@@ -133,7 +133,7 @@ def use_item_metrics() -> None:
     windowed mean (``np.nanmean``) of one value per key at every reduction; an ``item``
     stat keeps the last value and needs no reduction.
     """
-    from rllib_grpo.rllib.algorithm import GRPO
+    from rllib_grpo.rllib.algorithm.grpo import GRPO
 
     def _log_value(self, key: str, value: float) -> None:
         self.metrics.log_value(key, float(value), reduce="item")
@@ -143,7 +143,7 @@ def use_item_metrics() -> None:
 
 def build_config(w: Workload) -> Any:
     """The GRPOConfig of the workload: local learner and env runner, fixed sizes."""
-    from rllib_grpo.rllib.config import GRPOConfig
+    from rllib_grpo.rllib.config.grpo_config import GRPOConfig
 
     config = (
         GRPOConfig()

@@ -31,7 +31,7 @@ MARKER = "STARTUP_PROBE "
 # Runs in the child before the demo: wraps GRPO.training_step to time the first two steps.
 PROBE = f"""
 import json, sys, time, psutil
-import rllib_grpo.rllib.algorithm as algorithm
+import rllib_grpo.rllib.algorithm.grpo as algorithm
 start = psutil.Process().create_time()
 marks = []
 original = algorithm.GRPO.training_step

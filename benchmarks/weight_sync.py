@@ -92,7 +92,7 @@ def _sync(algo: Any, via: str | None = None) -> dict[str, float]:
     """One `WeightSync.sync`; ``via`` overrides the remote runners' path.  All paths share
     the one gloo group that ``auto`` formed (shm and collective differ only in where the
     bytes go), so switching between them in turns costs nothing."""
-    from rllib_grpo.rllib.weight_sync import WeightSync
+    from rllib_grpo.rllib.algorithm.weight_sync import WeightSync
 
     if getattr(algo, "_weight_sync", None) is None:
         algo._weight_sync = WeightSync(algo)
@@ -105,8 +105,8 @@ def _sync(algo: Any, via: str | None = None) -> dict[str, float]:
 
 
 def _unique_state(algo: Any) -> dict[str, Any]:
-    from rllib_grpo.models.transfer import split_aliases
-    from rllib_grpo.rllib.weight_sender import policy_module
+    from rllib_grpo.rllib.learner.weight_sender import policy_module
+    from rllib_grpo.weights.layout import split_aliases
 
     return split_aliases(policy_module(algo.learner_group._learner).lm.state_dict())[0]
 
@@ -138,7 +138,7 @@ def measure_local(folder: str, dtype: str, reps: int) -> dict[str, Any]:
 def _raw_gloo_receiver(runner: Any, spec: Any, nbytes: int) -> None:
     import torch
 
-    from rllib_grpo.models.transport import WeightGroup
+    from rllib_grpo.weights.transport import WeightGroup
 
     group = WeightGroup(spec, 1)
     buffer = torch.empty(nbytes, dtype=torch.uint8)
@@ -154,7 +154,7 @@ def raw_gloo_broadcast(algo: Any, nbytes: int) -> float:
     import ray
     import torch
 
-    from rllib_grpo.models.transport import WeightGroup, open_store
+    from rllib_grpo.weights.transport import WeightGroup, open_store
 
     store, spec = open_store(ray.util.get_node_ip_address(), 2, "gloo")
     source = torch.ones(nbytes, dtype=torch.uint8)

@@ -19,8 +19,8 @@ from rllib_grpo import registration as _registration
 __version__ = "0.1.0"
 
 _LAZY = {
-    "GRPO": "rllib_grpo.rllib.algorithm",
-    "GRPOConfig": "rllib_grpo.rllib.config",
+    "GRPO": "rllib_grpo.rllib.algorithm.grpo",
+    "GRPOConfig": "rllib_grpo.rllib.config.grpo_config",
 }
 
 

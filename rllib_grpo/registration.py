@@ -19,7 +19,7 @@ from typing import Any
 
 REGISTRY_MODULE = "ray.tune.registry"
 # Tune name -> "module:class" (imported on first lookup).
-LAZY_TRAINABLES = {"GRPO": "rllib_grpo.rllib.algorithm:GRPO"}
+LAZY_TRAINABLES = {"GRPO": "rllib_grpo.rllib.algorithm.grpo:GRPO"}
 
 
 def trainable_class(name: str) -> Any:

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 # Two cores shared by torch, Ray workers and vLLM: one thread each is faster and
 # far steadier than oversubscribing (sft_warmup went from 0.3 s to 26 s under load).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
+
+TESTS_DIR = Path(__file__).resolve().parent
+REPO_ROOT = TESTS_DIR.parent
 
 # Models built in tests are cached per test session, away from the user's cache.
 os.environ.setdefault("RLLIB_GRPO_MODEL_CACHE", os.path.join(
@@ -30,7 +34,7 @@ def ray_session():
 
 def tiny_config(**training):
     """A fast GRPO config: tiny model, transformers sampler, local runner and learner."""
-    from rllib_grpo.rllib.config import GRPOConfig
+    from rllib_grpo.rllib.config.grpo_config import GRPOConfig
 
     settings = dict(model_path="builtin:tiny", prompts_per_step=4, group_size=4,
                     max_prompt_length=16, max_response_length=4, lr=1e-3, sampler="hf")

@@ -21,8 +21,8 @@ def test_no_import_cycle_and_no_upward_import():
 def test_checker_finds_a_cycle_and_an_upward_import():
     graph = {"a": {"b"}, "b": {"a"}, "c": set()}
     assert check_layers.cycles(graph) == [["a", "b"]]
-    assert check_layers.layer("rllib_grpo.algos.kl") < check_layers.layer("rllib_grpo.rllib.config")
-    assert check_layers.layer("rllib_grpo.cli.main") > check_layers.layer("rllib_grpo.rllib.config")
+    assert check_layers.layer("rllib_grpo.algos.kl") < check_layers.layer("rllib_grpo.rllib.config.grpo_config")
+    assert check_layers.layer("rllib_grpo.cli.main") > check_layers.layer("rllib_grpo.rllib.config.grpo_config")
 
 
 def _run(code: str) -> str:

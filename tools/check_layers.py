@@ -3,15 +3,21 @@
 Every import statement counts, at module level or inside a function, since a lazy import is
 still a dependency.  Layers, lowest first (a module may import its own layer or lower ones):
 
-    1 algos                      math: pure torch functions and registries
-    2 data, rewards, envs        text environments, datasets, rollouts, rewards, built-in tasks
-    3 models, samplers           built-in models, loading, LoRA; vLLM and transformers samplers
-    4 rllib                      RLlib glue: config, algorithm, learner, module, env runner, FSDP
-    5 cli                        entry points: rllib train, rllib-grpo explain, the demo
+    1   algos                    math: pure torch functions and registries
+    2   data, rewards, envs      text environments, datasets, rollouts, rewards, built-in tasks
+    3.0 weights                  the weight protocol without Ray: names, layout, transports, plan
+    3.1 models                   built-in models, loading, LoRA, export
+    3.2 samplers                 vLLM and transformers samplers (weight receivers)
+    4.0 rllib, rllib.config      RLlib glue where a config is built: settings, GRPOConfig, checks
+    4.1 rllib.learner            what runs in a learner actor
+    4.1 rllib.env_runner         what runs in an env-runner actor (never imports the learner's)
+    4.2 rllib.algorithm          the driver
+    5   cli                      entry points: rllib train, rllib-grpo explain, the demo
 
-``rllib_grpo/registration.py`` and ``rllib_grpo/logs.py`` import nothing of the package
-(layer 0); the package root and the ``python -m rllib_grpo.demo`` shim are entry points
-(layer 6).
+The learner's and the env runner's rooms share a layer but may not import each other: they
+run in different processes.  ``rllib_grpo/registration.py`` and ``rllib_grpo/logs.py``
+import nothing of the package (layer 0); the package root and the ``python -m
+rllib_grpo.demo`` shim are entry points (layer 6).
 
     python tools/check_layers.py      # prints each problem; exit 1 if any
 """
@@ -24,8 +30,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "rllib_grpo"
-LAYERS = {"registration": 0, "logs": 0, "algos": 1, "data": 2, "rewards": 2, "envs": 2, "models": 3,
-          "samplers": 3, "rllib": 4, "cli": 5, "demo": 6, "": 6}
+LAYERS = {"registration": 0, "logs": 0, "algos": 1, "data": 2, "rewards": 2, "envs": 2,
+          "weights": 3.0, "models": 3.1, "samplers": 3.2, "rllib": 4.0, "rllib.config": 4.0,
+          "rllib.learner": 4.1, "rllib.env_runner": 4.1, "rllib.algorithm": 4.2, "cli": 5,
+          "demo": 6, "": 6}
+# Rooms of one layer that run in different processes and so never import each other.
+APART = [("rllib.learner", "rllib.env_runner")]
 # Source folders of the package's modules (``rllib_grpo.envs`` ships from ``envs/``).
 SOURCES = {PACKAGE: ROOT / PACKAGE, f"{PACKAGE}.envs": ROOT / "envs"}
 
@@ -68,9 +78,18 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
     return targets
 
 
-def layer(name: str) -> int:
-    parts = name.split(".")
-    return LAYERS[parts[1] if len(parts) > 1 else ""]
+def room(name: str) -> str:
+    """The longest key of `LAYERS` that holds the module ``name``."""
+    parts = name.split(".")[1:]
+    for size in range(len(parts), -1, -1):
+        key = ".".join(parts[:size])
+        if key in LAYERS:
+            return key
+    return ""
+
+
+def layer(name: str) -> float:
+    return LAYERS[room(name)]
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -116,6 +135,9 @@ def problems() -> list[str]:
     found = [f"upward import: {src} (layer {layer(src)}) imports {dst} (layer {layer(dst)})"
              for src, dsts in sorted(graph.items()) for dst in sorted(dsts)
              if layer(dst) > layer(src)]
+    found += [f"import across processes: {src} ({room(src)}) imports {dst} ({room(dst)})"
+              for src, dsts in sorted(graph.items()) for dst in sorted(dsts)
+              if (room(src), room(dst)) in APART or (room(dst), room(src)) in APART]
     found += ["import cycle: " + " <-> ".join(c) for c in cycles(graph)]
     return found
 

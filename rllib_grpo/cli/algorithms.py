@@ -20,7 +20,7 @@ def resolve_algo(name: str) -> Any:
     from ray.rllib.algorithms.algorithm import Algorithm
     from ray.tune.registry import get_trainable_cls
 
-    import rllib_grpo.rllib.algorithm  # noqa: F401  (registers "GRPO" with Tune)
+    import rllib_grpo.rllib.algorithm.grpo  # noqa: F401  (registers "GRPO" with Tune)
 
     try:
         with warnings.catch_warnings():  # registering RLlib's built-ins warns about gym spaces
@@ -37,7 +37,7 @@ def resolve_algo(name: str) -> Any:
 def default_config(algo: str) -> Any:
     """A fresh default config of the algorithm."""
     if algo == "GRPO":
-        from rllib_grpo.rllib.config import GRPOConfig
+        from rllib_grpo.rllib.config.grpo_config import GRPOConfig
 
         return GRPOConfig()
     return resolve_algo(algo).get_default_config()

@@ -211,7 +211,7 @@ def config_errors(exp: Experiment) -> list[str]:
     none for other algorithms."""
     if exp.algo != "GRPO":
         return []
-    from rllib_grpo.rllib.checks import find_errors
+    from rllib_grpo.rllib.config.checks import find_errors
 
     errors: list[str] = []
     for point in grid_points(exp):

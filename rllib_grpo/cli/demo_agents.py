@@ -32,7 +32,7 @@ def guess_number_config(seed: int = 0, sampler: str = "auto", model_path: str | 
 def _episode_config(env: str, env_config: dict, model_path: str, seed: int, sampler: str,
                     max_response_length: int, max_tokens_per_turn: int):
     """What both multi-turn demos share: 16 prompts x 8 episodes, lr 1e-3, KL loss 0.001."""
-    from rllib_grpo.rllib.config import GRPOConfig
+    from rllib_grpo.rllib.config.grpo_config import GRPOConfig
 
     return (
         GRPOConfig()

@@ -21,7 +21,7 @@ from typing import Any
 
 def demo_config(seed: int = 0, sampler: str = "auto") -> Any:
     """The tiny demo's GRPOConfig (also used by the learning test)."""
-    from rllib_grpo.rllib.config import GRPOConfig
+    from rllib_grpo.rllib.config.grpo_config import GRPOConfig
 
     return (
         GRPOConfig()
@@ -52,7 +52,7 @@ def smollm2_config(seed: int = 0, sampler: str = "auto") -> Any:
     0.292 -> 0.958 in 15 steps; docs/demo.md).  No KL term: the reference forward would cost a fifth of
     each step on CPU, and 15 small steps stay close to the start anyway.
     """
-    from rllib_grpo.rllib.config import GRPOConfig
+    from rllib_grpo.rllib.config.grpo_config import GRPOConfig
 
     return (
         GRPOConfig()

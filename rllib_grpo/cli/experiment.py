@@ -42,7 +42,7 @@ from rllib_grpo.cli.verl_keys import (  # noqa: F401  (the tables are part of th
     VERL_TOP_LEVEL,
     prefix_match,
 )
-from rllib_grpo.rllib.settings import (
+from rllib_grpo.rllib.config.settings import (
     DERIVED_FIELDS,
     SETTINGS_FIELDS,
     VERL_ALIASES,

@@ -262,7 +262,7 @@ def describe_run(exp: Experiment, config: Any) -> list[str]:
 def explain(args: argparse.Namespace, file: str | None, overrides: list[str]) -> int:
     """``rllib-grpo explain``: print the plan (per grid point); exit 1 on errors or pitfalls."""
     from rllib_grpo.cli.build import build_config, grid_points, resolve_stop
-    from rllib_grpo.rllib.checks import find_errors, find_pitfalls
+    from rllib_grpo.rllib.config.checks import find_errors, find_pitfalls
 
     exp = assemble_from_args(args, file, overrides)
     if exp.algo != "GRPO":

@@ -6,7 +6,7 @@
   second signal aborts at once.
 * ``rllib train --resume RUN_DIR`` (`prepare_resume`, then ``tune.Tuner.restore``)
   continues each unfinished trial from its newest complete checkpoint
-  (`rllib_grpo.rllib.resilience.ResilientAlgorithm.load_checkpoint`), after trimming
+  (`rllib_grpo.rllib.algorithm.resilience.ResilientAlgorithm.load_checkpoint`), after trimming
   from its ``result.json`` and ``progress.csv`` the iterations after that checkpoint, so
   that no iteration is recorded twice.
 
@@ -29,7 +29,7 @@ from typing import Any
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from rllib_grpo.cli.errors import ConfigError
-from rllib_grpo.rllib.checkpoints import newest_complete_checkpoint
+from rllib_grpo.rllib.algorithm.checkpoints import newest_complete_checkpoint
 
 _INTERRUPT = threading.Event()
 _SIGNAL: list[int] = []

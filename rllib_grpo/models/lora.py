@@ -34,8 +34,8 @@ from typing import Any
 
 import torch
 
-from rllib_grpo.models.weights import fused_closure as sync_modules
-from rllib_grpo.models.weights import module_of
+from rllib_grpo.weights.names import fused_closure as sync_modules
+from rllib_grpo.weights.names import module_of
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ PEFT_PREFIX = "base_model.model."  # peft's prefix before the HF names
 
 @dataclass(frozen=True)
 class LoRASettings:
-    """The LoRA knobs of `rllib_grpo.rllib.settings` (``lora_*``) as the module receives them."""
+    """The LoRA knobs of `rllib_grpo.rllib.config.settings` (``lora_*``) as the module receives them."""
 
     rank: int
     alpha: float = 16.0

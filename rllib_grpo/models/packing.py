@@ -17,8 +17,8 @@ and confines attention to each sequence:
   and never makes a row's attention cost more than a padded row's.
 
 The response log-probs (and entropies) come back as ``(B, R)`` tensors with zeros
-on padding, exactly like `rllib_grpo.rllib.module.response_log_probs` (to float
-precision: ``tests/test_packing.py``), so every loss and aggregation downstream is
+on padding, exactly like `rllib_grpo.rllib.learner.module.response_log_probs` (to float
+precision: ``tests/rllib/learner/test_packing.py``), so every loss and aggregation downstream is
 unchanged.  No Ray here.
 """
 
@@ -167,7 +167,7 @@ def packed_response_log_probs(
     with_entropy: bool = False,
     detach_entropy: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """`rllib_grpo.rllib.module.response_log_probs` computed on packed rows.
+    """`rllib_grpo.rllib.learner.module.response_log_probs` computed on packed rows.
 
     Same arguments and result: ``{"log_probs": (B, R), "entropy": (B, R) if
     with_entropy}`` (float32), zeros on padding positions; ``detach_entropy``: the

@@ -13,8 +13,6 @@ from transformers import GenerationConfig
 
 from rllib_grpo.models.loading import load_causal_lm
 from rllib_grpo.models.tokenizers import load_tokenizer
-from rllib_grpo.models.transfer import Manifest
-from rllib_grpo.models.transport import BucketReceiver, GroupSpec, SlotsSpec
 from rllib_grpo.samplers.base import (
     CallSeeds,
     Sample,
@@ -22,6 +20,8 @@ from rllib_grpo.samplers.base import (
     combined_seed,
     state_dict_bytes,
 )
+from rllib_grpo.weights.layout import Manifest
+from rllib_grpo.weights.transport import BucketReceiver, GroupSpec, SlotsSpec
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class HFSampler:
         return {"bytes": state_dict_bytes(state_dict), "seconds": time.perf_counter() - start}
 
     # ------------------------------------------------------------------ weight transfer
-    # The receiving side of `rllib_grpo.models.transport`: weights stream in by bucket and
+    # The receiving side of `rllib_grpo.weights.transport`: weights stream in by bucket and
     # are copied into the live parameters (in place, cast to the model's dtype).
     @property
     def weight_dtype(self) -> torch.dtype:
@@ -109,7 +109,7 @@ class HFSampler:
         return next(self.model.parameters()).dtype
 
     def join_weight_group(self, spec: GroupSpec, rank: int) -> None:
-        """Join a weight group as ``rank`` (`rllib_grpo.models.transport.WeightGroup`)."""
+        """Join a weight group as ``rank`` (`rllib_grpo.weights.transport.WeightGroup`)."""
         self._weight_receiver.join(spec, rank)
 
     def prepare_weights(self, manifest: Manifest, slots: SlotsSpec | None = None,

@@ -24,11 +24,11 @@ import numpy as np
 import torch
 
 from rllib_grpo.logs import is_quiet
-from rllib_grpo.models.transfer import Manifest
-from rllib_grpo.models.transport import GroupSpec, SlotsSpec
-from rllib_grpo.models.weights import fused_closure, module_of
 from rllib_grpo.samplers.base import CallSeeds, Sample, SamplingParams, state_dict_bytes
 from rllib_grpo.samplers.vllm_worker import EXTENSION_QUALNAME
+from rllib_grpo.weights.layout import Manifest
+from rllib_grpo.weights.names import fused_closure, module_of
+from rllib_grpo.weights.transport import GroupSpec, SlotsSpec
 
 logger = logging.getLogger(__name__)
 

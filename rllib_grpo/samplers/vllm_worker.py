@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rllib_grpo.models.transfer import Manifest
-from rllib_grpo.models.transport import BucketReceiver, GroupSpec, SlotsSpec
+from rllib_grpo.weights.layout import Manifest
+from rllib_grpo.weights.transport import BucketReceiver, GroupSpec, SlotsSpec
 
 EXTENSION_QUALNAME = "rllib_grpo.samplers.vllm_worker.WeightSyncExtension"
 

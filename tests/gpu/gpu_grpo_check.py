@@ -28,7 +28,7 @@ that does not contain ``rllib_grpo/``::
     python tests/gpu/gpu_grpo_check.py [--iterations 3] [--prompts 16] [--response-length 128]
 
 ``--tiny`` runs the same logic on a tiny model on the CPU in about a minute (what the test
-suite does, `tests/test_bf16.py`).
+suite does, `tests/rllib/learner/test_bf16.py`).
 """
 
 from __future__ import annotations

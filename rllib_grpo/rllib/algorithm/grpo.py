@@ -1,0 +1,402 @@
+"""`GRPO`: the RLlib Algorithm.  Its `training_step` is the paper's loop:
+
+    sample groups -> update the policy on whole groups -> sync weights to the samplers
+
+With ``max_staleness`` >= 1 the next step's sampling runs in the background during the
+update (`rllib_grpo.rllib.algorithm.async_pipeline`; docs/async.md).
+Tensor math lives in the learner (`rllib_grpo.rllib.learner.learner`) and `rllib_grpo.algos`;
+sampling and scoring in the env runners (`rllib_grpo.rllib.env_runner.env_runner`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+
+import ray
+from ray.rllib.algorithms.algorithm import Algorithm
+from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
+from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+from ray.rllib.utils.annotations import override
+from ray.rllib.utils.metrics import (
+    ENV_RUNNER_RESULTS,
+    LEARNER_RESULTS,
+    NUM_ENV_STEPS_SAMPLED_LIFETIME,
+)
+from ray.tune.registry import register_trainable
+from ray.tune.trainable import Trainable
+
+from rllib_grpo.data.recipes import (
+    GroupFilterStats,
+    filter_groups,
+    first_groups,
+    validation_metrics,
+)
+from rllib_grpo.data.rollout import RolloutBatch, concat_rollouts, data_metrics
+from rllib_grpo.rllib.algorithm.async_pipeline import AsyncPipeline
+from rllib_grpo.rllib.algorithm.resilience import ResilientAlgorithm
+from rllib_grpo.rllib.algorithm.weight_sync import WeightSync
+from rllib_grpo.rllib.config.grpo_config import GRPOConfig
+
+logger = logging.getLogger(__name__)
+REMOTE_RUNNERS = "remote_env_runners"
+DATA_POSITION = "data_position"  # prompts served so far, in the env runners' shared order
+
+# Learner metrics surfaced at the top level of the result under verl's names.
+ACTOR_KEYS = (
+    "actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl",
+    "actor/kl_loss", "actor/kl_coef", "actor/entropy", "actor/entropy_loss", "actor/grad_norm",
+    "actor/loss", "actor/skipped_steps", "actor/lr", "actor/reward_kl_penalty",
+    "actor/reward_kl_penalty_coeff", "critic/rewards/mean", "critic/rewards/max",
+    "critic/rewards/min", "critic/advantages/mean", "critic/advantages/max",
+    "critic/advantages/min", "critic/returns/mean", "critic/returns/max", "critic/returns/min",
+    "training/rollout_probs_diff_mean", "training/rollout_probs_diff_max",
+    "training/rollout_log_probs_diff_max",
+    "training/rollout_actor_probs_pearson_corr", "rollout_corr/is_weight_mean",
+    "rollout_corr/is_truncated_frac", "response/truncated_masked_frac",
+    # Learner throughput (rllib_grpo.rllib.learner.perf), per learner device as verl's perf/*.
+    "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_policy", "perf/actor_tokens_per_s",
+    "perf/mfu/actor", "perf/mfu/actor_infer", "perf/max_memory_allocated_gb",
+    "perf/max_memory_reserved_gb",
+)
+
+
+class GRPO(ResilientAlgorithm):
+    """Group Relative Policy Optimization for language models on RLlib's new API stack.
+
+    Checkpoint safety, resume and env runner restarts come from `ResilientAlgorithm`."""
+
+    @override(Algorithm)
+    @classmethod
+    def get_default_config(cls) -> GRPOConfig:
+        return GRPOConfig()
+
+    @override(Algorithm)
+    def setup(self, config: Any) -> None:
+        self._startup_origin = startup_origin()
+        super().setup(config)
+        self._no_signal_streak = 0
+        self._startup_seconds: float | None = None
+        self.last_rollout: RolloutBatch | None = None
+        self._data_position = 0
+        self._validated_before_train = False
+        self._weight_sync: WeightSync | None = None  # made on the first sync
+        # max_staleness >= 1: the next step's groups are sampled while the learner trains.
+        self._pipeline = AsyncPipeline(self) if self.config.max_staleness else None
+
+    @override(Algorithm)
+    def training_step(self) -> None:
+        c = self.config
+        if c.val_before_train and not self._validated_before_train:  # verl: once per run
+            self._log_dict(self.validate())
+            self._validated_before_train = True
+        t_step = time.perf_counter()
+        if self._startup_seconds is None:
+            self._startup_seconds = time.time() - self._startup_origin
+        # Every step, so that every result carries it (a one-off value reads NaN later).
+        self._log_value("timing_s/startup", self._startup_seconds)
+
+        with self.metrics.log_time("timing_s/sample"):
+            rollout = self._sample_step()
+        self._log_dict(data_metrics(rollout, c.max_response_length))
+        self._warn_if_no_signal()
+        if self._pipeline is not None:  # the next step's sampling overlaps this update
+            self._pipeline.before_update(rollout, self._generation_batch_prompts())
+
+        t0 = time.perf_counter()
+        learner_results = self.learner_group.update(
+            batch=self._to_learner_batch(rollout),
+            timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
+                (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0)},
+        )
+        self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
+        update_time = time.perf_counter() - t0
+        self._log_value("timing_s/update_actor", update_time)
+        self._surface_learner_metrics()
+        self._stop_if_nothing_learned(rollout)
+
+        if self._pipeline is None:
+            t0 = time.perf_counter()
+            self._sync_weights()
+            self._log_value("timing_s/update_weights", time.perf_counter() - t0)
+        else:  # the runners are busy: they get the weights when their generation ends
+            self._pipeline.updated()
+        if self._validation_due(self.iteration + 1):
+            if self._pipeline is not None:
+                self._pipeline.settle()
+            self._log_dict(self.validate())
+
+        step_time = time.perf_counter() - t_step
+        tokens = float(rollout.prompt_lengths.sum() + rollout.response_lengths.sum())
+        self._log_value("timing_s/step", step_time)
+        self._log_value("perf/total_num_tokens", tokens)
+        self._log_value("perf/time_per_step", step_time)
+        self._log_value("perf/throughput", tokens / max(step_time, 1e-9))
+        self._log_idle_fractions(step_time, update_time)
+
+    def _log_idle_fractions(self, step_time: float, update_time: float) -> None:
+        """``async/learner_idle_frac``: 1 - learner update seconds / step seconds;
+        ``async/sampler_idle_frac``: 1 - the env runners' generation + reward seconds of the
+        step's (last) sample call / step seconds (docs/async.md).  Logged in both modes."""
+        busy = sum(self.metrics.peek((ENV_RUNNER_RESULTS, key), default=0.0)
+                   for key in ("timing_s/gen", "timing_s/reward"))
+        step = max(step_time, 1e-9)
+        self._log_value("async/learner_idle_frac", min(1.0, max(0.0, 1 - update_time / step)))
+        self._log_value("async/sampler_idle_frac", min(1.0, max(0.0, 1 - busy / step)))
+
+    def _generation_batch_prompts(self) -> int:
+        """Prompts of one generation batch (dynamic sampling draws several per step)."""
+        c = self.config
+        return (c.gen_prompts_per_batch or c.prompts_per_step) if c.filter_groups \
+            else c.prompts_per_step
+
+    def _validation_due(self, step: int) -> bool:
+        """verl: every ``test_freq`` steps and at the last one; never when it is <= 0."""
+        c = self.config
+        return c.val_every > 0 and (step % c.val_every == 0 or step == c.total_training_steps)
+
+    def _sync_weights(self) -> None:
+        """Push the learners' weights to every sampler before the next sample, by the
+        fastest path the placement allows (`rllib_grpo.rllib.algorithm.weight_sync`: device tensors in
+        one process, CUDA IPC / shared memory on one node, bucketed collectives across
+        nodes; Ray's object store as the fallback)."""
+        if getattr(self, "_weight_sync", None) is None:
+            self._weight_sync = WeightSync(self)
+        assert self._weight_sync is not None
+        self._log_dict(self._weight_sync.sync())
+
+    @override(Algorithm)
+    def cleanup(self) -> None:
+        weight_sync = getattr(self, "_weight_sync", None)
+        if weight_sync is not None:
+            weight_sync.close()
+            self._weight_sync = None
+        super().cleanup()
+
+    # ------------------------------------------------------------------ checkpoints
+    @override(Algorithm)
+    def get_state(self, components=None, *, not_components=None, **kwargs) -> dict:
+        """RLlib's state plus the remote runners' data positions and RNG streams.
+
+        (A local env runner is its own checkpoint component already.)
+        """
+        state = super().get_state(components, not_components=not_components, **kwargs)
+        if self._check_component(DATA_POSITION, components, not_components):
+            # In-flight samples are not saved: a restored run samples their prompts again.
+            state[DATA_POSITION] = self._data_position - (
+                self._pipeline.in_flight_prompts if self._pipeline is not None else 0)
+        group = self.env_runner_group
+        if group is not None and group.num_remote_env_runners() > 0 and self._check_component(
+                REMOTE_RUNNERS, components, not_components):
+            state[REMOTE_RUNNERS] = group.foreach_env_runner(
+                lambda er: (er.worker_index, er.get_state()), local_env_runner=False)
+        return state
+
+    @override(Algorithm)
+    def set_state(self, state: dict) -> None:
+        super().set_state(state)
+        if self._pipeline is not None:  # restored weights and data: start the pipeline clean
+            self._pipeline.reset()
+        self._data_position = state.get(DATA_POSITION, self._data_position)
+        if REMOTE_RUNNERS in state and self.env_runner_group is not None:
+            by_index = dict(state[REMOTE_RUNNERS])
+            self.runner_states.update(by_index)  # what a restarted runner continues from
+            self.env_runner_group.foreach_env_runner(
+                lambda er: er.set_state(by_index[er.worker_index])
+                if er.worker_index in by_index else None, local_env_runner=False)
+
+    @override(Trainable)
+    def export_model(self, path: str, *, dtype: str | None = None, lora_mode: str = "merge",
+                     overwrite: bool = False) -> str:
+        """Write the current policy as a Hugging Face model folder; returns its path.
+
+        (Replaces Tune's ``Trainable.export_model(export_formats, export_dir)``, whose
+        RLlib implementation serves old-API-stack policies only; nothing in Ray calls it.)
+
+        The learners' full state (gathered from every FSDP shard) goes through
+        `rllib_grpo.models.export.export_module_state`: safetensors shards, config,
+        generation config and the base model's tokenizer.  With LoRA the adapter is
+        merged (``lora_mode="merge"``) or written as a PEFT folder (``"adapter"``).
+        ``dtype`` None keeps the learner's.  For a checkpoint on disk use
+        ``rllib-grpo export`` (`rllib_grpo.cli.export.export_checkpoint`).
+        """
+        from rllib_grpo.models.export import export_module_state
+
+        state = self.learner_group.get_state(
+            components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}/{DEFAULT_MODULE_ID}",
+        )[COMPONENT_LEARNER][COMPONENT_RL_MODULE][DEFAULT_MODULE_ID]
+        c = self.config
+        return export_module_state(state, c.model_path, path, dtype=dtype, lora_mode=lora_mode,
+                                   base_dtype=c.model_dtype, overwrite=overwrite).path
+
+    # ------------------------------------------------------------------ sampling
+    def _sample_step(self) -> RolloutBatch:
+        """One step's groups; with dynamic sampling (DAPO), only groups with a signal."""
+        c = self.config
+        if not c.filter_groups:
+            if self._pipeline is not None:
+                return self._pipeline.fill(c.prompts_per_step)
+            return self._sample_groups(c.prompts_per_step)
+        draw = self._sample_groups if self._pipeline is None else self._pipeline.draw
+        gen_prompts = c.gen_prompts_per_batch or c.prompts_per_step
+        kept, totals, num_batches, num_kept = [], GroupFilterStats(), 0, 0
+        while num_kept < c.prompts_per_step:
+            if 0 < c.max_num_gen_batches <= num_batches:
+                raise RuntimeError(
+                    f"Dynamic sampling: {num_batches} generation batches gave only {num_kept} of "
+                    f"{c.prompts_per_step} groups whose {c.filter_groups_metric!r} varies "
+                    f"({totals.dropped_all_right} groups dropped all right, "
+                    f"{totals.dropped_all_wrong} all wrong): the data is too easy (mostly all "
+                    "right) or too hard (mostly all wrong) for the model. Change the data or "
+                    "raise max_num_gen_batches / gen_prompts_per_batch.")
+            batch, stats = filter_groups(draw(gen_prompts), c.filter_groups_metric)
+            num_batches += 1
+            for name in ("kept", "dropped_all_right", "dropped_all_wrong", "dropped_other"):
+                setattr(totals, name, getattr(totals, name) + getattr(stats, name))
+            if len(batch):
+                kept.append(batch)
+                num_kept += stats.kept
+        rollout = first_groups(concat_rollouts(kept, pad_token_id=0), c.prompts_per_step)
+        self._log_dict({
+            "train/num_gen_batches": num_batches,
+            "filter_groups/dropped_all_right": totals.dropped_all_right,
+            "filter_groups/dropped_all_wrong": totals.dropped_all_wrong,
+            "filter_groups/discarded_surplus_groups": num_kept - c.prompts_per_step,
+        })
+        self.last_rollout = rollout
+        return rollout
+
+    def _sample_groups(self, num_prompts: int) -> RolloutBatch:
+        """Ask every env runner for its share of ``num_prompts`` groups and concatenate.
+
+        All runners walk one shared prompt order (one permutation per epoch, as verl's
+        dataloader); runner ``k`` serves the ``k``-th consecutive slice of the next
+        ``num_prompts`` positions, so no prompt repeats or is skipped within an epoch.
+        """
+        group = self.env_runner_group
+        num_remote = group.num_remote_env_runners()
+        slices = self._claim_prompts(num_prompts)
+        if num_remote == 0:
+            runner = group.local_env_runner
+            batches = [runner.sample(num_prompts=num_prompts, start=slices[0][0])]
+            metrics = [runner.get_metrics()]
+        else:
+            # A lost runner's slice is sampled again, at the same positions of the shared
+            # order, by a healthy or restarted runner (`ResilientAlgorithm.sample_on_runners`).
+            results = self.sample_on_runners(
+                lambda er, part: (er.sample(num_prompts=part[1], start=part[0]),
+                                  er.get_metrics()), slices)
+            batches = [b for b, _ in results if len(b)]
+            metrics = [m for _, m in results]
+            if not batches:
+                raise RuntimeError(
+                    f"None of the {num_remote} env runners returned samples (see their errors "
+                    "above); healthy runners: "
+                    f"{group.num_healthy_remote_workers()}.")
+        self.metrics.aggregate(metrics, key=ENV_RUNNER_RESULTS)
+        rollout = concat_rollouts(batches, pad_token_id=0)
+        self.last_rollout = rollout
+        return rollout
+
+    def _claim_prompts(self, num_prompts: int) -> list[tuple[int, int]]:
+        """The next ``num_prompts`` positions of the shared order, as ``(start, count)``
+        per remote runner (one slice for the local runner); the data position moves on."""
+        num_runners = max(1, self.env_runner_group.num_remote_env_runners())
+        slices = prompt_slices(self._data_position, num_prompts, num_runners)
+        self._data_position += num_prompts
+        return slices
+
+    def validate(self) -> dict[str, float]:
+        """Score held-out prompts (greedy by default) and return verl's ``val-core`` metrics.
+
+        Every validation scores the same prompts: the first ``val_num_prompts`` of the
+        held-out order, split over the env runners.
+        """
+        c, group = self.config, self.env_runner_group
+        t0 = time.perf_counter()
+        num_remote = group.num_remote_env_runners()
+        params = c.validation_sampling()
+        slices = prompt_slices(0, c.val_num_prompts, max(1, num_remote))
+        if num_remote == 0:
+            samples = group.local_env_runner.evaluate(c.val_num_prompts, c.val_n, params, start=0)
+        else:
+            per_runner = group.foreach_env_runner(
+                lambda er, slices=slices: er.evaluate(
+                    slices[er.worker_index - 1][1], c.val_n, params,
+                    start=slices[er.worker_index - 1][0]),
+                local_env_runner=False)
+            samples = [s for runner_samples in per_runner for s in runner_samples]
+        metrics = validation_metrics(samples)
+        metrics["timing_s/testing"] = time.perf_counter() - t0
+        return metrics
+
+    def _to_learner_batch(self, rollout: RolloutBatch) -> MultiAgentBatch:
+        columns = rollout.train_columns()
+        return MultiAgentBatch(
+            {DEFAULT_MODULE_ID: SampleBatch(columns)}, env_steps=len(rollout)
+        )
+
+    # ------------------------------------------------------------------ metrics
+    def _log_value(self, key: str, value: float) -> None:
+        self.metrics.log_value(key, float(value), reduce="mean", window=1)
+
+    def _log_dict(self, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            self._log_value(key, value)
+
+    def _surface_learner_metrics(self) -> None:
+        split = [f"training/{name}/staleness_{k}" for k in range(min(self.config.max_staleness,
+                                                                    8) + 1)
+                 for name in ("rollout_log_probs_diff_max", "rollout_probs_diff_mean")
+                 ] if self._pipeline is not None else []
+        for key in (*ACTOR_KEYS, *split):
+            value = self.metrics.peek((LEARNER_RESULTS, DEFAULT_MODULE_ID, key), default=math.nan)
+            if not math.isnan(value):
+                self._log_value(key, value)
+
+    def _warn_if_no_signal(self) -> None:
+        flat = self.metrics.peek("groups/zero_variance_frac", default=0.0)
+        self._no_signal_streak = self._no_signal_streak + 1 if flat > 0.5 else 0
+        if self._no_signal_streak == self.config.warn_no_signal_after:
+            right = self.metrics.peek("groups/all_right_frac", default=0.0)
+            wrong = self.metrics.peek("groups/all_wrong_frac", default=0.0)
+            logger.warning(
+                "For %d steps most groups (%.0f%%: %.0f%% all right, %.0f%% all wrong) had equal "
+                "rewards, so they carry no learning signal. Likely causes: the reward parser "
+                "never matches (check critic/score and a sampled completion), no sampling "
+                "diversity (temperature too low, group_size too small), or the task is too "
+                "easy / too hard for the model.", self._no_signal_streak, 100 * flat,
+                100 * right, 100 * wrong,
+            )
+
+
+def startup_origin() -> float:
+    """When start-up began, for ``timing_s/startup`` (seconds until the first training step).
+
+    In a driver: when the process started (imports and ``ray.init`` included).  Inside a
+    Ray actor (a Tune trial), whose process may have idled in Ray's worker pool: now, as
+    the algorithm is being built.
+    """
+    import psutil
+
+    try:
+        in_actor = ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
+    except Exception:  # noqa: BLE001  (no usable runtime context: count from process start)
+        in_actor = False
+    return time.time() if in_actor else psutil.Process().create_time()
+
+
+def prompt_slices(position: int, num_prompts: int, num_runners: int) -> list[tuple[int, int]]:
+    """``(start, count)`` per runner: consecutive slices of the shared order that together
+    cover positions ``position .. position + num_prompts - 1`` (counts differ by <= 1)."""
+    base, extra = divmod(num_prompts, num_runners)
+    counts = [base + (i < extra) for i in range(num_runners)]
+    starts = [position + sum(counts[:i]) for i in range(num_runners)]
+    return list(zip(starts, counts, strict=True))
+
+
+# Importing the algorithm registers it, like RLlib's own; `rllib_grpo.registration` makes
+# ``"GRPO"`` resolvable before that.
+register_trainable("GRPO", GRPO)

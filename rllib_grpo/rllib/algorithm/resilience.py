@@ -1,0 +1,246 @@
+"""`ResilientAlgorithm`: the fault-handling half of `GRPO` (its base class).
+
+* Checkpoints are written atomically with a manifest of components and checksums, and
+  refused on restore when a component is missing or corrupt
+  (`rllib_grpo.rllib.algorithm.checkpoints`); ``keep_checkpoints`` prunes old ones.
+* Tune's restore continues from the newest complete checkpoint of the trial, whatever
+  checkpoint Tune's (lagging) experiment snapshot names.
+* A run that learns nothing for ``max_skipped_steps`` steps in a row (every optimizer
+  step skipped, or every reward call failed) stops with a message instead of running on.
+* A lost remote env runner does not fail the step (`sample_on_runners`): its share is
+  sampled again by the healthy runners, or, when none is left, by the runner Ray restarts
+  (within ``env_runner_restart_timeout_s``).  A restarted runner gets the current weights
+  and its data position (recorded after its last good sample) before it samples again
+  (`restore_env_runners`), so no prompt is served twice; ``fault_tolerance/*`` metrics
+  count the restarts.
+
+The training loop itself lives in `rllib_grpo.rllib.algorithm.grpo.GRPO`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.rllib.algorithms.algorithm import Algorithm
+from ray.rllib.core import (
+    COMPONENT_LEARNER,
+    COMPONENT_LEARNER_GROUP,
+    COMPONENT_RL_MODULE,
+    DEFAULT_MODULE_ID,
+)
+from ray.rllib.env.env_runner_group import EnvRunnerGroup
+from ray.rllib.utils.annotations import override
+from ray.rllib.utils.metrics import LEARNER_RESULTS, WEIGHTS_SEQ_NO
+
+from rllib_grpo.rllib.algorithm.checkpoints import (
+    atomic_save,
+    newest_complete_checkpoint,
+    prune_checkpoints,
+    verify_checkpoint,
+)
+
+logger = logging.getLogger(__name__)
+TUNE_CHECKPOINT_NAME = re.compile(r"checkpoint_\d+")
+
+
+class ResilientAlgorithm(Algorithm):
+    """An `Algorithm` whose checkpoints are atomic, checked, and resumed from the newest."""
+
+    @override(Algorithm)
+    def setup(self, config: Any) -> None:
+        super().setup(config)
+        # Names this run's checkpoints (kept across restores) so pruning touches no others.
+        self._checkpoint_run_id = uuid.uuid4().hex
+        self._skipped_streak = 0
+        # Each remote runner's state (data position, RNG) after its last good sample.
+        self.runner_states: dict[int, dict] = {}
+        self._num_runner_restarts = 0
+        self._num_resampled_shares = 0
+
+    # ------------------------------------------------------------------ env runner faults
+    def sample_on_runners(self, func: Callable[[Any, Any], Any], shares: list[Any]) -> list:
+        """``func(runner, share)`` on every remote runner, ``shares[i]`` for runner ``i + 1``;
+        the results in runner order.  A share whose runner is lost is sampled again by a
+        healthy runner, or by the restarted runner when none is healthy."""
+        group = self.env_runner_group
+        pending = {index: share for index, share in enumerate(shares, start=1) if share}
+        results: dict[int, Any] = {}
+        timeout = getattr(self.config, "env_runner_restart_timeout_s", 600.0)
+        deadline = time.monotonic() + timeout
+        first_round = True
+        while pending:
+            healthy = sorted(group.healthy_env_runner_ids())
+            if healthy:
+                # A lost runner's share goes to a healthy one (which draws from its own data).
+                assignment: dict[int, list[int]] = {}
+                for n, index in enumerate(sorted(pending)):
+                    runner = index if index in healthy else healthy[n % len(healthy)]
+                    assignment.setdefault(runner, []).append(index)
+                if not first_round:
+                    self._num_resampled_shares += len(pending)
+                self._sample_round(func, pending, assignment, results)
+            first_round = False
+            if not pending:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"env runner(s) {sorted(pending)} were lost and none came back within "
+                    f"env_runner_restart_timeout_s={timeout:g} s (healthy runners: "
+                    f"{group.num_healthy_remote_workers()}); see the runners' errors above.")
+            if not self.restore_env_runners(group):
+                time.sleep(1.0)
+        self.log_fault_counts()
+        return [results[index] for index in sorted(results)]
+
+    def log_fault_counts(self) -> None:
+        """This run's env runner restarts and shares sampled again (every step's result)."""
+        self.metrics.log_value("fault_tolerance/env_runner_restarts", self._num_runner_restarts,
+                               reduce="mean", window=1)
+        self.metrics.log_value("fault_tolerance/resampled_shares", self._num_resampled_shares,
+                               reduce="mean", window=1)
+
+    def _sample_round(self, func: Callable[[Any, Any], Any], pending: dict[int, Any],
+                      assignment: dict[int, list[int]], results: dict[int, Any]) -> None:
+        """One ``foreach_env_runner``: each runner samples the shares assigned to it."""
+        work = {runner: [(index, pending[index]) for index in indices]
+                for runner, indices in assignment.items()}
+
+        def sample(er: Any, work: dict = work) -> list:
+            done = [(index, func(er, share)) for index, share in work[er.worker_index]]
+            return [(er.worker_index, done, er.get_state())]
+
+        for runner, done, state in (item for out in self.env_runner_group.foreach_env_runner(
+                sample, local_env_runner=False, remote_worker_ids=list(work),
+                healthy_only=True) for item in out):
+            self.runner_states[runner] = state
+            for index, result in done:
+                results[index] = result
+                pending.pop(index, None)
+
+    @override(Algorithm)
+    def restore_env_runners(self, env_runner_group: EnvRunnerGroup) -> list[int]:
+        """Bring restarted remote runners up to date before they sample: the learners'
+        current weights, then the data position and RNG state each had after its last good
+        sample (RLlib's default would restart its data from the beginning)."""
+        if env_runner_group is not self.env_runner_group or not self.config.is_online:
+            return super().restore_env_runners(env_runner_group)
+        restored = env_runner_group.probe_unhealthy_env_runners()
+        if not restored:
+            return []
+        weights = self.learner_group.get_state(
+            components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}/{DEFAULT_MODULE_ID}",
+            inference_only=True)[COMPONENT_LEARNER]
+        weights = {k: v for k, v in weights.items() if k in (COMPONENT_RL_MODULE, WEIGHTS_SEQ_NO)}
+        for index in restored:
+            state = {**self.runner_states.get(index, {}), **weights}
+            ref = ray.put(state)
+            env_runner_group.foreach_env_runner(
+                lambda er, ref=ref: er.set_state(ray.get(ref)), local_env_runner=False,
+                remote_worker_ids=[index], timeout_seconds=self.config.env_runner_restore_timeout_s)
+        self._num_runner_restarts += len(restored)
+        logger.warning("Env runner(s) %s restarted; they got the current weights and their "
+                       "data positions.", restored)
+        return restored
+
+    # ------------------------------------------------------------------ progress
+    def _stop_if_nothing_learned(self, rollout: Any) -> None:
+        """Count training steps in a row that learned nothing; raise after
+        ``max_skipped_steps`` of them, saying why."""
+        skipped = self.metrics.peek((LEARNER_RESULTS, DEFAULT_MODULE_ID, "actor/skipped_frac"),
+                                    default=0.0)
+        real = rollout.sample_mask > 0
+        reward_failed = bool(real.any()) and bool(rollout.reward_errors[real].all())
+        self._skipped_streak = self._skipped_streak + 1 if (
+            skipped >= 1.0 or reward_failed) else 0
+        self.metrics.log_value("train/skipped_steps_in_a_row", self._skipped_streak,
+                               reduce="mean", window=1)
+        limit = getattr(self.config, "max_skipped_steps", 0)
+        if not limit or self._skipped_streak < limit:
+            return
+        if reward_failed:
+            first = next((i.get("reward_error_message") for i in rollout.infos
+                          if i.get("reward_error_message")), "")
+            why = (f"every reward call failed (e.g. {first}); fix the reward function or "
+                   "its inputs")
+        else:
+            why = ("every optimizer step was skipped for a non-finite gradient norm; check "
+                   "the rewards' scale and lr")
+        raise RuntimeError(f"Stopping: {self._skipped_streak} training steps in a row learned "
+                           f"nothing: {why} (max_skipped_steps={limit}).")
+
+    # ------------------------------------------------------------------ checkpoints
+    @override(Algorithm)
+    def save_to_path(self, path=None, *, state=None, filesystem=None, use_msgpack=False) -> str:
+        """RLlib's checkpoint, written atomically with a manifest of its components and
+        checksums; with ``keep_checkpoints`` = K > 0 only this run's newest K checkpoints
+        stay in the folder.  Remote filesystems get RLlib's plain save."""
+        if filesystem is not None or "://" in str(path or ""):
+            return super().save_to_path(path, state=state, filesystem=filesystem,
+                                        use_msgpack=use_msgpack)
+        target = Path(path) if path is not None else Path(tempfile.gettempdir()) / str(
+            uuid.uuid4())
+        save = super().save_to_path
+
+        def components() -> list[str]:
+            names = [name for name, _ in self.get_checkpointable_components()]
+            return names if state is None else [n for n in names if n in state]
+
+        iteration = self.training_iteration if state is None else state.get(
+            "training_iteration", self.training_iteration)
+        written = atomic_save(
+            target, lambda scratch: save(scratch, state=state, use_msgpack=use_msgpack),
+            components=components, iteration=iteration, run_id=self._checkpoint_run_id)
+        prune_checkpoints(Path(written).parent, self._checkpoint_run_id,
+                          getattr(self.config, "keep_checkpoints", 0))
+        return written
+
+    @override(Algorithm)
+    def restore_from_path(self, path, *args, **kwargs) -> None:
+        """Refuse an incomplete or corrupt checkpoint (naming the component and file)
+        before restoring anything; then RLlib's restore."""
+        if _is_local_checkpoint(path, kwargs):
+            manifest = verify_checkpoint(path, required_components=[COMPONENT_LEARNER_GROUP])
+            if manifest is not None:
+                self._checkpoint_run_id = manifest["run_id"]
+        super().restore_from_path(path, *args, **kwargs)
+
+    @override(Algorithm)
+    @classmethod
+    def from_checkpoint(cls, path, filesystem=None, **kwargs) -> Algorithm:
+        """Check the checkpoint is complete (components and file sizes) before building
+        anything; the checksums are verified by `restore_from_path`."""
+        if _is_local_checkpoint(path, {"filesystem": filesystem, **kwargs}):
+            verify_checkpoint(path, required_components=[COMPONENT_LEARNER_GROUP],
+                              checksums=False)
+        return super().from_checkpoint(path, filesystem=filesystem, **kwargs)
+
+    @override(Algorithm)
+    def load_checkpoint(self, checkpoint_dir: str) -> None:
+        """Tune's restore: continue from the newest complete checkpoint of the trial.
+
+        Tune restores the checkpoint its experiment snapshot names; that snapshot is
+        written every few seconds, so after an interruption it can name an older
+        checkpoint than the newest on disk, or one whose copy was cut short."""
+        folder = Path(checkpoint_dir)
+        if TUNE_CHECKPOINT_NAME.fullmatch(folder.name):
+            newest = newest_complete_checkpoint(folder.parent)
+            if newest is not None and newest[0] != folder:
+                logger.warning("Resuming from %s (iteration %d), the newest complete "
+                               "checkpoint of this trial, instead of %s.", newest[0],
+                               newest[1], folder)
+                checkpoint_dir = str(newest[0])
+        super().load_checkpoint(checkpoint_dir)
+
+
+def _is_local_checkpoint(path: Any, kwargs: dict) -> bool:
+    """A whole checkpoint on the local filesystem (not one component, not a remote URI)."""
+    return (kwargs.get("component") is None and kwargs.get("filesystem") is None
+            and isinstance(path, str | Path) and "://" not in str(path))

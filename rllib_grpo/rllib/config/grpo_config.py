@@ -1,0 +1,246 @@
+"""`GRPOConfig`: RLlib's fluent `AlgorithmConfig` with every GRPO knob of verl.
+
+The GRPO-specific fields, their units and verl names live in
+`rllib_grpo.rllib.config.settings.GRPOSettings`; this class carries them as attributes, sets
+them from `.training(...)`, resolves the batch plan, and validates it.
+
+    config = (
+        GRPOConfig()
+        .environment("rllib_grpo/Arithmetic-v0", env_config={"max_operand": 4})
+        .training(prompts_per_step=16, group_size=8, lr=1e-3)
+    )
+    algo = config.build_algo()
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import gymnasium as gym
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
+from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+from ray.rllib.utils.annotations import override
+from ray.rllib.utils.serialization import deserialize_type
+
+from rllib_grpo.registration import trainable_class
+from rllib_grpo.rllib.config.settings import (
+    DERIVED_FIELDS,
+    MODULE_SETTINGS,
+    SETTINGS_FIELDS,
+    VERL_ALIASES,
+    GRPOSettings,
+    canonical_dtype,
+    defaults,
+    derived_field_error,
+    is_dtype_setting,
+)
+
+# The classes a GRPO run is made of, by import path (RLlib resolves learner classes by path
+# too): the config sits below the learner's and the env runner's rooms, which import it.
+LEARNER = "rllib_grpo.rllib.learner.learner.GRPOLearner"
+FSDP_LEARNER = "rllib_grpo.rllib.learner.fsdp.FSDPGRPOLearner"
+LEARNER_GROUP = "rllib_grpo.rllib.learner.learner_group.GRPOLearnerGroup"
+RL_MODULE = "rllib_grpo.rllib.learner.module.CausalLMRLModule"
+ENV_RUNNER = "rllib_grpo.rllib.env_runner.env_runner.TextEnvRunner"
+TEXT_SPACE = gym.spaces.Text(max_length=1 << 16, charset="".join(map(chr, range(32, 127))) + "\n")
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchPlan:
+    """The resolved sizes of one training step (units in the names)."""
+
+    prompts_per_step: int
+    trajectories_per_step: int
+    prompts_per_minibatch: int
+    trajectories_per_minibatch: int
+    num_learners: int
+    trajectories_per_learner: int
+    trajectories_per_minibatch_per_learner: int
+    micro_batch_size_per_learner: int
+    micro_batches_per_minibatch: int
+    minibatches_per_epoch: int
+    optimizer_steps_per_step: int
+
+
+class GRPOConfig(AlgorithmConfig, GRPOSettings):
+    """Configuration of the GRPO algorithm.
+
+    Every GRPO field is declared (with its type, unit and doc) in `GRPOSettings`, which this
+    class inherits, so IDEs and type checkers see ``config.group_size`` and its siblings;
+    ``docs/configuration.md`` lists them all.  RLlib's own fields (``lr``, ``grad_clip``,
+    ``num_epochs``, ...) keep their meaning.  Fields derived from the batch plan
+    (`DERIVED_FIELDS`) are refused by name.
+    """
+
+    def __init__(self, algo_class: type | None = None) -> None:
+        # The algorithm class by its registered name: `GRPO` imports this module.
+        AlgorithmConfig.__init__(self, algo_class=algo_class or trainable_class("GRPO"))
+        for name, value in defaults().items():
+            setattr(self, name, value)
+        # RLlib fields with GRPO/verl defaults.
+        self.lr = 1e-6
+        self.gamma = 1.0
+        self.grad_clip = 1.0
+        self.grad_clip_by = "global_norm"
+        self.num_epochs = 1
+        self.shuffle_batch_per_epoch = False
+        self.num_env_runners = 0
+        self.observation_space = TEXT_SPACE
+        self.action_space = TEXT_SPACE
+        self.env_runner_cls = deserialize_type(ENV_RUNNER, error=True)
+        self.env = "rllib_grpo/Arithmetic-v0"
+        # The runners carry no connector state; the data position is checkpointed instead.
+        self._dont_auto_sync_env_runner_states = True
+
+    # ---------------------------------------------------------------- fluent setters
+    @override(AlgorithmConfig)
+    def training(self, **kwargs: Any) -> GRPOConfig:
+        """Set training fields: any GRPO setting (see `GRPOSettings`) or RLlib's own
+        (`lr`, `grad_clip`, `num_epochs`, ...).  verl's dotted names are accepted too."""
+        grpo_kwargs = {}
+        for key in list(kwargs):
+            name = VERL_ALIASES.get(key, key)
+            if name in DERIVED_FIELDS and kwargs[key] is not NotProvided:
+                raise ValueError(derived_field_error(name))
+            if name in SETTINGS_FIELDS:
+                value = kwargs.pop(key)
+                grpo_kwargs[name] = canonical_dtype(value) if is_dtype_setting(name) else value
+            elif name != key:
+                kwargs[name] = kwargs.pop(key)
+        super().training(**{k: v for k, v in kwargs.items() if v is not NotProvided})
+        for name, value in grpo_kwargs.items():
+            if value is not NotProvided:
+                setattr(self, name, value)
+        return self
+
+    @override(AlgorithmConfig)
+    def update_from_dict(self, config_dict: dict) -> GRPOConfig:
+        """RLlib's `update_from_dict`, also accepting verl's dotted names."""
+        translated = {VERL_ALIASES.get(k, k): v for k, v in config_dict.items()}
+        return super().update_from_dict(translated)
+
+    # ---------------------------------------------------------------- RLlib plumbing
+    @override(AlgorithmConfig)
+    def get_default_learner_class(self) -> type:
+        """`GRPOLearner`; its FSDP2 subclass when >= 2 learners shard the model (`fsdp`).
+
+        LoRA runs keep RLlib's DDP: only the small adapter trains, and the adapter
+        state/sync code reads unsharded weights.
+        """
+        if self.fsdp and self.num_learners >= 2 and not getattr(self, "lora_rank", 0):
+            return deserialize_type(FSDP_LEARNER, error=True)
+        return deserialize_type(LEARNER, error=True)
+
+    @override(AlgorithmConfig)
+    def build_learner_group(self, *, env=None, spaces=None, rl_module_spec=None,
+                            placement_group=None):
+        """RLlib's learner group, or `GRPOLearnerGroup` for >= 2 GRPO learners: it shards
+        by whole groups and gathers (FSDP) state on every learner, not learner 0 alone."""
+        if self.num_learners < 2 or not issubclass(self.learner_class,
+                                                   deserialize_type(LEARNER, error=True)):
+            return super().build_learner_group(env=env, spaces=spaces,
+                                               rl_module_spec=rl_module_spec,
+                                               placement_group=placement_group)
+        if rl_module_spec is None:
+            rl_module_spec = self.get_multi_rl_module_spec(env=env, spaces=spaces)
+        return deserialize_type(LEARNER_GROUP, error=True)(config=self.copy(), module_spec=rl_module_spec,
+                                placement_group=placement_group)
+
+    @override(AlgorithmConfig)
+    def get_default_rl_module_spec(self) -> RLModuleSpec:
+        return RLModuleSpec(module_class=deserialize_type(RL_MODULE, error=True),
+                            model_config=self.module_config())
+
+    def module_config(self) -> dict[str, Any]:
+        """What the causal-LM RLModule needs to build itself."""
+        return {
+            "model": self.model_path,
+            "dtype": self.model_dtype,  # compute dtype (and the reference's weights)
+            "master_weights_dtype": self.master_weights_dtype,
+            "sync_dtype": self.sampler_dtype,  # weights are cast to it for the samplers
+            "gradient_checkpointing": self.gradient_checkpointing,
+            "temperature": self.temperature,
+            "use_reference": self.needs_reference,
+            "seed": self.seed,
+            "config_overrides": dict(self.model_override_config),
+            **{name: getattr(self, name) for name in MODULE_SETTINGS},  # LoRA, ref offload
+        }
+
+    @property
+    def sampler_dtype(self) -> str:
+        """The samplers' weight dtype: ``sampler_config["dtype"]`` if set (and not "auto"),
+        else ``model_dtype``; weight syncs are cast to it on the learner."""
+        dtype = canonical_dtype(dict(self.sampler_config).get("dtype") or "auto")
+        return self.model_dtype if dtype == "auto" else dtype
+
+    @property
+    def needs_reference(self) -> bool:
+        """A frozen reference model is needed when any KL term is on."""
+        return bool(self.use_kl_loss or self.use_kl_in_reward)
+
+    def validation_sampling(self) -> Any:
+        """verl's ``val_kwargs``: greedy unless ``val_do_sample`` (None: sample when
+        ``val_temperature > 0``), then ``val_temperature``/``val_top_p``/``val_top_k``."""
+        from rllib_grpo.samplers import SamplingParams
+
+        sample = self.val_do_sample if self.val_do_sample is not None else self.val_temperature > 0
+        if not sample:
+            return SamplingParams(temperature=0.0, max_tokens=self.max_response_length)
+        return SamplingParams(temperature=self.val_temperature, top_p=self.val_top_p,
+                              top_k=self.val_top_k, max_tokens=self.max_response_length)
+
+    @property
+    def loss_horizon(self) -> float:
+        """Horizon of seq-mean-token-sum-norm (verl `loss_scale_factor`)."""
+        return float(self.loss_scale_factor or self.max_response_length)
+
+    def batch_plan(self) -> BatchPlan:
+        """Resolve the sizes of a training step (does not validate them)."""
+        num_learners = max(1, self.num_learners)
+        prompts_mb = self.prompts_per_minibatch or self.prompts_per_step
+        traj_step = self.prompts_per_step * self.group_size
+        traj_mb = prompts_mb * self.group_size
+        traj_mb_learner = traj_mb // num_learners
+        micro = self.micro_batch_size_per_learner or traj_mb_learner
+        minibatches = self.prompts_per_step // prompts_mb if prompts_mb else 0
+        return BatchPlan(
+            prompts_per_step=self.prompts_per_step,
+            trajectories_per_step=traj_step,
+            prompts_per_minibatch=prompts_mb,
+            trajectories_per_minibatch=traj_mb,
+            num_learners=num_learners,
+            trajectories_per_learner=traj_step // num_learners,
+            trajectories_per_minibatch_per_learner=traj_mb_learner,
+            micro_batch_size_per_learner=micro,
+            micro_batches_per_minibatch=max(1, traj_mb_learner // micro) if micro else 0,
+            minibatches_per_epoch=minibatches,
+            optimizer_steps_per_step=minibatches * self.num_epochs,
+        )
+
+    @property
+    def train_batch_size_per_learner(self) -> int:
+        return self.batch_plan().trajectories_per_learner
+
+    @train_batch_size_per_learner.setter
+    def train_batch_size_per_learner(self, value: int | None) -> None:
+        # RLlib's own __init__ assigns None; anything else would be silently overridden.
+        if value is not None and value != self.batch_plan().trajectories_per_learner:
+            raise ValueError(derived_field_error("train_batch_size_per_learner"))
+
+    def explain(self) -> str:
+        """The resolved plan and every pitfall found, as text."""
+        from rllib_grpo.rllib.config.explain import explain_config
+
+        return explain_config(self)
+
+    # ---------------------------------------------------------------- validation
+    @override(AlgorithmConfig)
+    def validate(self) -> None:
+        """Raise `ValueError` naming the field and the fix for any inconsistent setting."""
+        super().validate()
+        from rllib_grpo.rllib.config.checks import find_errors
+
+        errors = find_errors(self)
+        if errors:
+            self._value_error("Invalid GRPO config:\n  - " + "\n  - ".join(errors))

@@ -1,0 +1,220 @@
+"""Every GRPO knob in one table: type, default, unit, meaning and verl name.
+
+`GRPOConfig` takes its GRPO-specific attributes from `GRPOSettings`; the
+`verl` metadata maps verl's dotted config names onto them (one mechanism for
+`explain`, the verl aliases of the command line and the docs).  The algorithm's
+fields are declared in `rllib_grpo.rllib.config.algorithm_settings` (the first half, for
+size), the system's here; `SETTINGS_FIELDS` is the one table of both.  No Ray here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from rllib_grpo.rllib.config.algorithm_settings import _ACTOR, _ROLLOUT, AlgorithmSettings, knob
+
+
+@dataclass(eq=False, repr=False)  # GRPOConfig inherits these fields, not dataclass equality
+class GRPOSettings(AlgorithmSettings):
+    """GRPO settings with their units; `GRPOConfig` inherits them as typed attributes.
+
+    The algorithm's fields come from `AlgorithmSettings` (first, in its order); the
+    system's follow here.
+    """
+
+    # --- FSDP -----------------------------------------------------------------------
+    fsdp: bool = knob(
+        True, "flag", "With num_learners >= 2, shard the model over the learners with FSDP2 "
+        "(per decoder layer); False = RLlib's DDP (a full replica per learner). LoRA runs "
+        "(lora_rank > 0) always use DDP.")
+    fsdp_param_dtype: str = knob(
+        "auto", "dtype", "FSDP2 compute/all-gather dtype of the parameters: auto (= model_dtype, "
+        "the compute dtype) | model (the master weights' dtype) | bfloat16 | float16 | float32.")
+    fsdp_reduce_dtype: str = knob(
+        "float32", "dtype", "FSDP2 gradient reduce-scatter dtype: float32 | bfloat16 | model.",
+        _ACTOR + "fsdp_config.mixed_precision.reduce_dtype")
+    fsdp_cpu_offload: bool = knob(
+        False, "flag", "Keep sharded parameters, gradients and optimizer states in host "
+        "memory (FSDP2 CPUOffloadPolicy); the optimizer steps on the CPU.",
+        (_ACTOR + "fsdp_config.offload_policy", _ACTOR + "fsdp_config.param_offload"))
+
+    # --- LoRA and memory ------------------------------------------------------------
+    lora_rank: int = knob(
+        0, "rank", "LoRA rank through peft (0 = off, full fine-tuning). With LoRA only the "
+        "adapter trains, the reference is the policy with the adapter disabled (no second "
+        "copy of the weights) and checkpoints hold the adapter alone.",
+        "actor_rollout_ref.model.lora_rank")
+    lora_alpha: float = knob(
+        16, "scalar", "LoRA alpha: the adapter's update is scaled by lora_alpha / lora_rank.",
+        "actor_rollout_ref.model.lora_alpha")
+    lora_target_modules: str | list = knob(
+        "all-linear", "module names", "Layers that get an adapter: 'all-linear' (every linear "
+        "layer but the output head) or a list of names such as ['q_proj', 'v_proj'].",
+        "actor_rollout_ref.model.target_modules")
+    lora_dropout: float = knob(
+        0.0, "probability", "Dropout on the adapter's input, in the training forward only.")
+    lora_sync: str = knob(
+        "adapter", "mode", "What reaches the samplers after the first full sync: 'adapter' "
+        "(the A and B matrices; each env runner merges W + B@A*alpha/r into its own copy) or "
+        "'merged' (the learner sends the merged weights of the adapted layers).")
+    ref_param_offload: bool = knob(
+        False, "flag", "Keep the reference model in host memory and move it to the learner's "
+        "device for each forward (a no-op on CPU learners and with LoRA).",
+        "actor_rollout_ref.ref.fsdp_config.param_offload")
+    optimizer_offload: bool = knob(
+        False, "flag", "Keep AdamW's states in host memory between optimizer steps "
+        "(verl actor.fsdp_config.optimizer_offload): moved to the device for the step, back "
+        "after it (step hooks from rllib_grpo.models.offload.offload_optimizer_states, installed "
+        "by the learner). A no-op on CPU.", _ACTOR + "fsdp_config.optimizer_offload")
+    sampler_memory_fraction: float | None = knob(
+        None, "fraction of GPU memory", "GPU memory the vLLM engine may take (weights + KV "
+        "cache), vLLM's gpu_memory_utilization; None = sampler_config's value, else 0.9 x the "
+        "env runner's GPU share when fractional, else vLLM's default.",
+        _ROLLOUT + "gpu_memory_utilization")
+
+    # --- weight sync ----------------------------------------------------------------
+    weight_sync_transport: str = knob(
+        "auto", "name", "How the learner's weights reach the samplers after each step: 'auto' "
+        "(by placement: 'local' in one process, 'ipc' on one node's GPUs, 'shm' on one node, "
+        "'collective' across nodes), 'local' (device tensors copied in place), 'ipc' (CUDA "
+        "IPC handles), 'shm' (buckets through shared memory), 'collective' (buckets "
+        "broadcast over a gloo/NCCL group) or 'object_store' (a state dict through Ray, "
+        "RLlib's sync_weights; also auto's fallback when no group can be formed).")
+    weight_sync_bucket_mb: float = knob(
+        512, "MiB", "Size of one weight-sync bucket (in the sampler's dtype): each side of a "
+        "'shm' or 'collective' sync holds at most two of them besides the model; a tensor "
+        "larger than this travels in a bucket of its own.")
+
+    # --- asynchronous rollouts (docs/async.md) -----------------------------------------
+    max_staleness: int = knob(
+        0, "learner updates", "0 = synchronous GRPO (sample, update, sync in turn). K >= 1 = "
+        "one-step-off-policy: the remote env runners generate the next step's groups while "
+        "the learner trains on the current ones, and get the new weights between two "
+        "generations; no trajectory older than K learner updates is trained on (its group is "
+        "dropped and sampled again, counted in async/dropped_stale_groups). Needs "
+        "num_env_runners >= 1. In-flight samples are not checkpointed: a restored run samples "
+        "those prompts again.")
+
+    # --- reporting ------------------------------------------------------------------
+    peak_tflops: float | None = knob(
+        None, "TFLOP/s per learner device", "Peak of one learner device for perf/mfu/actor "
+        "(6 x parameters x training tokens/s / peak); None = the bf16 dense peak of known GPUs "
+        "by name (rllib_grpo.rllib.learner.perf), and no MFU on CPUs or unknown devices.")
+    log_completions_every: int = knob(
+        0, "training steps", "Write sampled completions to TensorBoard every N steps (0 = off).")
+    warn_no_signal_after: int = knob(
+        3, "training steps", "Warn when most groups carry no signal for this many steps.")
+
+    # --- checkpoints and faults -------------------------------------------------------
+    keep_checkpoints: int = knob(
+        0, "checkpoints", "Keep only this run's newest K checkpoints in the folder "
+        "save_to_path writes to (0 = keep all); `rllib train` also passes it to Tune as "
+        "num_to_keep. Checkpoints are written atomically with a manifest of checksums.")
+    max_skipped_steps: int = knob(
+        10, "training steps", "Stop the run when this many training steps in a row learned "
+        "nothing: every optimizer step skipped for a non-finite gradient norm, or every "
+        "reward call failed (0 = never stop).")
+    env_runner_restart_timeout_s: float = knob(
+        600.0, "seconds", "How long a training step whose remote env runners are all lost "
+        "waits for Ray to restart one (restart_failed_env_runners) before it fails; with a "
+        "healthy runner left, the lost share is sampled there at once.")
+
+
+# verl's spellings of a dtype (verl.utils.torch_dtypes.PrecisionType) -> ours.
+DTYPE_SPELLINGS = {"fp32": "float32", "32": "float32", "float32": "float32",
+                   "bf16": "bfloat16", "bfloat16": "bfloat16",
+                   "fp16": "float16", "16": "float16", "float16": "float16"}
+
+
+def canonical_dtype(value: Any) -> Any:
+    """``"bf16"``/``"fp32"``/... -> ``"bfloat16"``/``"float32"``; anything else unchanged
+    (the checks name the field of an unknown one)."""
+    return DTYPE_SPELLINGS.get(str(value).lower(), value) if isinstance(value, str | int) \
+        and not isinstance(value, bool) else value
+
+
+def is_dtype_setting(name: str) -> bool:
+    """A setting whose value is a dtype name (unit ``dtype``)."""
+    field_ = SETTINGS_FIELDS.get(name)
+    return field_ is not None and field_.metadata["unit"] == "dtype"
+
+
+# Settings the RLModule receives in its model_config (LoRA and memory levers).
+MODULE_SETTINGS = ("lora_rank", "lora_alpha", "lora_target_modules", "lora_dropout", "lora_sync",
+                   "ref_param_offload", "use_remove_padding")
+
+SETTINGS_FIELDS: dict[str, dataclasses.Field] = {
+    f.name: f for f in dataclasses.fields(GRPOSettings)
+}
+
+# Unit-bearing verl names that differ from ours (verl name -> our name).
+VERL_ALIASES: dict[str, str] = {
+    verl_name: name
+    for name, f in SETTINGS_FIELDS.items()
+    for verl_name in f.metadata["verl"]
+}
+# verl names that map onto RLlib's own AlgorithmConfig attributes.
+VERL_ALIASES.update({
+    _ACTOR + "optim.lr": "lr",
+    _ACTOR + "ppo_epochs": "num_epochs",
+    _ACTOR + "grad_clip": "grad_clip",
+    _ACTOR + "shuffle": "shuffle_batch_per_epoch",
+    "algorithm.gamma": "gamma",
+})
+
+
+# RLlib fields that GRPO derives from its own settings (refused by name from Python and
+# from the command line), with the formula.
+DERIVED_FIELDS: dict[str, str] = {
+    "train_batch_size": "prompts_per_step x group_size",
+    "train_batch_size_per_learner": "prompts_per_step x group_size / num_learners",
+    "minibatch_size": "prompts_per_minibatch x group_size",
+}
+
+
+def derived_field_error(name: str) -> str:
+    """The message refusing the derived field ``name``."""
+    return (f"{name!r} is derived for GRPO ({DERIVED_FIELDS[name]}); set prompts_per_step, "
+            "prompts_per_minibatch or group_size instead.")
+
+
+def settings_table() -> str:
+    """Every GRPO setting as a Markdown table: name, type, default, unit, verl name, meaning."""
+    rows = ["| field | type | default | unit | verl | meaning |", "|---|---|---|---|---|---|"]
+    for name, f in SETTINGS_FIELDS.items():
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        verl = ", ".join(f"`{v}`" for v in f.metadata["verl"])
+        doc, kind = (str(text).replace("|", "\\|") for text in (f.metadata["doc"], f.type))
+        rows.append(f"| `{name}` | `{kind}` | `{default!r}` | {f.metadata['unit']} | {verl} "
+                    f"| {doc} |")
+    return "\n".join(rows) + "\n"
+
+
+CONFIGURATION_DOC_HEADER = """# Configuration: every GRPO field
+
+Generated from `rllib_grpo/rllib/config/settings.py` and `algorithm_settings.py` (the one source
+of truth) by
+`python -m rllib_grpo.rllib.config.settings > docs/configuration.md`; `tests/rllib/config/test_config.py`
+checks that this file is up to date.  `GRPOConfig` inherits these fields as typed
+attributes; `.training(...)` sets them (and RLlib's own: `lr`, `grad_clip`, `num_epochs`,
+...); the verl names are accepted as aliases in Python, YAML and on the command line.
+RLlib's `train_batch_size`, `train_batch_size_per_learner` and `minibatch_size` are derived
+from `prompts_per_step`, `prompts_per_minibatch` and `group_size` and refused by name.
+
+"""
+
+
+def configuration_doc() -> str:
+    """The text of ``docs/configuration.md``: a short header and `settings_table`."""
+    return CONFIGURATION_DOC_HEADER + settings_table()
+
+
+def defaults() -> dict[str, Any]:
+    """Fresh default values of every GRPO setting."""
+    return dataclasses.asdict(GRPOSettings())
+
+
+if __name__ == "__main__":
+    print(configuration_doc(), end="")

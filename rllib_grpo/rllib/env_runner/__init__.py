@@ -1,0 +1,17 @@
+"""What runs in each env-runner actor: `TextEnvRunner`, multi-turn sampling and the
+receiving side of a weight sync."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_EXPORTS = {"TextEnvRunner": "rllib_grpo.rllib.env_runner.env_runner"}
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy, so that importing one module of this folder imports no other (and no Ray).
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,234 @@
+"""A transformers causal LM as an RLlib `TorchRLModule`.
+
+The module holds the policy (`lm`) and, when a KL term is on, a frozen
+reference copy (`ref_lm`, never trained, never synced, not part of the state).
+Its forward returns the response tokens' log-probs at the sampling temperature
+(and their entropy), which is all the GRPO loss needs.
+
+Precision (`rllib_grpo.models.precision`): the policy's trained parameters are held in
+``master_weights_dtype`` (fp32) and every forward runs under `compute_autocast` to
+``dtype`` (bf16); the reference is loaded in ``dtype`` (frozen, forward only); a weight
+sync sends the weights cast to the samplers' dtype (``sync_dtype``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import torch
+from ray.rllib.core.rl_module.apis import InferenceOnlyAPI
+from ray.rllib.core.rl_module.torch import TorchRLModule
+from ray.rllib.utils.annotations import override
+from torch.distributed.fsdp import FSDPModule
+
+from rllib_grpo.algos import entropy_from_logits, logprobs_from_logits
+from rllib_grpo.models import lora
+from rllib_grpo.models.loading import load_causal_lm
+from rllib_grpo.models.offload import HostOffloaded
+from rllib_grpo.models.packing import packed_response_log_probs
+from rllib_grpo.models.precision import cast_floating, compute_autocast, trained_dtype
+from rllib_grpo.models.registry import resolve_model
+
+
+def response_log_probs(
+    lm: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    temperature: float,
+    with_entropy: bool = False,
+    *,
+    packed: bool = False,
+    detach_entropy: bool = False,
+) -> dict[str, torch.Tensor]:
+    """Log-probs (and entropy) of the response tokens under ``lm`` at ``temperature``.
+
+    Args:
+        batch: ``prompt_ids``/``prompt_mask`` (B, P), left-padded, and
+            ``response_ids``/``response_mask`` (B, R), right-padded.
+        packed: run on packed rows without padding (`rllib_grpo.models.packing`; the
+            same values to float precision), else on the padded rows with a mask.
+        detach_entropy: the entropy is for metrics only: no graph behind it.
+
+    Returns:
+        ``{"log_probs": (B, R), "entropy": (B, R) if with_entropy}``; padding
+        positions hold values that the caller masks out.
+    """
+    if packed:
+        return packed_response_log_probs(lm, batch, temperature, with_entropy,
+                                         detach_entropy=detach_entropy)
+    prompt_len = batch["prompt_ids"].shape[1]
+    input_ids = torch.cat([batch["prompt_ids"], batch["response_ids"]], dim=1).long()
+    attention_mask = torch.cat([batch["prompt_mask"], batch["response_mask"]], dim=1).long()
+    # Left padding shifts the real tokens, so positions must come from the mask.
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    logits = lm(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+        use_cache=False,
+    ).logits
+    # Logits at position t predict token t+1: the response is predicted from P-1 .. P+R-2.
+    response_logits = logits[:, prompt_len - 1 : -1].float() / temperature
+    out = {"log_probs": logprobs_from_logits(response_logits, batch["response_ids"].long())}
+    if with_entropy:
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not detach_entropy):
+            out["entropy"] = entropy_from_logits(response_logits)
+    return out
+
+
+class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
+    """RLModule around a Hugging Face causal LM (policy + optional frozen reference).
+
+    ``model_config`` keys: ``model`` (path / id / builtin name), ``dtype``,
+    ``gradient_checkpointing``, ``temperature``, ``use_reference``, ``lora_*`` (LoRA
+    through peft, `rllib_grpo.models.lora`: the reference is then the policy with its adapter
+    disabled) and ``ref_param_offload`` (the reference kept in host memory).
+    """
+
+    @override(TorchRLModule)
+    def setup(self) -> None:
+        cfg = self.model_config
+        path = resolve_model(cfg["model"])
+        self.temperature = float(cfg.get("temperature", 1.0))
+        overrides = cfg.get("config_overrides") or {}
+        self.compute_dtype = cfg.get("dtype", "float32")
+        self.packed = bool(cfg.get("use_remove_padding", False))  # padding-free forwards
+        self.lora = lora.LoRASettings.from_model_config(cfg)
+        # Trained weights in the master dtype; a LoRA base is frozen (its adapter stays in
+        # fp32, peft's default) and a sampler-side module never trains: both compute dtype.
+        trains_full = self.lora is None and not self.inference_only
+        self.lm = load_causal_lm(
+            path, dtype=cfg.get("master_weights_dtype", "float32") if trains_full
+            else self.compute_dtype,
+            gradient_checkpointing=cfg.get("gradient_checkpointing", False),
+            config_overrides=overrides,
+        )
+        self._lora_synced = False  # the first sync of a LoRA policy sends the base weights too
+        if self.lora is not None:
+            self.lm = lora.wrap_with_lora(self.lm, self.lora)
+        self.ref_lm = None
+        self._host_ref: HostOffloaded | None = None  # not a submodule: .to(device) skips it
+        if cfg.get("use_reference") and not self.inference_only and self.lora is None:
+            ref_lm = load_causal_lm(path, dtype=cfg.get("dtype", "float32"),
+                                    config_overrides=overrides)
+            ref_lm.requires_grad_(False)
+            ref_lm.eval()
+            if cfg.get("ref_param_offload"):
+                self._host_ref = HostOffloaded(ref_lm)
+            else:
+                self.ref_lm = ref_lm
+
+    @override(InferenceOnlyAPI)
+    def get_non_inference_attributes(self) -> list[str]:
+        return ["ref_lm"]
+
+    @override(torch.nn.Module)
+    def train(self, mode: bool = True) -> CausalLMRLModule:
+        """RLlib's ``forward_train`` calls ``train()`` on the whole module: the frozen
+        reference stays in eval mode whatever is asked."""
+        super().train(mode)
+        ref_lm = getattr(self, "ref_lm", None)  # None also before setup() ran
+        if ref_lm is not None:
+            ref_lm.eval()
+        return self
+
+    def autocast(self) -> Any:
+        """The compute-dtype context of the policy's forward passes: bf16 autocast over fp32
+        master weights; nothing when sharded (FSDP2's MixedPrecisionPolicy casts) or when
+        the weights already are the compute dtype."""
+        if isinstance(self.lm, FSDPModule):
+            return contextlib.nullcontext()
+        device = next(self.lm.parameters()).device.type
+        return compute_autocast(trained_dtype(self.lm), self.compute_dtype, device)
+
+    @override(TorchRLModule)
+    def _forward_train(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, torch.Tensor]:
+        with self.autocast():
+            return response_log_probs(
+                self.lm, batch, self.temperature, with_entropy=kwargs.get("with_entropy", True),
+                packed=kwargs.get("packed", self.packed),
+                detach_entropy=kwargs.get("detach_entropy", False),
+            )
+
+    @override(TorchRLModule)
+    def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, torch.Tensor]:
+        with torch.no_grad(), self.autocast():
+            return response_log_probs(self.lm, batch, self.temperature, with_entropy=True,
+                                      packed=self.packed)
+
+    @torch.no_grad()
+    def reference_log_probs(self, batch: dict[str, Any], packed: bool | None = None
+                            ) -> torch.Tensor:
+        """Response log-probs under the frozen reference model, (B, R); ``packed``: on
+        padding-free rows (None: the module's ``use_remove_padding``)."""
+        t, packed = self.temperature, self.packed if packed is None else packed
+        if self.lora is not None:  # verl's ref_in_actor: the base model is the reference
+            with self.lm.disable_adapter(), self.autocast():
+                return response_log_probs(self.lm, batch, t, packed=packed)["log_probs"]
+        if self._host_ref is not None:
+            with self._host_ref.on(batch["prompt_ids"].device) as ref_lm:
+                return response_log_probs(ref_lm, batch, t, packed=packed)["log_probs"]
+        if self.ref_lm is None:
+            raise RuntimeError("No reference model: set use_kl_loss or use_kl_in_reward.")
+        return response_log_probs(self.ref_lm, batch, t, packed=packed)["log_probs"]
+
+    # bf16-safe state: RLlib's default converts to numpy, which has no bfloat16.
+    # Always the full HF state dict: an FSDP-sharded `lm` (rllib_grpo.rllib.learner.fsdp) is gathered
+    # to rank 0 (other ranks get {}), so both calls are collective there.
+    # With LoRA: a weight sync (inference_only) gets a `lora.LoRAPayload`, a checkpoint
+    # the adapter alone (`lora.adapter_checkpoint`).
+    @override(TorchRLModule)
+    def get_state(self, components=None, *, not_components=None, inference_only=False, **kw):
+        if self.lora is not None:
+            return self._lora_state(inference_only)
+        if isinstance(self.lm, FSDPModule):
+            from rllib_grpo.rllib.learner.distributed import gather_full_state_dict
+
+            state = gather_full_state_dict(self.lm)
+            return self._for_sync(state) if inference_only else state
+        state = {k: v.detach() for k, v in self.lm.state_dict().items()}
+        if inference_only:
+            # A weight sync, in the samplers' dtype (cast on the device, before the copy to
+            # host).  Every consumer (load_state_dict, vLLM's reload_weights, ray.put) copies
+            # at once, so an uncast tensor is not cloned: a clone would be a third copy.
+            return {k: v.cpu() for k, v in self._for_sync(state).items()}
+        return {k: v.to("cpu", copy=True) for k, v in state.items()}  # a snapshot
+
+    def _for_sync(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return cast_floating(state, self.model_config.get("sync_dtype", self.compute_dtype))
+
+    @override(TorchRLModule)
+    def set_state(self, state: dict[str, torch.Tensor]) -> None:
+        if self.lora is not None or lora.is_adapter_checkpoint(state):
+            return self._set_lora_state(state)
+        if isinstance(self.lm, FSDPModule):
+            from rllib_grpo.rllib.learner.distributed import load_full_state_dict
+
+            return load_full_state_dict(self.lm, state)  # type: ignore[arg-type]
+        self.lm.load_state_dict(
+            {k: torch.as_tensor(v) for k, v in state.items()}, strict=True
+        )
+
+    # ---------------------------------------------------------------- LoRA
+    def _lora_state(self, for_sync: bool) -> Any:
+        assert self.lora is not None
+        if not for_sync:
+            return lora.adapter_checkpoint(self.lm, self.lora, self.model_config["model"])
+        payload = lora.sync_payload(self.lm, self.lora, first=not self._lora_synced)
+        self._lora_synced = True
+        return payload
+
+    def _set_lora_state(self, state: dict[str, Any]) -> None:
+        if self.lora is None or not lora.is_adapter_checkpoint(state):
+            raise ValueError("A LoRA adapter checkpoint loads into a module with the same "
+                             "lora_rank > 0 (and a full state dict into one without LoRA).")
+        lora.load_adapter_checkpoint(self.lm, state, self.model_config["model"])
+
+    @override(TorchRLModule)
+    def save_to_path(self, path=None, *, state=None, filesystem=None, use_msgpack=False) -> str:
+        """RLlib's checkpoint; with LoRA also the adapter in PEFT's format (``adapter/``)."""
+        path = super().save_to_path(path, state=state, filesystem=filesystem,
+                                    use_msgpack=use_msgpack)
+        local = filesystem is None or type(filesystem).__name__ == "LocalFileSystem"
+        if self.lora is not None and local:
+            lora.write_peft_adapter(state or self.get_state(), Path(path, lora.ADAPTER_DIR))
+        return path

@@ -1,0 +1,364 @@
+"""Weight transfer, the data paths between one sender and its receivers (no Ray here):
+
+* ``collective``: a `torch.distributed` group of its own (gloo on CPU, NCCL on GPUs, never
+  the default group, which the learners or vLLM may own), rank 0 the sender.  Buckets are
+  broadcast one after the other through two buffers per side: the sender packs bucket k+1
+  while bucket k travels, a receiver loads bucket k while k+1 arrives.  Neither side holds
+  more than two buckets besides the model.
+* ``shm``: the same group for signalling only; the bytes go through two shared-memory
+  slots (files in ``/dev/shm`` mapped by every process on the node): the sender packs
+  bucket k into slot k % 2, one barrier, the receivers load it from there.
+* ``ipc`` (CUDA): the sender's own device tensors, shared with `torch.multiprocessing`'s
+  CUDA IPC handles (``reduce_tensor``, as verl and OpenRLHF do); receivers copy straight
+  from them (casting to their dtype), so nothing is packed at all.
+
+`BucketSender.send` and `BucketReceiver.stream` are the two halves; what a receiver
+does with the ``(name, tensor)`` pairs it streams (copy into live parameters, vLLM's
+``reload_weights``) is the sampler's business.  It yields views of its buffers, no copies; a view the
+consumer still holds when it asks for the next bucket is given memory of its own first.
+"""
+
+from __future__ import annotations
+
+import datetime
+import mmap
+import os
+import sys
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from rllib_grpo.weights.layout import Manifest, pack_bucket, typed
+
+VIA_COLLECTIVE, VIA_SHM, VIA_IPC = "collective", "shm", "ipc"
+NUM_SLOTS = 2  # double buffering
+
+
+# --------------------------------------------------------------------------- group
+@dataclass(frozen=True)
+class GroupSpec:
+    """Where and how to join a weight group; ``token`` names this generation of it."""
+
+    host: str
+    port: int
+    world_size: int
+    backend: str
+    token: str
+    timeout_s: float = 300.0
+
+
+def open_store(host: str, world_size: int, backend: str, timeout_s: float = 300.0
+               ) -> tuple[dist.TCPStore, GroupSpec]:
+    """The sender's rendezvous store on a free port, and the spec receivers join with."""
+    store = dist.TCPStore(host, 0, world_size, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=timeout_s))
+    return store, GroupSpec(host, int(store.port), world_size, backend, uuid.uuid4().hex,
+                            timeout_s)
+
+
+class WeightGroup:
+    """A standalone process group (not the default one) for weight syncs; rank 0 sends."""
+
+    def __init__(self, spec: GroupSpec, rank: int, store: dist.Store | None = None) -> None:
+        timeout = datetime.timedelta(seconds=spec.timeout_s)
+        if store is None:
+            store = dist.TCPStore(spec.host, spec.port, spec.world_size, is_master=False,
+                                  timeout=timeout)
+        self._store = store  # keep the connection alive with the group
+        prefixed = dist.PrefixStore(f"rllib_grpo/weights/{spec.token}", store)
+        self.spec, self.rank = spec, rank
+        self.pg: Any
+        if spec.backend == "nccl":
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            self.pg = dist.ProcessGroupNCCL(prefixed, rank, spec.world_size, options)
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        elif spec.backend == "gloo":
+            self.pg = dist.ProcessGroupGloo(prefixed, rank, spec.world_size, timeout)
+            self.device = torch.device("cpu")
+        else:
+            raise ValueError(f"weight group backend {spec.backend!r}: use 'gloo' or 'nccl'")
+        self._flag = torch.zeros(1, device=self.device)
+
+    def broadcast(self, tensor: torch.Tensor) -> Any:
+        """Start broadcasting ``tensor`` from rank 0; returns the work to wait on."""
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+        return self.pg.broadcast([tensor], options)
+
+    def barrier(self) -> None:
+        self.pg.allreduce([self._flag]).wait()
+
+
+# --------------------------------------------------------------------------- shared memory
+@dataclass(frozen=True)
+class SlotsSpec:
+    """Shared-memory slots of ``nbytes`` each, by file path."""
+
+    paths: tuple[str, ...]
+    nbytes: int
+
+
+def _shm_dir() -> str:
+    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+
+
+class SharedSlots:
+    """Files mapped into memory as uint8 tensors: created by the sender, mapped by receivers.
+
+    The sender unlinks the files once every receiver has mapped them (`unlink`): the
+    mappings live on, and nothing is left behind if a process dies.
+    """
+
+    def __init__(self, spec: SlotsSpec, create: bool = False) -> None:
+        self.spec = spec
+        self._maps: list[mmap.mmap] = []
+        self.tensors: list[torch.Tensor] = []
+        for path in spec.paths:
+            flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+            fd = os.open(path, flags, 0o600)
+            try:
+                if create:
+                    os.ftruncate(fd, spec.nbytes)
+                mapped = mmap.mmap(fd, spec.nbytes)
+            finally:
+                os.close(fd)
+            self._maps.append(mapped)
+            self.tensors.append(torch.frombuffer(mapped, dtype=torch.uint8))
+
+    @classmethod
+    def create(cls, nbytes: int, count: int = NUM_SLOTS) -> SharedSlots:
+        stem = os.path.join(_shm_dir(), f"rllib_grpo_weights_{os.getpid()}_{uuid.uuid4().hex}")
+        return cls(SlotsSpec(tuple(f"{stem}_{i}" for i in range(count)), nbytes), create=True)
+
+    def unlink(self) -> None:
+        for path in self.spec.paths:
+            if os.path.exists(path):
+                os.unlink(path)
+
+    def close(self) -> None:
+        self.unlink()
+        self.tensors.clear()  # the tensors borrow the maps' memory: drop them first
+        for mapped in self._maps:
+            try:
+                mapped.close()
+            except BufferError:  # a view is still alive somewhere; the OS frees it at exit
+                pass
+        self._maps.clear()
+
+
+# --------------------------------------------------------------------------- CUDA IPC
+def share_cuda_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """CUDA IPC handles of the sender's own tensors (no copy), after its pending work."""
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    devices = {t.device for t in tensors.values()}
+    for device in devices:
+        torch.cuda.current_stream(device).synchronize()
+    handles = {}
+    for name, tensor in tensors.items():
+        if tensor.device.type != "cuda":
+            raise ValueError(f"CUDA IPC needs CUDA tensors; {name} is on {tensor.device}")
+        handles[name] = reduce_tensor(tensor.detach())
+    return {"handles": handles, "uuids": {str(torch.cuda.get_device_properties(d).uuid): d.index
+                                          for d in devices}}
+
+
+def _local_cuda_index(device_uuid: str) -> int:
+    for index in range(torch.cuda.device_count()):
+        if str(torch.cuda.get_device_properties(index).uuid) == device_uuid:
+            return index
+    raise RuntimeError(f"CUDA IPC: the sender's GPU {device_uuid} is not visible here")
+
+
+def open_cuda_tensors(shared: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The sender's tensors, opened from `share_cuda_tensors`'s handles on this process's
+    index of the same GPU (each process numbers its visible GPUs from 0, as verl notes)."""
+    index_of = {sender_index: _local_cuda_index(device_uuid)
+                for device_uuid, sender_index in shared["uuids"].items()}
+    out = {}
+    for name, (rebuild, args) in shared["handles"].items():
+        args = list(args)
+        args[6] = index_of.get(args[6], args[6])  # rebuild_cuda_tensor's storage_device
+        out[name] = rebuild(*args)
+    return out
+
+
+# --------------------------------------------------------------------------- the two halves
+def _views_kept_safe(bucket: Any, buffer: torch.Tensor, aliases_of: dict[str, list[str]]
+                     ) -> Iterator[tuple[str, torch.Tensor]]:
+    """A bucket's named views; once the consumer moves past the bucket, the views it still
+    holds get memory of their own, so the buffer can take the next bucket.
+
+    vLLM's layer-wise reload keeps the tensors of a layer until the layer is complete and
+    some (the tied embeddings) until the very end; a transformers sampler keeps none.
+    """
+    views = [buffer.narrow(0, e.offset, e.numel).view(e.shape) for e in bucket.entries]
+    for i, entry in enumerate(bucket.entries):
+        yield entry.name, views[i]
+        for alias in aliases_of.get(entry.name, ()):
+            yield alias, views[i]
+    for i in range(len(views)):
+        if sys.getrefcount(views[i]) > 2:  # more than this list and the call's argument
+            views[i].set_(views[i].clone())  # type: ignore[call-overload]
+
+
+class _GroupMember:
+    """What both ends of a weight group hold: the group, the shared-memory slots and two
+    reusable bucket buffers on the group's device."""
+
+    def __init__(self, group: WeightGroup | None = None) -> None:
+        self.group = group
+        self.slots: SharedSlots | None = None
+        self._buffers: list[torch.Tensor] = []
+
+    def _group(self) -> WeightGroup:
+        if self.group is None:
+            raise RuntimeError(f"{type(self).__name__}: not in a weight group (closed, or "
+                               "never joined)")
+        return self.group
+
+    def _slots(self) -> SharedSlots:
+        if self.slots is None:
+            raise RuntimeError(f"{type(self).__name__}: no shared-memory slots mapped yet")
+        return self.slots
+
+    def _buffer(self, i: int, nbytes: int) -> torch.Tensor:
+        device = self._group().device
+        while len(self._buffers) <= i:
+            self._buffers.append(torch.empty(0, dtype=torch.uint8, device=device))
+        if self._buffers[i].numel() < nbytes:
+            self._buffers[i] = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        return self._buffers[i]
+
+
+class BucketSender(_GroupMember):
+    """Rank 0 of a weight group: streams a manifest's buckets by broadcast or through slots."""
+
+    def ensure_slots(self, nbytes: int) -> SlotsSpec:
+        """Shared-memory slots of at least ``nbytes`` (new files when they grow)."""
+        if self.slots is None or self.slots.spec.nbytes < nbytes:
+            if self.slots is not None:
+                self.slots.close()
+            self.slots = SharedSlots.create(nbytes)
+        return self.slots.spec
+
+    def send(self, manifest: Manifest, tensor_of: Callable[[str], torch.Tensor], via: str
+             ) -> None:
+        """Stream every bucket; returns when the last one is out (``shm``: in its slot)."""
+        if via == VIA_SHM:
+            for k, bucket in enumerate(manifest.buckets):
+                pack_bucket(bucket, tensor_of, typed(self._slots().tensors[k % NUM_SLOTS], bucket))
+                self._group().barrier()  # receivers are past bucket k-1: slot (k+1) % 2 is free
+            return
+        if via != VIA_COLLECTIVE:
+            raise ValueError(f"BucketSender cannot send via {via!r}")
+        group = self._group()
+        works: list[list] = [[], []]  # per buffer: the ops in flight and what they send
+        for k, bucket in enumerate(manifest.buckets):
+            i = k % NUM_SLOTS
+            for work, _ in works[i]:
+                work.wait()
+            buffer = typed(self._buffer(i, manifest.max_bucket_bytes), bucket)
+            works[i] = []
+            if bucket.packed:
+                for e in bucket.packed:
+                    buffer.narrow(0, e.offset, e.numel).view(e.shape).copy_(tensor_of(e.name))
+                payload = buffer[: bucket.packed_used]
+                works[i].append((group.broadcast(payload), payload))
+            for e in bucket.direct:  # from where it lies: no copy into the bucket
+                payload = self._source(tensor_of(e.name), buffer.narrow(0, e.offset, e.numel))
+                works[i].append((group.broadcast(payload), payload))
+        for ops in works:
+            for work, _ in ops:
+                work.wait()
+
+    def _source(self, tensor: torch.Tensor, place: torch.Tensor) -> torch.Tensor:
+        """``tensor`` flat as it is, or copied into ``place`` where it cannot be sent so."""
+        tensor = tensor.detach()
+        if (tensor.dtype == place.dtype and tensor.is_contiguous()
+                and tensor.device == self._group().device):
+            return tensor.reshape(-1)
+        return place.copy_(tensor.reshape(-1))
+
+    def close(self) -> None:
+        if self.slots is not None:
+            self.slots.close()
+        self.slots, self.group, self._buffers = None, None, []
+
+
+class BucketReceiver(_GroupMember):
+    """A receiving rank: joins the group, maps the slots, streams ``(name, tensor)``."""
+
+    def join(self, spec: GroupSpec, rank: int) -> None:
+        self.close()
+        self.group = WeightGroup(spec, rank)
+
+    @property
+    def token(self) -> str | None:
+        return None if self.group is None else self.group.spec.token
+
+    def map_slots(self, spec: SlotsSpec) -> None:
+        if self.slots is None or self.slots.spec != spec:
+            if self.slots is not None:
+                self.slots.tensors.clear()
+            self.slots = SharedSlots(spec)
+
+    def stream(self, manifest: Manifest, via: str, ipc: dict[str, Any] | None = None,
+               homes: list[torch.Tensor | None] | None = None
+               ) -> Iterator[tuple[str, torch.Tensor]]:
+        """The manifest's tensors (and aliases) as they arrive.  ``homes`` (collective
+        only): per bucket, memory to receive it into, e.g. the very parameters it fills."""
+        aliases_of = manifest.aliases_of()
+        if via == VIA_IPC:
+            if ipc is None:
+                raise ValueError("a CUDA IPC sync needs the sender's handles (ipc=...)")
+            tensors = open_cuda_tensors(ipc)
+            for name, tensor in tensors.items():
+                yield name, tensor
+                for alias in aliases_of.get(name, ()):
+                    yield alias, tensor
+            return
+        if via == VIA_SHM:
+            for k, bucket in enumerate(manifest.buckets):
+                self._group().barrier()  # the sender has packed bucket k
+                yield from _views_kept_safe(
+                    bucket, typed(self._slots().tensors[k % NUM_SLOTS], bucket), aliases_of)
+            return
+        if via != VIA_COLLECTIVE:
+            raise ValueError(f"BucketReceiver cannot receive via {via!r}")
+        group = self._group()
+        buckets = manifest.buckets
+        works: list[list[Any]] = [[], []]
+
+        def post(k: int) -> torch.Tensor:
+            """Start receiving bucket k: its packed part, then each direct entry."""
+            home, bucket = (homes[k] if homes else None), buckets[k]
+            buffer = home if home is not None and home.device == group.device else typed(
+                self._buffer(k % NUM_SLOTS, manifest.max_bucket_bytes), bucket)
+            parts = [buffer[: bucket.packed_used]] if bucket.packed else []
+            parts += [buffer.narrow(0, e.offset, e.numel) for e in bucket.direct]
+            works[k % NUM_SLOTS] = [group.broadcast(part) for part in parts]
+            return buffer
+
+        posted: list[torch.Tensor | None] = [post(0)] if buckets else []
+        for k, bucket in enumerate(buckets):
+            if k + 1 < len(buckets):  # two in flight; its buffer held bucket k-1, done with
+                posted.append(post(k + 1))
+            for work in works[k % NUM_SLOTS]:
+                work.wait()
+            received = posted[k]
+            posted[k] = None  # the buffer is free for bucket k + 2
+            assert received is not None
+            yield from _views_kept_safe(bucket, received, aliases_of)
+            del received
+
+    def close(self) -> None:
+        if self.slots is not None:
+            self.slots.tensors.clear()
+        self.group, self.slots, self._buffers = None, None, []

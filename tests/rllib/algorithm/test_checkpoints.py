@@ -1,0 +1,185 @@
+"""Safe checkpoints: atomic writes, a manifest with checksums, refusal of incomplete ones."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rllib_grpo.rllib.algorithm.checkpoints import (
+    MANIFEST_FILE,
+    CheckpointError,
+    atomic_save,
+    newest_complete_checkpoint,
+    prune_checkpoints,
+    verify_checkpoint,
+)
+from tests.conftest import TESTS_DIR, tiny_config
+
+
+def _write_fake(folder: str, payload: bytes = b"weights") -> None:
+    root = Path(folder)
+    (root / "learner_group" / "learner").mkdir(parents=True)
+    (root / "learner_group" / "learner" / "state.pkl").write_bytes(payload)
+    (root / "env_runner").mkdir()
+    (root / "env_runner" / "state.pkl").write_bytes(b"position")
+    (root / "algorithm_state.pkl").write_bytes(b"iteration")
+
+
+def _save(target: Path, iteration: int = 1, run_id: str = "run", payload: bytes = b"w") -> str:
+    return atomic_save(target, lambda d: _write_fake(d, payload),
+                       components=lambda: ["learner_group", "env_runner"],
+                       iteration=iteration, run_id=run_id)
+
+
+def test_a_failed_save_leaves_nothing_that_looks_like_a_checkpoint(tmp_path):
+    def half_written(folder: str) -> None:
+        _write_fake(folder)
+        raise TypeError("Got unsupported ScalarType BFloat16")
+
+    with pytest.raises(TypeError):
+        atomic_save(tmp_path / "ckpt", half_written, components=lambda: ["learner_group"],
+                    iteration=3, run_id="r")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_manifest_lists_components_and_checksums_and_replaces_an_empty_target(tmp_path):
+    target = tmp_path / "ckpt"
+    target.mkdir()  # Tune hands save_checkpoint an empty temporary folder
+    _save(target, iteration=7)
+    manifest = json.loads((target / MANIFEST_FILE).read_text())
+    assert manifest["training_iteration"] == 7
+    assert manifest["components"] == ["env_runner", "learner_group"]
+    assert set(manifest["files"]) == {"learner_group/learner/state.pkl",
+                                      "env_runner/state.pkl", "algorithm_state.pkl"}
+    assert verify_checkpoint(target)["run_id"] == "run"
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]  # no scratch folders left
+
+
+@pytest.mark.parametrize("damage, needle", [
+    (lambda c: shutil.rmtree(c / "learner_group"), "component 'learner_group/' is missing"),
+    (lambda c: shutil.rmtree(c / "env_runner"), "component 'env_runner/' is missing"),
+    (lambda c: (c / "learner_group/learner/state.pkl").unlink(),
+     "'learner_group/' is incomplete: learner_group/learner/state.pkl is missing"),
+    (lambda c: (c / "learner_group/learner/state.pkl").write_bytes(b"W"),
+     "'learner_group/' is corrupt: learner_group/learner/state.pkl"),
+    (lambda c: (c / MANIFEST_FILE).write_text("{trunc"), "manifest"),
+])
+def test_a_damaged_checkpoint_is_refused_naming_the_component(tmp_path, damage, needle):
+    target = Path(_save(tmp_path / "ckpt"))
+    damage(target)
+    with pytest.raises(CheckpointError, match="use an earlier|unreadable") as err:
+        verify_checkpoint(target)
+    assert needle in str(err.value)
+
+
+def test_a_checkpoint_without_manifest_must_still_have_its_learner_group(tmp_path):
+    _write_fake(str(tmp_path / "old"))
+    shutil.rmtree(tmp_path / "old" / "learner_group")
+    with pytest.raises(CheckpointError, match="'learner_group/' is missing"):
+        verify_checkpoint(tmp_path / "old", required_components=["learner_group"])
+
+
+def test_keep_last_k_prunes_only_this_runs_checkpoints(tmp_path):
+    for i in range(4):
+        _save(tmp_path / f"mine_{i}", iteration=i, run_id="mine")
+    _save(tmp_path / "other", iteration=0, run_id="other")
+    (tmp_path / "unrelated").mkdir()
+    deleted = prune_checkpoints(tmp_path, "mine", keep_last=2)
+    assert sorted(Path(p).name for p in deleted) == ["mine_0", "mine_1"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine_2", "mine_3", "other",
+                                                          "unrelated"]
+
+
+def test_newest_complete_checkpoint_skips_a_corrupt_newer_one(tmp_path):
+    for i in (1, 2, 3):
+        _save(tmp_path / f"checkpoint_00000{i}", iteration=i)
+    (tmp_path / "checkpoint_000003" / "env_runner" / "state.pkl").write_bytes(b"cut")
+    folder, iteration = newest_complete_checkpoint(tmp_path)
+    assert (folder.name, iteration) == ("checkpoint_000002", 2)
+
+
+def test_grpo_refuses_to_restore_a_checkpoint_with_a_missing_component(ray_session, tmp_path):
+    from rllib_grpo.rllib.algorithm.grpo import GRPO
+
+    algo = tiny_config(keep_checkpoints=2).build_algo()
+    try:
+        algo.train()
+        paths = [Path(algo.save_to_path(str(tmp_path / f"ckpt{i}"))) for i in range(3)]
+        # keep_checkpoints=2: the oldest of this run's three is gone.
+        assert [p.is_dir() for p in paths] == [False, True, True]
+        good = paths[-1]
+        manifest = verify_checkpoint(good)
+        assert {"learner_group", "env_runner"} <= set(manifest["components"])
+        assert manifest["training_iteration"] == 1
+
+        for component in ("learner_group", "env_runner"):
+            broken = tmp_path / f"without_{component}"
+            shutil.copytree(good, broken)
+            shutil.rmtree(broken / component)
+            with pytest.raises(CheckpointError, match=f"'{component}/' is missing"):
+                algo.restore_from_path(str(broken))
+        with pytest.raises(CheckpointError, match="'learner_group/' is missing"):
+            GRPO.from_checkpoint(str(tmp_path / "without_learner_group"))
+
+        corrupt = tmp_path / "corrupt"
+        shutil.copytree(good, corrupt)
+        pickle = next((corrupt / "learner_group").rglob("module_state.pkl"))
+        pickle.write_bytes(pickle.read_bytes()[:-1] + b"\0")
+        with pytest.raises(CheckpointError, match="'learner_group/' is corrupt"):
+            algo.restore_from_path(str(corrupt))
+
+        algo.restore_from_path(str(good))  # the intact one restores
+        assert algo.training_iteration == 1
+
+        # Tune's restore (load_checkpoint) continues from the trial's newest complete
+        # checkpoint, whichever one its (lagging) experiment snapshot names.
+        trial = tmp_path / "trial"
+        algo.save_to_path(str(trial / "checkpoint_000000"))
+        algo.train()
+        algo.save_to_path(str(trial / "checkpoint_000001"))
+        algo.train()
+        assert algo.training_iteration == 3
+        algo.load_checkpoint(str(trial / "checkpoint_000000"))
+        assert algo.training_iteration == 2
+        (next((trial / "checkpoint_000001").rglob("module_state.pkl"))).write_bytes(b"cut")
+        algo.load_checkpoint(str(trial / "checkpoint_000000"))
+        assert algo.training_iteration == 1
+    finally:
+        algo.stop()
+
+
+LEGACY = TESTS_DIR / "fixtures" / "checkpoint_before_layout"
+
+
+@pytest.mark.parametrize("how", ["GRPO.from_checkpoint", "Algorithm.from_checkpoint"])
+def test_a_checkpoint_written_before_the_layout_by_process_restores(ray_session, tmp_path, how):
+    """Its pickles name the flat modules of 18542da (`rllib_grpo.rllib.module`, ...)."""
+    from ray.rllib.algorithms.algorithm import Algorithm
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    from rllib_grpo.rllib.algorithm import GRPO
+
+    pickled = (LEGACY / "ckpt" / "learner_group" / "learner" / "rl_module"
+               / "class_and_ctor_args.pkl").read_bytes()
+    assert b"rllib_grpo.rllib.module" in pickled  # the old module name, not the new one
+    expected = json.loads((LEGACY / "expected.json").read_text())
+    folder = shutil.copytree(LEGACY / "ckpt", tmp_path / "ckpt")
+    algo = (GRPO if how.startswith("GRPO") else Algorithm).from_checkpoint(str(folder))
+    try:
+        assert isinstance(algo, GRPO)
+        assert algo.iteration == expected["training_iteration"]
+        lm = algo.learner_group._learner.module[DEFAULT_MODULE_ID].lm
+        sums = {k: float(v.double().sum()) for k, v in lm.state_dict().items()}
+        assert sums.keys() == expected["weight_sums"].keys()
+        for name, value in expected["weight_sums"].items():
+            # The same float32 tensors summed in float64: equal up to float64 rounding.
+            assert sums[name] == pytest.approx(value, rel=1e-12, abs=1e-12), name
+        result = algo.train()  # and it trains on from there
+        assert result["training_iteration"] == expected["training_iteration"] + 1
+        assert np.isfinite(result["actor/loss"])
+    finally:
+        algo.stop()

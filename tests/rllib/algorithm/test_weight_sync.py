@@ -1,0 +1,178 @@
+"""Weight sync through GRPO on the tiny model: each transport on CPU leaves the sampler with
+exactly the learner's weights (fp32), and the object store is used only where no faster
+path applies."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import tiny_config
+
+
+def _learner_state(algo) -> dict[str, torch.Tensor]:
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    module = algo.learner_group._learner.module[DEFAULT_MODULE_ID].unwrapped()
+    return {k: v.detach().clone() for k, v in module.lm.state_dict().items()}
+
+
+def _remote_sampler_state(algo) -> dict[str, torch.Tensor]:
+    return algo.env_runner_group.foreach_env_runner(
+        lambda er: {k: v.clone() for k, v in er.sampler.model.state_dict().items()},
+        local_env_runner=False)[0]
+
+
+def _assert_equal(sampler: dict, learner: dict) -> None:
+    assert set(sampler) == set(learner)
+    for name, tensor in learner.items():
+        assert torch.equal(sampler[name], tensor), name
+
+
+def _forget_group(runner) -> None:
+    """What a restarted runner looks like: no weight group."""
+    from rllib_grpo.rllib.algorithm.weight_sync import TOKEN_ATTR
+
+    runner.sampler.leave_weight_group()
+    del runner.__dict__[TOKEN_ATTR]
+
+
+def test_local_sync_hands_over_the_learners_own_tensors(ray_session):
+    from rllib_grpo.rllib.learner.weight_sender import sender_of
+    from rllib_grpo.weights.plan import TRANSPORT_CODES
+
+    algo = tiny_config(lr=1e-2).build_algo()
+    try:
+        sampler = algo.env_runner.sampler
+        storage = {n: p.data_ptr() for n, p in sampler.model.named_parameters()}
+        before = _learner_state(algo)
+        result = algo.train()
+        after = _learner_state(algo)
+        assert any(not torch.equal(before[k], after[k]) for k in after)  # the update moved it
+        assert algo._weight_sync.transport_names() == {0: "local"}
+        assert result["weight_sync/transport"] == TRANSPORT_CODES["local"]
+        assert result["weight_sync/bytes"] > 0 and result["weight_sync/gbps"] > 0
+        _assert_equal(sampler.model.state_dict(), after)
+        # Copied in place into the sampler's parameters ...
+        assert {n: p.data_ptr() for n, p in sampler.model.named_parameters()} == storage
+        # ... from the learner's live tensors: no host copy, no clone.
+        lm = algo.learner_group._learner.module["default_policy"].unwrapped().lm
+        handed = sender_of(algo.learner_group._learner).local_state()
+        assert all(handed[k].data_ptr() == v.data_ptr() for k, v in lm.state_dict().items())
+    finally:
+        algo.stop()
+
+
+@pytest.mark.parametrize("setting,transport", [
+    ("auto", "shm"),
+    ("collective", "collective"),
+    pytest.param("object_store", "object_store", marks=pytest.mark.slow),
+])
+def test_remote_env_runner_gets_the_learners_weights_exactly(ray_session, setting, transport):
+    from rllib_grpo.weights.plan import TRANSPORT_CODES
+
+    config = tiny_config(lr=1e-2, weight_sync_transport=setting, weight_sync_bucket_mb=0.05)
+    config.env_runners(num_env_runners=1, create_local_env_runner=False)
+    algo = config.build_algo()
+    try:
+        for _ in range(2):  # the second sync reuses the group and the slots
+            result = algo.train()
+            _assert_equal(_remote_sampler_state(algo), _learner_state(algo))
+        assert algo._weight_sync.transport_names() == {1: transport}
+        assert result["weight_sync/transport"] == TRANSPORT_CODES[transport]
+        assert result["env_runners"]["weight_sync/bytes"] > 0
+        if transport == "object_store":
+            return
+        assert result["weight_sync/bytes"] > 2 * 0.05 * 2**20  # several 0.05 MiB buckets
+        # A restarted runner (as RLlib counts them) lost its group: a new one is formed.
+        token = algo._weight_sync._token
+        algo.env_runner_group.foreach_env_runner(_forget_group, local_env_runner=False)
+        algo.env_runner_group._worker_manager._num_actor_restarts += 1
+        algo.train()
+        assert algo._weight_sync._token not in (None, token)
+        _assert_equal(_remote_sampler_state(algo), _learner_state(algo))
+    finally:
+        algo.stop()
+
+
+def test_auto_falls_back_to_the_object_store_when_no_group_forms(ray_session, monkeypatch):
+    from rllib_grpo.rllib.learner import weight_sender
+
+    def unreachable(self, **kwargs):
+        raise ConnectionError("no route to the learner")
+
+    monkeypatch.setattr(weight_sender.WeightSender, "open_group", unreachable)
+    config = tiny_config(lr=1e-2)
+    config.env_runners(num_env_runners=1, create_local_env_runner=False)
+    algo = config.build_algo()
+    try:
+        algo.train()
+        assert algo._weight_sync.transport_names() == {1: "object_store"}
+        _assert_equal(_remote_sampler_state(algo), _learner_state(algo))
+    finally:
+        algo.stop()
+
+
+def _has_direct_entries(learner) -> bool:
+    from rllib_grpo.rllib.learner.weight_sender import sender_of
+
+    return any(bucket.direct for bucket in sender_of(learner).manifest.buckets)
+
+
+def _send_large_tensors_directly(learner) -> None:
+    from rllib_grpo.rllib.learner import weight_sender
+
+    weight_sender.DIRECT_MIN_BYTES = 1024
+
+
+@pytest.mark.slow
+def test_fsdp_learners_gather_each_bucket_from_their_shards(ray_session):
+    """Two FSDP2 learners (Ray Train workers), the env runner in the driver: every tensor is
+    gathered from the shards bucket by bucket on both learners and sent by rank 0."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    config = tiny_config(weight_sync_bucket_mb=0.05)
+    config.learners(num_learners=2, num_cpus_per_learner=1)
+    config.resources(num_cpus_for_main_process=0)
+    algo = config.build_algo()
+    try:
+        group = algo.learner_group
+        weights = group.get_weights()[DEFAULT_MODULE_ID]
+        generator = torch.Generator().manual_seed(0)
+        moved = {k: v + 0.05 * torch.randn(v.shape, generator=generator)
+                 for k, v in weights.items()}
+        moved["lm_head.weight"] = moved["model.embed_tokens.weight"]  # tied
+        group.set_weights({DEFAULT_MODULE_ID: moved})
+        # Tensors of >= 1 KiB go from where they lie, the rest packed: both in one order.
+        group.foreach_learner(_send_large_tensors_directly)
+        algo._sync_weights()
+        assert algo._weight_sync.transport_names() == {0: "shm"}
+        _assert_equal(algo.env_runner.sampler.model.state_dict(), moved)
+        # The same again through a gloo broadcast, where direct entries travel apart.
+        algo._weight_sync.transports = {0: "collective"}
+        group.set_weights({DEFAULT_MODULE_ID: weights})
+        algo._sync_weights()
+        _assert_equal(algo.env_runner.sampler.model.state_dict(), weights)
+        assert all(group._get_results(group.foreach_learner(_has_direct_entries)))
+    finally:
+        algo.stop()
+
+
+@pytest.mark.slow
+def test_remote_learner_sends_to_the_drivers_env_runner(ray_session):
+    """``num_learners=1``: the learner is an actor and the env runner lives in the driver,
+    which joins the weight group from a thread while the learner sends."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    config = tiny_config(lr=1e-2, weight_sync_bucket_mb=0.05)
+    config.learners(num_learners=1, num_cpus_per_learner=1)
+    config.resources(num_cpus_for_main_process=0)
+    algo = config.build_algo()
+    try:
+        for _ in range(2):
+            algo.train()
+            learner = algo.learner_group.get_weights()[DEFAULT_MODULE_ID]
+            _assert_equal(algo.env_runner.sampler.model.state_dict(), learner)
+        assert algo._weight_sync.transport_names() == {0: "shm"}
+    finally:
+        algo.stop()

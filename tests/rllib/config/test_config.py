@@ -1,0 +1,135 @@
+"""GRPOConfig: fields, verl aliases, batch plan and validation errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import REPO_ROOT, tiny_config
+
+
+def _errors(**training):
+    from rllib_grpo.rllib.config.checks import find_errors
+
+    return find_errors(tiny_config(**training))
+
+
+def test_defaults_follow_verl_grpo():
+    from rllib_grpo.rllib.config.grpo_config import GRPOConfig
+
+    c = GRPOConfig()
+    assert (c.adv_estimator, c.loss_agg_mode, c.kl_loss_type) == ("grpo", "token-mean", "low_var_kl")
+    assert c.use_kl_loss and not c.use_kl_in_reward
+    assert c.gamma == 1.0 and c.grad_clip == 1.0 and c.clip_ratio_c == 3.0
+
+
+def test_verl_dotted_names_set_the_same_fields():
+    from rllib_grpo.rllib.config.grpo_config import GRPOConfig
+
+    c = GRPOConfig().training(**{
+        "actor_rollout_ref.rollout.n": 5,
+        "data.train_batch_size": 10,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 5,
+        "actor_rollout_ref.actor.optim.lr": 3e-6,
+        "algorithm.adv_estimator": "rloo",
+    })
+    assert (c.group_size, c.prompts_per_step, c.prompts_per_minibatch) == (5, 10, 5)
+    assert c.lr == 3e-6 and c.adv_estimator == "rloo"
+    d = GRPOConfig().update_from_dict({"actor_rollout_ref.actor.use_kl_loss": False})
+    assert d.use_kl_loss is False
+    assert GRPOConfig().use_remove_padding is True  # verl's switch: on by default, honoured
+    e = GRPOConfig().training(**{"actor_rollout_ref.model.use_remove_padding": False})
+    assert e.use_remove_padding is False and e.module_config()["use_remove_padding"] is False
+
+
+def test_batch_plan_units():
+    plan = tiny_config(prompts_per_step=8, group_size=4, prompts_per_minibatch=2,
+                       micro_batch_size_per_learner=2, num_epochs=2).batch_plan()
+    assert plan.trajectories_per_step == 32
+    assert plan.trajectories_per_minibatch == 8
+    assert plan.micro_batches_per_minibatch == 4
+    assert plan.optimizer_steps_per_step == 8  # 4 mini-batches x 2 epochs
+
+
+def test_valid_config_has_no_errors():
+    assert _errors() == []
+
+
+@pytest.mark.parametrize("training, needle", [
+    ({"group_size": 1}, "group_size=1"),
+    ({"prompts_per_step": 4, "prompts_per_minibatch": 3}, "prompts_per_minibatch=3"),
+    ({"micro_batch_size_per_learner": 3}, "micro_batch_size_per_learner=3"),
+    ({"use_kl_in_reward": True, "use_kl_loss": True}, "use_kl_in_reward and use_kl_loss"),
+    ({"adv_estimator": "gae2"}, "adv_estimator='gae2'"),
+    ({"policy_loss": "nope"}, "policy_loss='nope'"),
+    ({"loss_agg_mode": "mean"}, "loss_agg_mode='mean'"),
+    ({"kl_loss_type": "k9"}, "kl_loss_type='k9'"),
+    ({"temperature": 0.0}, "temperature=0.0"),
+    ({"use_dynamic_bsz": True, "max_tokens_per_micro_batch": 10}, "max_tokens_per_micro_batch=10"),
+    ({"clip_ratio_c": 1.0}, "clip_ratio_c=1.0"),
+    ({"peak_tflops": 0.0}, "peak_tflops=0.0"),
+])
+def test_validation_names_field_and_fix(training, needle):
+    errors = _errors(**training)
+    assert any(needle in e for e in errors), errors
+
+
+def test_validate_raises_value_error():
+    with pytest.raises(ValueError, match="group_size=1"):
+        tiny_config(group_size=1).validate()
+
+
+def test_both_kl_allowed_explicitly():
+    assert _errors(use_kl_in_reward=True, use_kl_loss=True, allow_kl_in_reward_and_loss=True) == []
+
+
+def test_uneven_learner_split_rejected():
+    errors = _errors(prompts_per_step=3) + []
+    assert errors == []  # one learner: anything goes
+    from rllib_grpo.rllib.config.checks import find_errors
+
+    c = tiny_config(prompts_per_step=3)
+    c.num_learners = 2
+    assert any("num_learners=2" in e for e in find_errors(c))
+
+
+def test_fields_are_declared_for_type_checkers():
+    import typing
+
+    from rllib_grpo.rllib.config.grpo_config import GRPOConfig
+    from rllib_grpo.rllib.config.settings import SETTINGS_FIELDS, GRPOSettings
+
+    assert issubclass(GRPOConfig, GRPOSettings)
+    hints = typing.get_type_hints(GRPOSettings)
+    assert set(SETTINGS_FIELDS) <= set(hints)
+    c, d = GRPOConfig(), GRPOConfig().training(lr=1e-3)
+    assert c != d or c is d  # RLlib's identity equality, not the settings dataclass's
+
+
+@pytest.mark.parametrize("field", ["train_batch_size", "train_batch_size_per_learner",
+                                   "minibatch_size"])
+def test_derived_fields_refused_from_python(field):
+    from rllib_grpo.rllib.config.grpo_config import GRPOConfig
+
+    with pytest.raises(ValueError, match=f"'{field}' is derived for GRPO"):
+        GRPOConfig().training(**{field: 64})
+
+
+def test_train_batch_size_per_learner_set_directly_is_refused():
+    from rllib_grpo.rllib.config.grpo_config import GRPOConfig
+
+    c = GRPOConfig().training(prompts_per_step=4, group_size=2)
+    assert c.train_batch_size_per_learner == 8
+    c.train_batch_size_per_learner = 8  # the derived value itself is harmless
+    with pytest.raises(ValueError, match="prompts_per_step"):
+        c.train_batch_size_per_learner = 64
+
+
+def test_configuration_doc_is_generated_from_settings():
+
+    from rllib_grpo.rllib.config.settings import SETTINGS_FIELDS, configuration_doc
+
+    doc = REPO_ROOT / "docs" / "configuration.md"
+    assert doc.read_text() == configuration_doc(), (
+        "docs/configuration.md is stale: python -m rllib_grpo.rllib.config.settings > "
+        "docs/configuration.md")
+    assert all(f"| `{name}` |" in doc.read_text() for name in SETTINGS_FIELDS)

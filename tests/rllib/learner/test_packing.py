@@ -1,0 +1,328 @@
+"""Padding-free learner passes (`rllib_grpo.models.packing`) against the padded ones.
+
+* Packed rows give the padded log-probs and entropies (fp32, 1e-5) for llama and qwen2,
+  with sdpa and eager attention, in both layouts (one row, or rows of the longest
+  sequence), and the graph reaches the model even with no response token at all.
+* One learner update on packed rows gives the padded update's gradients and weights
+  (1e-6) for every loss aggregation, with fixed micro-batches and with a token budget.
+* The token budget caps every micro-batch; the old-log-prob / reference passes and the
+  update use the same micro-batches (with a token budget and two mini-batches they
+  did not).
+* The on-policy shortcut (old log-probs from the update's own forward) gives the same
+  loss, gradients, weights and metrics as the separate pass, which it skips.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import tiny_config
+from tests.rllib.learner.test_learner_loss import _fixed_batch
+
+AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
+             "seq-mean-token-sum-norm")
+
+
+def _padded_batch(seed: int = 0, rows: int = 8, prompt: int = 6, response: int = 7,
+                  vocab: int = 50) -> dict[str, torch.Tensor]:
+    """Left-padded prompts (1..prompt tokens), right-padded responses (0..response)."""
+    gen = torch.Generator().manual_seed(seed)
+    prompt_lengths = torch.randint(1, prompt + 1, (rows,), generator=gen)
+    response_lengths = torch.randint(0, response + 1, (rows,), generator=gen)
+    response_lengths[0] = 0  # an empty response
+    response_lengths[1] = response  # a full one
+    batch = {"prompt_ids": torch.zeros(rows, prompt, dtype=torch.long),
+             "prompt_mask": torch.zeros(rows, prompt, dtype=torch.long),
+             "response_ids": torch.zeros(rows, response, dtype=torch.long),
+             "response_mask": torch.zeros(rows, response)}
+    for b in range(rows):
+        p, r = int(prompt_lengths[b]), int(response_lengths[b])
+        batch["prompt_ids"][b, prompt - p:] = torch.randint(4, vocab, (p,), generator=gen)
+        batch["prompt_mask"][b, prompt - p:] = 1
+        batch["response_ids"][b, :r] = torch.randint(4, vocab, (r,), generator=gen)
+        batch["response_mask"][b, :r] = 1
+    return batch
+
+
+def _lm(arch: str, attn: str):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(arch, vocab_size=50, hidden_size=64, num_hidden_layers=2,
+                                  num_attention_heads=2, num_key_value_heads=1,
+                                  intermediate_size=128, max_position_embeddings=64)
+    config._attn_implementation = attn
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("varlen", [False, True], ids=["rows", "one-row"])
+def test_packed_log_probs_equal_padded(arch, attn, varlen, monkeypatch):
+    from rllib_grpo.models import packing
+    from rllib_grpo.rllib.learner.module import response_log_probs
+
+    monkeypatch.setattr(packing, "uses_varlen_attention", lambda lm: varlen)
+    lm, batch = _lm(arch, attn), _padded_batch()
+    padded = response_log_probs(lm, batch, 0.7, with_entropy=True)
+    packed = response_log_probs(lm, batch, 0.7, with_entropy=True, packed=True)
+    mask = batch["response_mask"].bool()
+    for key in ("log_probs", "entropy"):
+        assert (packed[key] - padded[key])[mask].abs().max() < 1e-5
+        assert (packed[key][~mask] == 0).all()
+    layout = packing.pack_micro_batch(batch, varlen=varlen)
+    lengths = (batch["prompt_mask"].sum(-1) + batch["response_mask"].sum(-1)).tolist()
+    assert layout.num_real_tokens == sum(lengths)
+    if varlen:
+        assert layout.input_ids.shape == (1, sum(lengths))
+    else:
+        assert layout.input_ids.shape[1] == max(lengths)
+        assert layout.num_slots < batch["prompt_ids"].numel() + batch["response_ids"].numel()
+
+
+def test_positions_that_do_not_restart_change_the_log_probs():
+    """The check above can fail: without restarting positions transformers sees one long
+    sequence per row, and the log-probs move."""
+    from rllib_grpo.models import packing
+
+    lm, batch = _lm("llama", "sdpa"), _padded_batch()
+    layout = packing.pack_micro_batch(batch, varlen=True)
+    positions = torch.arange(layout.input_ids.shape[1])[None]
+    with torch.no_grad():
+        right = lm(input_ids=layout.input_ids, position_ids=layout.position_ids).logits
+        wrong = lm(input_ids=layout.input_ids, position_ids=positions).logits
+    assert (right - wrong).abs().max() > 1e-3  # 100x the tolerance above
+
+
+def test_packed_forward_without_response_tokens_still_reaches_the_model():
+    """A zero-weight micro-batch (an empty token-budget bin) must still run backward
+    through the model: sharded learners reduce their gradients there together."""
+    from rllib_grpo.rllib.learner.module import response_log_probs
+
+    lm, batch = _lm("llama", "sdpa"), _padded_batch()
+    batch["response_mask"].zero_()
+    out = response_log_probs(lm, batch, 1.0, with_entropy=True, packed=True)
+    assert (out["log_probs"] == 0).all() and out["log_probs"].requires_grad
+    out["log_probs"].sum().backward()
+    grads = [p.grad for p in lm.parameters()]
+    assert all(g is not None for g in grads) and all((g == 0).all() for g in grads)
+
+
+def test_pack_rows_fits_every_sequence_once_within_the_capacity():
+    from rllib_grpo.models.packing import pack_rows
+
+    rng = random.Random(0)
+    for _ in range(200):
+        lengths = [rng.randint(1, 30) for _ in range(rng.randint(1, 20))]
+        capacity = rng.randint(max(lengths), 60)
+        rows = pack_rows(lengths, capacity)
+        assert sorted(i for row in rows for i in row) == list(range(len(lengths)))
+        assert all(sum(lengths[i] for i in row) <= capacity for row in rows)
+    with pytest.raises(ValueError, match="does not fit"):
+        pack_rows([5, 9], 8)
+
+
+def test_token_budget_caps_every_micro_batch():
+    from rllib_grpo.data.batching import num_micro_batches_for_budget, split_token_budget
+
+    # ceil(18 / 9) = 2 micro-batches cannot hold three rows of 6 within 9 tokens each.
+    assert num_micro_batches_for_budget([6, 6, 6], 9) == 3
+    rng = random.Random(0)
+    for _ in range(300):
+        lengths = [rng.randint(0, 50) for _ in range(rng.randint(1, 40))]
+        budget = rng.randint(max(max(lengths), 1), 200)
+        fewest = num_micro_batches_for_budget(lengths, budget)
+        for num in (fewest, fewest + rng.randint(1, 5)):  # more: another learner needs more
+            bins = split_token_budget(lengths, num, budget)
+            assert len(bins) == num
+            assert sorted(i for b in bins for i in b) == list(range(len(lengths)))
+            assert max(sum(lengths[i] for i in b) for b in bins) <= budget
+            assert num > len(lengths) or all(bins)
+
+
+# ------------------------------------------------------------------ the learner
+
+
+@pytest.fixture(scope="module")
+def learner():
+    """One tiny learner; each case swaps its config and resets weights and Adam."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    from rllib_grpo.rllib.config.grpo_config import TEXT_SPACE
+
+    learner = _config().build_learner(spaces={DEFAULT_MODULE_ID: (TEXT_SPACE, TEXT_SPACE)})
+    module = learner.module[DEFAULT_MODULE_ID]
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # move the policy off the reference: old != ref, a KL gradient
+        for p in module.lm.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    return learner, {k: v.clone() for k, v in module.lm.state_dict().items()}
+
+
+def _config(**training):
+    settings = dict(prompts_per_step=2, group_size=4, micro_batch_size_per_learner=2,
+                    use_kl_loss=True, kl_loss_coef=0.1, entropy_coeff=0.01, lr=1e-4,
+                    temperature=0.7, grad_clip=1e6, max_prompt_length=5, max_response_length=4)
+    return tiny_config(**{**settings, **training})
+
+
+def _update(learner_and_start, columns: dict | None = None, **training) -> dict:
+    """One update of the fixed batch (``columns`` replaced) from the start weights with
+    ``training`` settings."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+    from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+
+    learner, start = learner_and_start
+    runners = training.pop("num_env_runners", 0)
+    config = _config(**training)
+    if runners:
+        config.env_runners(num_env_runners=runners, create_local_env_runner=False)
+    config.validate()
+    learner.config = config.copy(copy_frozen=False)
+    lm = learner.module[DEFAULT_MODULE_ID].lm
+    lm.load_state_dict(start)
+    for optim in learner._named_optimizers.values():
+        optim.state.clear()
+    learner._weights_seq_no = 0  # the version that trajectories' staleness is counted from
+    columns = {**_fixed_batch(lm.config.vocab_size, pad=0), **(columns or {})}
+    results = learner.update(batch=MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(columns)}, 8))
+    logged = {k: float(v.peek() if hasattr(v, "peek") else v)
+              for k, v in results[DEFAULT_MODULE_ID].items() if "/" in k}
+    return {"grads": {n: p.grad.clone() for n, p in lm.named_parameters()},
+            "weights": {k: v.clone() for k, v in lm.state_dict().items()}, "logged": logged}
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def _relative_diff(a: dict, b: dict) -> float:
+    """Largest difference relative to the largest value (token-sum gradients grow with the
+    batch's token count)."""
+    return _max_diff(a, b) / max(v.abs().max().item() for v in b.values())
+
+
+@pytest.mark.parametrize("budget", [None, 13], ids=["fixed", "token-budget"])
+@pytest.mark.parametrize("agg_mode", AGG_MODES)
+def test_packed_update_equals_padded_update(learner, agg_mode, budget):
+    sizes = dict(use_dynamic_bsz=True, max_tokens_per_micro_batch=budget) if budget else {}
+    padded = _update(learner, loss_agg_mode=agg_mode, use_remove_padding=False, **sizes)
+    packed = _update(learner, loss_agg_mode=agg_mode, use_remove_padding=True, **sizes)
+    assert _max_diff(padded["weights"], learner[1]) > 1e-5  # the update moved the weights
+    assert _relative_diff(packed["grads"], padded["grads"]) < 1e-6
+    assert _max_diff(packed["weights"], padded["weights"]) < 1e-6
+    assert packed["logged"]["actor/loss"] == pytest.approx(padded["logged"]["actor/loss"],
+                                                           abs=1e-6)
+
+
+def test_old_log_prob_reference_and_update_passes_share_micro_batches(learner, monkeypatch):
+    """Token budget + two mini-batches: the passes before the update used to split the
+    whole batch while the update split each mini-batch."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    from rllib_grpo.rllib.learner import learner as learner_module
+
+    module = learner[0].module[DEFAULT_MODULE_ID]
+    passes: dict[str, list[frozenset]] = {"old": [], "ref": [], "update": []}
+
+    def rows_of(batch) -> frozenset:
+        ids = torch.cat([batch["prompt_ids"], batch["response_ids"]], dim=1)
+        keep = batch["response_mask"].sum(-1) > 0  # an empty bin's stand-in row has none
+        return frozenset(tuple(row.tolist()) for row in ids[keep])
+
+    def spy(name, original):
+        def wrapped(*args, **kwargs):
+            batch = next(a for a in args if isinstance(a, dict))
+            passes[name].append(rows_of(batch))
+            return original(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(learner_module, "response_log_probs",
+                        spy("old", learner_module.response_log_probs))
+    monkeypatch.setattr(module, "reference_log_probs", spy("ref", module.reference_log_probs))
+    monkeypatch.setattr(module, "forward_train", spy("update", module.forward_train))
+    _update(learner, prompts_per_minibatch=1, use_dynamic_bsz=True,
+            max_tokens_per_micro_batch=13)
+    assert len(passes["update"]) >= 4  # 2 mini-batches x >= 2 micro-batches
+    assert passes["old"] == passes["update"]
+    assert passes["ref"] == passes["update"]
+
+
+@pytest.mark.parametrize("budget", [None, 13], ids=["fixed", "token-budget"])
+def test_on_policy_shortcut_gives_the_same_update_without_the_old_pass(learner, budget,
+                                                                       monkeypatch):
+    from rllib_grpo.rllib.learner import learner as learner_module
+
+    sizes = dict(use_dynamic_bsz=True, max_tokens_per_micro_batch=budget) if budget else {}
+    separate = _update(learner, skip_old_log_prob_pass=False, **sizes)
+    calls = []
+    original = learner_module.response_log_probs
+    monkeypatch.setattr(learner_module, "response_log_probs",
+                        lambda *a, **k: calls.append(1) or original(*a, **k))
+    shortcut = _update(learner, skip_old_log_prob_pass=True, **sizes)
+    assert not calls  # no separate old-log-prob forward
+    assert shortcut["logged"]["timing_s/old_log_prob"] == 0.0
+    assert separate["logged"]["timing_s/old_log_prob"] > 0.0
+    assert _relative_diff(shortcut["grads"], separate["grads"]) < 1e-7
+    assert _max_diff(shortcut["weights"], separate["weights"]) < 1e-7
+    for key in ("actor/loss", "actor/pg_loss", "actor/kl_loss", "actor/entropy",
+                "actor/ppo_kl", "training/rollout_probs_diff_max"):
+        assert shortcut["logged"][key] == pytest.approx(separate["logged"][key], abs=1e-7), key
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_shortcut_gives_the_same_rollout_is_weights_and_gap_metrics(learner, level, monkeypatch):
+    """Stale samples (weights_version behind the learner) whose sampler log-probs differ
+    from the learner's: the importance weights, some truncated, and the gap split by
+    staleness are the same from the update's forward as from a separate pass."""
+    rng = np.random.default_rng(1)
+    columns = {"rollout_log_probs": rng.uniform(-3.6, -2.0, (8, 4)).astype(np.float32),
+               "weights_version": np.array([0, 0, 0, 0, -1, -1, -1, -1], np.int64)}
+    training = dict(rollout_is=level, rollout_is_threshold=2.0, max_staleness=1,
+                    num_env_runners=1)
+    separate = _update(learner, columns, skip_old_log_prob_pass=False, **training)
+    shortcut = _update(learner, columns, skip_old_log_prob_pass=True, **training)
+    assert shortcut["logged"]["timing_s/old_log_prob"] == 0.0
+    assert 0.0 < separate["logged"]["rollout_corr/is_truncated_frac"] < 1.0
+    assert _relative_diff(shortcut["grads"], separate["grads"]) < 1e-6
+    for key in ("rollout_corr/is_weight_mean", "rollout_corr/is_truncated_frac",
+                "training/rollout_log_probs_diff_max/staleness_1",
+                "training/rollout_probs_diff_mean/staleness_0", "actor/pg_loss"):
+        assert shortcut["logged"][key] == pytest.approx(separate["logged"][key], abs=1e-6), key
+    without = _update(learner, columns, **{**training, "rollout_is": None})
+    assert _relative_diff(without["grads"], separate["grads"]) > 1e-3  # the weights matter
+
+
+def test_shortcut_only_when_each_sample_feeds_one_step_from_the_same_weights():
+    from rllib_grpo.rllib.config.staleness import old_log_probs_from_update
+
+    assert old_log_probs_from_update(_config())
+    for off in (dict(skip_old_log_prob_pass=False), dict(prompts_per_minibatch=1),
+                dict(num_epochs=2), dict(use_kl_in_reward=True, use_kl_loss=False),
+                dict(lora_rank=4, lora_dropout=0.1)):
+        assert not old_log_probs_from_update(_config(**off)), off
+
+
+def test_every_update_logs_throughput(learner):
+    logged = _update(learner, peak_tflops=1.0)["logged"]
+    assert logged["timing_s/update_policy"] > 0
+    assert logged["perf/actor_tokens_per_s"] > 0
+    params = sum(p.numel() for p in learner[0].module["default_policy"].lm.parameters())
+    tokens = float(np.sum([5, 3, 5, 4, 2, 5, 3, 4]) + np.sum([4, 1, 3, 0, 4, 2, 4, 3]))
+    expected = 6 * params * tokens / logged["timing_s/update_policy"] / 1e12
+    assert logged["perf/mfu/actor"] == pytest.approx(expected, rel=1e-6)
+    assert logged["perf/actor_tokens_per_s"] == pytest.approx(
+        tokens / logged["timing_s/update_policy"], rel=1e-6)
+
+    from rllib_grpo.rllib.learner.perf import PhaseTimes, peak_flops, step_metrics
+
+    cpu = torch.device("cpu")
+    assert peak_flops(cpu) is None and peak_flops(cpu, 2.0) == 2e12
+    times = PhaseTimes(cpu)
+    with times.phase("update_policy", tokens=100.0):
+        pass
+    assert "perf/mfu/actor" not in step_metrics(times, 10, peak_flops(cpu))  # CPU: no MFU
