@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rllib_grpo.cli.algorithms import default_config, resolve_algo
 from rllib_grpo.cli.experiment import (
@@ -31,6 +31,9 @@ from rllib_grpo.cli.experiment import (
     translate,
 )
 from rllib_grpo.cli.verl_keys import VERL_DEFAULT_EPOCHS, VERL_DEFAULTS, VERL_MUST_MATCH
+
+if TYPE_CHECKING:  # annotations only
+    from rllib_grpo.rllib.config.grpo_config import GRPOConfig
 
 # The env that reads verl's data files when a configuration names files but no env.
 PROMPT_FILE_ENV = "rllib_grpo/Prompts-v0"
@@ -221,7 +224,7 @@ def config_errors(exp: Experiment) -> list[str]:
     return errors
 
 
-def resolve_stop(exp: Experiment, config: Any) -> dict[str, Any]:
+def resolve_stop(exp: Experiment, config: GRPOConfig) -> dict[str, Any]:
     """The Tune stop criteria, with ``trainer.total_epochs`` turned into iterations; the
     config's ``total_training_steps`` (LR schedule, last-step validation) follows them
     unless it is set."""
@@ -233,7 +236,7 @@ def resolve_stop(exp: Experiment, config: Any) -> dict[str, Any]:
     return stop
 
 
-def count_prompts(config: Any) -> int:
+def count_prompts(config: GRPOConfig) -> int:
     """How many prompts the config's env serves (it is built without a tokenizer)."""
     import gymnasium as gym
 
@@ -246,7 +249,7 @@ def count_prompts(config: Any) -> int:
                           f"({type(err).__name__}: {err})") from None
 
 
-def epochs_to_iterations(config: Any, epochs: int) -> int:
+def epochs_to_iterations(config: GRPOConfig, epochs: int) -> int:
     """verl's step count: ``epochs x (prompts // prompts_per_step)`` (at least 1)."""
     per_step = config.prompts_per_step
     if is_grid(per_step):

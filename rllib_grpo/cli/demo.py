@@ -10,7 +10,7 @@ the first step; GRPO then raises the reward to 0.9 and above.
 sums asked as a chat question; held-out accuracy is printed before and after.
 
 ``--task tool-arithmetic|guess-number`` picks a multi-turn demo instead
-(`rllib_grpo.cli.demo_agents`); ``--model FOLDER`` trains a saved model instead of the
+(`rllib_grpo.cli.demos.TASKS`); ``--model FOLDER`` trains a saved model instead of the
 task's built-in one.
 
     python -m rllib_grpo.demo [--model demo|smollm2-135m|FOLDER] [--iterations N]
@@ -29,8 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rllib_grpo.cli.demo_agents import TASKS
-from rllib_grpo.cli.demos import DEMOS, DemoSpec, demo_config, pick_demo
+from rllib_grpo.cli.demos import DEMOS, TASKS, DemoSpec, demo_config, pick_demo
 
 __all__ = ["demo_config", "heldout_accuracy", "heldout_report", "main", "plot_curve",
            "time_split"]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rllib_grpo.cli.eval_command import add_eval_parser, run_eval
 from rllib_grpo.cli.experiment import ConfigError, Experiment
@@ -35,6 +35,9 @@ from rllib_grpo.cli.run import (  # noqa: F401  (check_resources, one_line_error
     run_tune,
     storage_path_error,
 )
+
+if TYPE_CHECKING:  # annotations only
+    from rllib_grpo.rllib.config.grpo_config import GRPOConfig
 
 # Commands that take their own arguments (no experiment sources).
 SELF_CONTAINED_COMMANDS = {"export": run_export, "eval": run_eval}
@@ -201,7 +204,7 @@ def key_report(exp: Experiment) -> list[str]:
     return lines
 
 
-def run_summary(exp: Experiment, config: Any, stop: dict[str, Any]) -> list[str]:
+def run_summary(exp: Experiment, config: GRPOConfig, stop: dict[str, Any]) -> list[str]:
     """What is about to run, in two lines."""
     what = f"{exp.algo} on {config.env}"
     if exp.algo == "GRPO":
@@ -234,7 +237,7 @@ def train(args: argparse.Namespace, file: str | None, overrides: list[str]) -> i
 
 
 # ----------------------------------------------------------------------------- explain
-def describe_run(exp: Experiment, config: Any) -> list[str]:
+def describe_run(exp: Experiment, config: GRPOConfig) -> list[str]:
     """The experiment around the config: env, stop, checkpoints, verl keys."""
     from rllib_grpo.cli.build import count_prompts, resolve_stop
 

@@ -9,13 +9,16 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rllib_grpo.cli.experiment import ConfigError, Experiment
 from rllib_grpo.logs import console_env, quiet_console
 
+if TYPE_CHECKING:  # annotations only
+    from rllib_grpo.rllib.config.grpo_config import GRPOConfig
 
-def run_tune(exp: Experiment, config: Any, stop: dict[str, Any],
+
+def run_tune(exp: Experiment, config: GRPOConfig, stop: dict[str, Any],
              args: argparse.Namespace) -> int:
     """Run the experiment with ``tune.Tuner``; print where results and checkpoints went."""
     _quiet_tune(args)
@@ -148,7 +151,7 @@ def _ray_log_level(args: argparse.Namespace) -> int:
     return logging.INFO if args.verbose >= 2 else logging.WARNING
 
 
-def check_resources(algo_cls: Any, config: Any, available: dict[str, float]) -> None:
+def check_resources(algo_cls: Any, config: GRPOConfig, available: dict[str, float]) -> None:
     """Refuse a trial larger than the Ray started here (Tune would wait for it forever)."""
     try:
         need = algo_cls.default_resource_request(config).required_resources

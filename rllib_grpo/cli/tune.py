@@ -16,12 +16,15 @@ to ``tune.RunConfig(callbacks=[...])``.  `rllib train` does both.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray import tune
 
 from rllib_grpo.cli.console import progress_line, startup_line
 from rllib_grpo.cli.tensorboard import completions_table
+
+if TYPE_CHECKING:  # annotations only
+    from rllib_grpo.rllib.config.grpo_config import GRPOConfig
 
 COMPLETIONS_KEY = "completions"
 COMPLETIONS_TAG = "completions"
@@ -55,7 +58,7 @@ def add_completions(*, algorithm: Any, result: dict, **kwargs: Any) -> None:
     result[COMPLETIONS_KEY] = completions_table(rollout.infos, limit=COMPLETIONS_ROWS)
 
 
-def install_completions(config: Any) -> Any:
+def install_completions(config: GRPOConfig) -> Any:
     """Add `add_completions` to the config's ``on_train_result`` callables (idempotent)."""
     existing = config.callbacks_on_train_result
     hooks = list(existing) if isinstance(existing, list | tuple) else (

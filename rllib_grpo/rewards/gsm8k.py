@@ -1,6 +1,6 @@
 """GSM8K scorer: the answer after ``####`` (strict) or the last number (flexible).
 
-Fixes over verl's ``gsm8k.compute_score`` (grpo-semantics.md section 6.3):
+Fixes over verl's ``gsm8k.compute_score`` (docs/grpo-semantics.md section 6.3):
 
 * numbers compare by value, not string: ``#### 18.0`` vs ``18``, ``#### 1,000``
   vs ``1000``, unicode minus ``−5`` vs ``-5``;

@@ -1,7 +1,7 @@
 """``RewardScorer``: call a reward function safely and normalise what it returns.
 
 A reward function that raises, hangs or returns garbage must not stop training
-(grpo-semantics.md section 9.6): the sample scores 0, the result says
+(docs/grpo-semantics.md section 9.6): the sample scores 0, the result says
 ``reward_error: True`` with the message, the error is counted and logged
 (first few, then every 100th), and the run goes on.
 

@@ -70,7 +70,7 @@ def test_registration_imports_nothing_heavy():
 @pytest.mark.parametrize(("file_name", "solution_key"), [
     ("gsm8k_fixture.jsonl", "answer"), ("math_fixture.jsonl", "solution")])  # fmt: skip
 def test_fixture_reward_dry_run(file_name, solution_key):
-    """Every fixture row's reference solution must score 1 (grpo-semantics.md 9.6)."""
+    """Every fixture row's reference solution must score 1 (docs/grpo-semantics.md 9.6)."""
     dataset = load_prompts(fixture_path(file_name), strict=True)
     assert len(dataset) >= 30
     scores = [compute_score(r.data_source, r.extra_info[solution_key], r.ground_truth)["score"]

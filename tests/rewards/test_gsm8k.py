@@ -1,4 +1,4 @@
-"""GSM8K scorer: verl's quirks (grpo-semantics.md 6.3) are fixed, and wrong answers still fail."""
+"""GSM8K scorer: verl's quirks (docs/grpo-semantics.md 6.3) are fixed, and wrong answers still fail."""
 
 import pytest
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 _EXPORTS = {"GRPOConfig": "rllib_grpo.rllib.config.grpo_config", "TEXT_SPACE": "rllib_grpo.rllib.config.grpo_config",
-            "BatchPlan": "rllib_grpo.rllib.config.grpo_config"}
+            "BatchPlan": "rllib_grpo.rllib.config.settings"}
 
 
 def __getattr__(name: str) -> Any:

@@ -21,16 +21,17 @@ from rllib_grpo.data.env import env_options
 from rllib_grpo.data.recipes import FILTER_METRICS
 from rllib_grpo.models.lora import LORA_SYNC_MODES
 from rllib_grpo.rllib.config.input_checks import input_errors
+from rllib_grpo.rllib.config.settings import GRPOSettings
 from rllib_grpo.rllib.config.staleness import async_errors, async_pitfalls
 from rllib_grpo.samplers import SAMPLER_KINDS
 from rllib_grpo.weights.plan import WEIGHT_SYNC_TRANSPORTS
 
 
-def _is_group_estimator(c: Any) -> bool:
+def _is_group_estimator(c: GRPOSettings) -> bool:
     return c.adv_estimator in ADV_ESTIMATORS and needs_groups(c.adv_estimator)
 
 
-def _check_names(c: Any) -> list[str]:
+def _check_names(c: GRPOSettings) -> list[str]:
     errors = []
     named = [
         ("adv_estimator", c.adv_estimator, ADV_ESTIMATORS.names()),
@@ -53,7 +54,7 @@ def _check_names(c: Any) -> list[str]:
     return errors
 
 
-def _check_sizes(c: Any) -> list[str]:
+def _check_sizes(c: GRPOSettings) -> list[str]:
     errors = []
     for field in ("prompts_per_step", "group_size", "max_prompt_length", "max_response_length"):
         if getattr(c, field) < 1:
@@ -98,7 +99,7 @@ def _check_sizes(c: Any) -> list[str]:
     return errors
 
 
-def _check_algorithm(c: Any) -> list[str]:
+def _check_algorithm(c: GRPOSettings) -> list[str]:
     errors = []
     if c.use_kl_in_reward and c.use_kl_loss and not c.allow_kl_in_reward_and_loss:
         errors.append(
@@ -124,7 +125,7 @@ def _check_algorithm(c: Any) -> list[str]:
     return errors
 
 
-def _check_recipes(c: Any) -> list[str]:
+def _check_recipes(c: GRPOSettings) -> list[str]:
     errors = []
     if c.filter_groups and c.filter_groups_metric not in FILTER_METRICS:
         hint = (" (it includes the in-reward KL, which is computed on the learners)"
@@ -142,7 +143,7 @@ def _check_recipes(c: Any) -> list[str]:
     return errors
 
 
-def _check_lora_and_memory(c: Any) -> list[str]:
+def _check_lora_and_memory(c: GRPOSettings) -> list[str]:
     errors = []
     if c.lora_rank < 0:
         errors.append(f"lora_rank={c.lora_rank} must be >= 0 (0 = full fine-tuning).")
@@ -176,7 +177,7 @@ FSDP_DTYPES = {"fsdp_param_dtype": ("auto", "model", *COMPUTE_DTYPES),
                "fsdp_reduce_dtype": ("model", *COMPUTE_DTYPES)}
 
 
-def _check_precision(c: Any) -> list[str]:
+def _check_precision(c: GRPOSettings) -> list[str]:
     errors = []
     allowed = {"model_dtype": COMPUTE_DTYPES, "master_weights_dtype": MASTER_DTYPES,
                **FSDP_DTYPES}
@@ -192,7 +193,7 @@ def _check_precision(c: Any) -> list[str]:
     return errors
 
 
-def _check_weight_sync(c: Any) -> list[str]:
+def _check_weight_sync(c: GRPOSettings) -> list[str]:
     transport = getattr(c, "weight_sync_transport", "auto")
     if transport not in WEIGHT_SYNC_TRANSPORTS:
         return [f"weight_sync_transport={transport!r} is unknown; use one of: "
@@ -216,7 +217,7 @@ def _check_weight_sync(c: Any) -> list[str]:
     return errors
 
 
-def _check_multi_turn(c: Any) -> list[str]:
+def _check_multi_turn(c: GRPOSettings) -> list[str]:
     errors = []
     for field in ("max_turns", "max_tokens_per_turn", "max_observation_tokens"):
         value = getattr(c, field, None)
@@ -230,7 +231,7 @@ def _check_multi_turn(c: Any) -> list[str]:
     return errors
 
 
-def find_errors(c: Any) -> list[str]:
+def find_errors(c: GRPOSettings) -> list[str]:
     """Settings that cannot run, each naming the field and the fix."""
     return (_check_names(c) + _check_sizes(c) + _check_algorithm(c) + _check_recipes(c)
             + _check_lora_and_memory(c) + _check_precision(c) + _check_lr_schedule(c)
@@ -238,7 +239,7 @@ def find_errors(c: Any) -> list[str]:
             + async_errors(c))
 
 
-def _precision_pitfalls(c: Any) -> list[str]:
+def _precision_pitfalls(c: GRPOSettings) -> list[str]:
     pitfalls = []
     if c.master_weights_dtype == "bfloat16" and c.lora_rank <= 0:
         pitfalls.append(
@@ -253,7 +254,7 @@ def _precision_pitfalls(c: Any) -> list[str]:
     return pitfalls
 
 
-def find_pitfalls(c: Any) -> list[str]:
+def find_pitfalls(c: GRPOSettings) -> list[str]:
     """Settings that run but are probably not what the user meant, each with its fix."""
     pitfalls = async_pitfalls(c)
     dr_adv = not c.norm_adv_by_std_in_grpo and c.adv_estimator == "grpo"
@@ -297,7 +298,7 @@ def find_pitfalls(c: Any) -> list[str]:
     return pitfalls
 
 
-def _lora_and_memory_pitfalls(c: Any) -> list[str]:
+def _lora_and_memory_pitfalls(c: GRPOSettings) -> list[str]:
     pitfalls = []
     lr = getattr(c, "lr", None)
     lr = lr if isinstance(lr, int | float) else None
@@ -318,7 +319,7 @@ def _lora_and_memory_pitfalls(c: Any) -> list[str]:
     return pitfalls
 
 
-def _check_lr_schedule(c: Any) -> list[str]:
+def _check_lr_schedule(c: GRPOSettings) -> list[str]:
     errors = []
     if c.lr_scheduler_type not in LR_SCHEDULER_TYPES:
         errors.append(f"lr_scheduler_type={c.lr_scheduler_type!r} is unknown; use one of: "
@@ -365,7 +366,7 @@ def env_class(env: Any) -> type | None:
 HF_SAMPLER_OPTIONS = ("device", "max_batch_size", "config_overrides", "dtype")
 
 
-def _check_env_and_sampler(c: Any) -> list[str]:
+def _check_env_and_sampler(c: GRPOSettings) -> list[str]:
     errors = []
     cls = env_class(c.env)
     names, open_ended = env_options(cls) if cls is not None else (set(), True)

@@ -3,15 +3,14 @@ plan, the loss and KL set-up, the memory estimate, and every error and pitfall f
 
 from __future__ import annotations
 
-from typing import Any
-
 from rllib_grpo.rllib.config.checks import find_errors, find_pitfalls
 from rllib_grpo.rllib.config.memory import memory_lines
+from rllib_grpo.rllib.config.settings import GRPOSettings
 from rllib_grpo.rllib.config.staleness import async_line
 from rllib_grpo.weights.plan import predict_transport
 
 
-def _lora_line(c: Any) -> str:
+def _lora_line(c: GRPOSettings) -> str:
     if c.lora_rank <= 0:
         return "LoRA: off (full fine-tuning)"
     return (f"LoRA: rank {c.lora_rank}, alpha {c.lora_alpha} (scale {c.lora_alpha / c.lora_rank:g})"
@@ -19,7 +18,7 @@ def _lora_line(c: Any) -> str:
             f"disabled; sync: full weights once, then {c.lora_sync}")
 
 
-def _precision_line(c: Any) -> str:
+def _precision_line(c: GRPOSettings) -> str:
     """Where each dtype lives: master weights, compute, reference, samplers."""
     if c.lora_rank > 0:
         master = f"LoRA adapter in float32, frozen base in {c.model_dtype}"
@@ -33,7 +32,7 @@ def _precision_line(c: Any) -> str:
                    f"gradients reduced in {c.fsdp_reduce_dtype})"
     return (f"precision:                     {master}; compute in {compute}; reference in "
             f"{c.model_dtype}; samplers get {c.sampler_dtype} weights")
-def _weight_sync_line(c: Any) -> str:
+def _weight_sync_line(c: GRPOSettings) -> str:
     transport, why = predict_transport(c)
     return (f"weight sync:                   {c.weight_sync_transport} -> {transport} ({why}); "
             f"buckets of {c.weight_sync_bucket_mb:g} MiB in the sampler's dtype")
@@ -53,7 +52,7 @@ def _agg_effect(mode: str) -> str:
     }.get(mode, "unknown mode")
 
 
-def _kl_line(c: Any) -> str:
+def _kl_line(c: GRPOSettings) -> str:
     if c.use_kl_loss and c.use_kl_in_reward:
         return (f"KL: BOTH in the loss ({c.kl_loss_type}, coef {c.kl_loss_coef}) and in the "
                 f"reward ({c.kl_penalty}, {c.kl_ctrl_type} coef {c.kl_coef})")
@@ -66,7 +65,7 @@ def _kl_line(c: Any) -> str:
     return "KL: none (no reference model is loaded)"
 
 
-def _schedule_lines(c: Any) -> list[str]:
+def _schedule_lines(c: GRPOSettings) -> list[str]:
     """Learning rate, mini-batch order, data order and validation, as verl words them."""
     from rllib_grpo.algos.lr_schedule import num_warmup_steps
 
@@ -100,7 +99,7 @@ def _schedule_lines(c: Any) -> list[str]:
     ]
 
 
-def _recipe_lines(c: Any) -> list[str]:
+def _recipe_lines(c: GRPOSettings) -> list[str]:
     lines = []
     if c.filter_groups:
         limit = c.max_num_gen_batches if c.max_num_gen_batches > 0 else "unlimited"
@@ -121,7 +120,7 @@ def _recipe_lines(c: Any) -> list[str]:
     return lines
 
 
-def explain_config(c: Any) -> str:
+def explain_config(c: GRPOSettings) -> str:
     """A human-readable plan of what one training step does, with errors and pitfalls."""
     plan = c.batch_plan()
     lines = [

@@ -12,6 +12,7 @@ from typing import Any
 
 from rllib_grpo.data.prompt_files import prompt_file_error
 from rllib_grpo.models.registry import model_path_error
+from rllib_grpo.rllib.config.settings import GRPOSettings
 
 # (field, predicate, requirement) for scalar settings; None values are skipped ("off").
 _POSITIVE = (lambda v: v > 0, "a finite number > 0")
@@ -62,7 +63,7 @@ def _lr_error(lr: Any) -> str | None:
     return f"lr={lr!r} must be a number > 0 or a schedule [[timestep, lr], ...]."
 
 
-def range_errors(c: Any) -> list[str]:
+def range_errors(c: GRPOSettings) -> list[str]:
     """Numbers out of their range (or NaN / infinite), each naming the field."""
     errors = [e for e in [_lr_error(getattr(c, "lr", 1.0))] if e]
     for field, ok, requirement in _RANGES:
@@ -78,7 +79,7 @@ def range_errors(c: Any) -> list[str]:
     return errors
 
 
-def _data_paths(c: Any) -> list[tuple[str, Any]]:
+def _data_paths(c: GRPOSettings) -> list[tuple[str, Any]]:
     """``(field, path)`` of every data file; a list of files (verl's ``data.train_files``
     may be one) gives one entry per file, named by its position."""
     paths = []
@@ -93,7 +94,7 @@ def _data_paths(c: Any) -> list[tuple[str, Any]]:
     return paths
 
 
-def _reward_file_errors(c: Any) -> list[str]:
+def _reward_file_errors(c: GRPOSettings) -> list[str]:
     errors = []
     for field in ("env_config", "val_env_config"):
         spec = (getattr(c, field, None) or {}).get("reward_fn")
@@ -104,7 +105,7 @@ def _reward_file_errors(c: Any) -> list[str]:
     return errors
 
 
-def resource_errors(c: Any) -> list[str]:
+def resource_errors(c: GRPOSettings) -> list[str]:
     """The model and the data files must exist and be readable (nothing is loaded)."""
     errors = []
     model_error = model_path_error(c.model_path,
@@ -121,6 +122,6 @@ def resource_errors(c: Any) -> list[str]:
     return errors + _reward_file_errors(c)
 
 
-def input_errors(c: Any) -> list[str]:
+def input_errors(c: GRPOSettings) -> list[str]:
     """`range_errors` and `resource_errors`."""
     return range_errors(c) + resource_errors(c)

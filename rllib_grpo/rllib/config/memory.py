@@ -41,6 +41,8 @@ from typing import Any
 
 import torch
 
+from rllib_grpo.rllib.config.settings import GRPOSettings
+
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 ACTIVATION_VALUES = 17  # stored activations per token, per hidden unit, per layer
 VLLM_MAX_NUM_SEQS = 256  # vLLM's default max_num_seqs
@@ -116,7 +118,7 @@ class MemoryEstimate:
         return sum(self.sampler.values())
 
 
-def micro_batch_tokens(c: Any) -> int:
+def micro_batch_tokens(c: GRPOSettings) -> int:
     """Tokens of one learner micro-batch at full length (the activation/logit driver)."""
     if c.use_dynamic_bsz:
         return c.max_tokens_per_micro_batch
@@ -124,7 +126,7 @@ def micro_batch_tokens(c: Any) -> int:
     return micro * (c.max_prompt_length + c.max_response_length)
 
 
-def compute_copy_bytes(c: Any, shape: ModelShape, shards: int) -> float:
+def compute_copy_bytes(c: GRPOSettings, shape: ModelShape, shards: int) -> float:
     """Bytes of the weights' compute-dtype copy when it differs from the master dtype: all
     of them on one learner (autocast's cache), the root and ~2 layers under FSDP2."""
     compute, master = DTYPE_BYTES[c.model_dtype], DTYPE_BYTES[c.master_weights_dtype]
@@ -137,7 +139,7 @@ def compute_copy_bytes(c: Any, shape: ModelShape, shards: int) -> float:
     return float((root + 2 * per_layer) * compute)
 
 
-def learner_memory(c: Any, shape: ModelShape) -> tuple[dict[str, float], list[str]]:
+def learner_memory(c: GRPOSettings, shape: ModelShape) -> tuple[dict[str, float], list[str]]:
     """Device bytes of one learner, by row, and notes."""
     dtype_bytes = DTYPE_BYTES[c.model_dtype]  # compute: reference, activations, LoRA base
     learners = c.batch_plan().num_learners
@@ -181,7 +183,7 @@ def learner_memory(c: Any, shape: ModelShape) -> tuple[dict[str, float], list[st
     return rows, notes
 
 
-def sampler_memory(c: Any, shape: ModelShape) -> tuple[dict[str, float], list[str]]:
+def sampler_memory(c: GRPOSettings, shape: ModelShape) -> tuple[dict[str, float], list[str]]:
     """Device bytes of one sampler (vLLM or transformers), by row, and notes."""
     options = dict(c.sampler_config)
     dtype_bytes = DTYPE_BYTES.get(c.sampler_dtype, 4)
@@ -201,7 +203,7 @@ def sampler_memory(c: Any, shape: ModelShape) -> tuple[dict[str, float], list[st
     return {"weights": float(shape.num_params * dtype_bytes), "KV cache": float(kv)}, notes
 
 
-def estimate_memory(c: Any, shape: ModelShape | None = None) -> MemoryEstimate:
+def estimate_memory(c: GRPOSettings, shape: ModelShape | None = None) -> MemoryEstimate:
     """The memory estimate of a GRPO config (its model's shape is read unless given)."""
     if shape is None:
         from rllib_grpo.models.registry import resolve_model
@@ -221,7 +223,7 @@ def format_bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
-def format_estimate(est: MemoryEstimate, c: Any) -> list[str]:
+def format_estimate(est: MemoryEstimate, c: GRPOSettings) -> list[str]:
     """The estimate as a small table (lines)."""
     s = est.shape
     lora = f", LoRA r={c.lora_rank}: {s.lora_params / 1e6:.3g}M trainable" if c.lora_rank else ""
@@ -239,7 +241,7 @@ def format_estimate(est: MemoryEstimate, c: Any) -> list[str]:
     return lines
 
 
-def memory_lines(c: Any) -> list[str]:
+def memory_lines(c: GRPOSettings) -> list[str]:
     """`format_estimate` for `explain`, or one line saying why there is none."""
     try:
         return format_estimate(estimate_memory(c), c)

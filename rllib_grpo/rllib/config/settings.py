@@ -11,9 +11,26 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rllib_grpo.rllib.config.algorithm_settings import _ACTOR, _ROLLOUT, AlgorithmSettings, knob
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """The resolved sizes of one training step (units in the names)."""
+
+    prompts_per_step: int
+    trajectories_per_step: int
+    prompts_per_minibatch: int
+    trajectories_per_minibatch: int
+    num_learners: int
+    trajectories_per_learner: int
+    trajectories_per_minibatch_per_learner: int
+    micro_batch_size_per_learner: int
+    micro_batches_per_minibatch: int
+    minibatches_per_epoch: int
+    optimizer_steps_per_step: int
 
 
 @dataclass(eq=False, repr=False)  # GRPOConfig inherits these fields, not dataclass equality
@@ -120,6 +137,72 @@ class GRPOSettings(AlgorithmSettings):
         600.0, "seconds", "How long a training step whose remote env runners are all lost "
         "waits for Ray to restart one (restart_failed_env_runners) before it fails; with a "
         "healthy runner left, the lost share is sampled there at once.")
+
+    if TYPE_CHECKING:
+        # RLlib's own fields that GRPO's checks and plans read: `AlgorithmConfig` holds them
+        # at run time (`GRPOConfig` inherits both); declared for the type checker only, so
+        # the checks can be typed with this class.  Not GRPO settings: not in the table.
+        num_env_runners: int = 0
+        num_learners: int = 0
+        num_gpus_per_learner: float = 0
+        num_gpus_per_env_runner: float = 0
+        num_epochs: int = 1
+        shuffle_batch_per_epoch: bool = False
+        lr: Any = None
+        env: Any = None
+        seed: int | None = None
+
+    # ---------------------------------------------------------------- derived values
+    @property
+    def sampler_dtype(self) -> str:
+        """The samplers' weight dtype: ``sampler_config["dtype"]`` if set (and not "auto"),
+        else ``model_dtype``; weight syncs are cast to it on the learner."""
+        dtype = canonical_dtype(dict(self.sampler_config).get("dtype") or "auto")
+        return self.model_dtype if dtype == "auto" else dtype
+
+    @property
+    def needs_reference(self) -> bool:
+        """A frozen reference model is needed when any KL term is on."""
+        return bool(self.use_kl_loss or self.use_kl_in_reward)
+
+    def validation_sampling(self) -> Any:
+        """verl's ``val_kwargs``: greedy unless ``val_do_sample`` (None: sample when
+        ``val_temperature > 0``), then ``val_temperature``/``val_top_p``/``val_top_k``."""
+        from rllib_grpo.samplers import SamplingParams
+
+        sample = self.val_do_sample if self.val_do_sample is not None else self.val_temperature > 0
+        if not sample:
+            return SamplingParams(temperature=0.0, max_tokens=self.max_response_length)
+        return SamplingParams(temperature=self.val_temperature, top_p=self.val_top_p,
+                              top_k=self.val_top_k, max_tokens=self.max_response_length)
+
+    @property
+    def loss_horizon(self) -> float:
+        """Horizon of seq-mean-token-sum-norm (verl `loss_scale_factor`)."""
+        return float(self.loss_scale_factor or self.max_response_length)
+
+    def batch_plan(self) -> BatchPlan:
+        """Resolve the sizes of a training step (does not validate them)."""
+        num_learners = max(1, self.num_learners)
+        prompts_mb = self.prompts_per_minibatch or self.prompts_per_step
+        traj_step = self.prompts_per_step * self.group_size
+        traj_mb = prompts_mb * self.group_size
+        traj_mb_learner = traj_mb // num_learners
+        micro = self.micro_batch_size_per_learner or traj_mb_learner
+        minibatches = self.prompts_per_step // prompts_mb if prompts_mb else 0
+        return BatchPlan(
+            prompts_per_step=self.prompts_per_step,
+            trajectories_per_step=traj_step,
+            prompts_per_minibatch=prompts_mb,
+            trajectories_per_minibatch=traj_mb,
+            num_learners=num_learners,
+            trajectories_per_learner=traj_step // num_learners,
+            trajectories_per_minibatch_per_learner=traj_mb_learner,
+            micro_batch_size_per_learner=micro,
+            micro_batches_per_minibatch=max(1, traj_mb_learner // micro) if micro else 0,
+            minibatches_per_epoch=minibatches,
+            optimizer_steps_per_step=minibatches * self.num_epochs,
+        )
 
 
 # verl's spellings of a dtype (verl.utils.torch_dtypes.PrecisionType) -> ours.

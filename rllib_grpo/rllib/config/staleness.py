@@ -4,10 +4,10 @@ the update's own forward gives the old log-probs; the driver's pipeline
 
 from __future__ import annotations
 
-from typing import Any
+from rllib_grpo.rllib.config.settings import GRPOSettings
 
 
-def async_errors(c: Any) -> list[str]:
+def async_errors(c: GRPOSettings) -> list[str]:
     """``max_staleness`` settings that cannot run, each naming the field and the fix."""
     k = getattr(c, "max_staleness", 0)
     if isinstance(k, bool) or not isinstance(k, int) or k < 0:
@@ -22,7 +22,7 @@ def async_errors(c: Any) -> list[str]:
     return []
 
 
-def async_pitfalls(c: Any) -> list[str]:
+def async_pitfalls(c: GRPOSettings) -> list[str]:
     """Settings that run with ``max_staleness`` >= 1 but probably not as meant."""
     if not getattr(c, "max_staleness", 0):
         return []
@@ -33,7 +33,7 @@ def async_pitfalls(c: Any) -> list[str]:
     return []
 
 
-def async_line(c: Any) -> str:
+def async_line(c: GRPOSettings) -> str:
     """`explain`'s line on the rollout pipeline and the staleness bound."""
     k = getattr(c, "max_staleness", 0)
     if not k:
@@ -45,7 +45,7 @@ def async_line(c: Any) -> str:
             "ones dropped and sampled again); in-flight samples are not checkpointed")
 
 
-def old_log_probs_from_update(config: Any) -> bool:
+def old_log_probs_from_update(config: GRPOSettings) -> bool:
     """Whether the update's own forward gives the old log-probs (``skip_old_log_prob_pass``).
 
     Only when each sample feeds exactly one optimizer step, from the weights a separate
