@@ -11,6 +11,7 @@ import pytest
 
 from benchmarks.common import OVERHEAD_PARTS, PHASES
 from benchmarks.harness import main
+from tests.conftest import REPO_ROOT
 
 
 @pytest.fixture(scope="module")
@@ -62,11 +63,10 @@ def test_responses_run_to_the_fixed_length_and_overhead_is_sane(report):
 
 def test_results_keep_one_small_summary_per_workload_without_machine_paths():
     import json
-    from pathlib import Path
 
     from benchmarks.harness import compact_report, load_reports
 
-    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    results = REPO_ROOT / "benchmarks" / "results"
     for path in sorted(results.glob("*.json")):
         text = path.read_text()
         assert "/root/" not in text and "/tmp/" not in text and "/home/" not in text, path

@@ -1,0 +1,705 @@
+#!/usr/bin/env python
+"""One-GPU check of rllib-grpo's GPU code paths, without Ray or vLLM (<= 6 min on one H200).
+
+Run from the repository root (nothing to install; the image's torch/transformers/peft do):
+
+    PYTHONPATH=. PYTHONUNBUFFERED=1 python /path/to/gpu_review_check.py [--only c2,c4] [--no-big]
+
+One JSON line per check (``ok``: the code behaved as a correct GPU path must; ``finding``:
+what the review predicted, ``observed``: what happened).  Also written to
+``$OUT/gpu_review.jsonl`` when ``OUT`` is set.  Multi-process checks run in spawned children
+with a timeout, so an NCCL hang costs at most that timeout.  On a CPU-only machine the
+GPU-only checks are skipped (a dry run of the script itself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import importlib.util as _iu  # noqa: E402
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+import traceback
+
+PRESENT = {n: _iu.find_spec(n) is not None for n in ("ray", "vllm", "flash_attn", "peft")}
+for _blocked in ("ray", "gymnasium", "vllm", "tensorboardX"):  # never needed here
+    sys.modules.setdefault(_blocked, None)  # type: ignore[arg-type]
+
+import torch  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+GPU = torch.cuda.is_available()
+DEV = torch.device("cuda" if GPU else "cpu")
+RESULTS: list[dict] = []
+T0 = time.perf_counter()
+
+
+def record(name: str, ok: bool | None, **detail) -> None:
+    row = {"check": name, "ok": ok, "t": round(time.perf_counter() - T0, 1), **detail}
+    RESULTS.append(row)
+    print(json.dumps(row, default=str), flush=True)
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, "gpu_review.jsonl"), "a") as f:
+            f.write(json.dumps(row, default=str) + "\n")
+
+
+def guarded(name: str, fn, *args) -> None:
+    t = time.perf_counter()
+    try:
+        fn(*args)
+    except Exception as error:  # noqa: BLE001
+        record(name, False, error=f"{type(error).__name__}: {error}"[:600],
+               tb=traceback.format_exc()[-1500:], seconds=round(time.perf_counter() - t, 1))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ----------------------------------------------------------------------------- fixtures
+def model_dir(root: str, name: str, **shape) -> str:
+    """A random llama-type model saved with a char tokenizer (no hub)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rllib_grpo.models import DEFAULT_ALPHABET, build_char_tokenizer, save_model_dir
+
+    path = os.path.join(root, name)
+    if os.path.exists(path):
+        return path
+    tok = build_char_tokenizer(DEFAULT_ALPHABET)
+    cfg = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+               num_attention_heads=4, num_key_value_heads=2, vocab_size=4096,
+               max_position_embeddings=1024, tie_word_embeddings=True,
+               initializer_range=0.1)  # sharp enough that cross-sequence attention shows
+    cfg.update(shape)
+    config = AutoConfig.for_model("llama", bos_token_id=tok.bos_token_id,
+                                  eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                                  **cfg)
+    torch.manual_seed(0)
+    with torch.device(DEV):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    save_model_dir(model.cpu(), tok, path)
+    return path
+
+
+def q05b_dir(root: str) -> str:
+    """Qwen2.5-0.5B's shape (llama type, tied embeddings), random weights."""
+    return model_dir(root, "q05b", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                     num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
+                     max_position_embeddings=4096, initializer_range=0.02)
+
+
+def make_batch(b: int, p: int, r: int, vocab: int, device, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    prompt_len = torch.randint(1, p + 1, (b,), generator=g)
+    resp_len = torch.randint(1, r + 1, (b,), generator=g)
+    prompt_ids = torch.randint(3, vocab, (b, p), generator=g)
+    response_ids = torch.randint(3, vocab, (b, r), generator=g)
+    prompt_mask = (torch.arange(p)[None] >= (p - prompt_len)[:, None]).long()  # left pad
+    response_mask = (torch.arange(r)[None] < resp_len[:, None]).long()       # right pad
+    prompt_ids = prompt_ids * prompt_mask
+    response_ids = response_ids * response_mask
+    return {k: v.to(device) for k, v in dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask,
+                                             response_ids=response_ids,
+                                             response_mask=response_mask).items()}
+
+
+def padded_log_probs(lm, batch, temperature=1.0):
+    """rllib_grpo.rllib.learner.module.response_log_probs (padded branch), inlined (module.py imports Ray)."""
+    from rllib_grpo.algos import logprobs_from_logits
+
+    p = batch["prompt_ids"].shape[1]
+    ids = torch.cat([batch["prompt_ids"], batch["response_ids"]], 1).long()
+    mask = torch.cat([batch["prompt_mask"], batch["response_mask"]], 1).long()
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    logits = lm(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits
+    return logprobs_from_logits(logits[:, p - 1:-1].float() / temperature,
+                                batch["response_ids"].long())
+
+
+def masked_max_diff(a, b, mask) -> float:
+    return float(((a - b).abs() * mask).max())
+
+
+# ----------------------------------------------------------------------------- checks
+def c0_env(_root):
+    import transformers
+
+    info = {"torch": torch.__version__, "cuda": torch.version.cuda, "gpu": GPU,
+            "transformers": transformers.__version__, "present": PRESENT,
+            "flash_attn": _flash_ok()}
+    if GPU:
+        nccl = torch.cuda.nccl.version()
+        info.update(name=torch.cuda.get_device_name(),
+                    nccl=".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl),
+                    allow_tf32=torch.backends.cuda.matmul.allow_tf32,
+                    alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+                    uuid=str(torch.cuda.get_device_properties(0).uuid))
+    record("c0_env", True, **info)
+
+
+def _flash_ok() -> str:
+    import importlib.util as u
+
+    if u.find_spec("flash_attn") is None:
+        return "absent"
+    try:
+        from flash_attn import flash_attn_varlen_func  # noqa: F401
+        return "importable"
+    except Exception as e:  # noqa: BLE001  (installed but broken: prefer_varlen_attention still switches)
+        return f"find_spec ok but import fails: {type(e).__name__}: {e}"[:200]
+
+
+def c1_perf(_root):
+    from rllib_grpo.rllib.learner.perf import PhaseTimes, peak_flops
+
+    if not GPU:
+        return record("c1_perf", None, skipped="no GPU")
+    name = torch.cuda.get_device_name()
+    peak = peak_flops(DEV)
+    pt = PhaseTimes(DEV)
+    pt.reset()
+    with pt.phase("x", 10):
+        torch.randn(4096, 4096, device=DEV) @ torch.randn(4096, 4096, device=DEV)
+    record("c1_perf", peak is not None, device=name, peak_tflops=(peak or 0) / 1e12,
+           phase_s=round(pt.seconds["x"], 4),
+           note="H200 SXM dense bf16 is 989; an H100 PCIe would also read 989 (its peak is ~756)")
+
+
+def c2_packing(root):
+    """Packed (padding-free) log-probs == padded ones on the device, fp32 and bf16 autocast;
+    gradients finite; FA2 varlen path if flash_attn imports."""
+    from rllib_grpo.models.loading import load_causal_lm
+    from rllib_grpo.models.packing import (
+        attention_implementation,
+        packed_response_log_probs,
+        prefer_varlen_attention,
+        uses_varlen_attention,
+    )
+    from rllib_grpo.models.precision import compute_autocast
+
+    path = model_dir(root, "small")
+    lm = load_causal_lm(path, dtype="float32").to(DEV)
+    batch = make_batch(16 if GPU else 4, 24, 40, 4096, DEV)
+    mask = batch["response_mask"].float()
+    with torch.no_grad():
+        fp32_packed = packed_response_log_probs(lm, batch, 1.0)["log_probs"]
+        fp32_padded = padded_log_probs(lm, batch)
+        with compute_autocast(torch.float32, "bfloat16", DEV.type):
+            bf_packed = packed_response_log_probs(lm, batch, 1.0)["log_probs"]
+            bf_padded = padded_log_probs(lm, batch)
+    with compute_autocast(torch.float32, "bfloat16", DEV.type):
+        out = packed_response_log_probs(lm, batch, 1.0, with_entropy=True)
+        loss = -(out["log_probs"] * mask).sum() / mask.sum() - 0.01 * (out["entropy"] * mask).mean()
+    loss.backward()
+    gnorm = float(torch.nn.utils.clip_grad_norm_(lm.parameters(), 1e9))
+    detail = dict(attn=attention_implementation(lm),
+                  fp32_packed_vs_padded=masked_max_diff(fp32_packed, fp32_padded, mask),
+                  bf16_packed_vs_padded=masked_max_diff(bf_packed, bf_padded, mask),
+                  bf16_vs_fp32=masked_max_diff(bf_packed, fp32_padded, mask),
+                  grad_norm=gnorm)
+    ok = detail["fp32_packed_vs_padded"] < 2e-3 and detail["bf16_packed_vs_padded"] < 0.15 \
+        and torch.isfinite(torch.tensor(gnorm)).item()
+    # flash-attention varlen (one row per micro-batch): only where flash_attn imports.
+    if GPU and _flash_ok() == "importable":
+        switched = prefer_varlen_attention(lm, DEV, "bfloat16")
+        with torch.no_grad(), compute_autocast(torch.float32, "bfloat16", DEV.type):
+            fa_packed = packed_response_log_probs(lm, batch, 1.0)["log_probs"]
+        detail.update(fa2_switched=switched, fa2_attn=attention_implementation(lm),
+                      fa2_packed_vs_sdpa_padded=masked_max_diff(fa_packed, bf_padded, mask),
+                      varlen=uses_varlen_attention(lm))
+        ok = ok and detail["fa2_packed_vs_sdpa_padded"] < 0.15
+    else:
+        detail["fa2"] = f"not run: flash_attn {_flash_ok()}"
+    record("c2_packing", ok, **detail)
+
+
+def c3_sampler(root):
+    """The transformers sampler on the GPU; its default device; scores memory."""
+    from rllib_grpo.samplers import SamplingParams, make_sampler
+    from rllib_grpo.samplers.base import max_log_prob_diff
+    from rllib_grpo.samplers.hf import HFSampler
+
+    path = model_dir(root, "small")
+    # As TextEnvRunner builds it with sampler="auto" and no sampler_config (vLLM blocked here,
+    # as when its wheel does not import against this torch).
+    default = make_sampler("auto", model_path=path, dtype="bfloat16", gpu_memory_utilization=0.45)
+    default_device = str(default.device)
+    default.close()
+    s = HFSampler(path, dtype="bfloat16", device=DEV)
+    prompts = [[5 + (i * 7 + j) % 11 for j in range(12)] for i in range(16 if GPU else 2)]
+    params = SamplingParams(temperature=1.0, max_tokens=64 if GPU else 8)
+    if GPU:
+        torch.cuda.reset_peak_memory_stats()
+    t = time.perf_counter()
+    groups = s.generate(prompts, 8 if GPU else 2, params)
+    gen_s = time.perf_counter() - t
+    diff = max_log_prob_diff(s.model, prompts[:2], groups[:2], params)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if GPU else 0.0
+    record("c3_sampler", diff < 0.5, default_device_without_sampler_config=default_device,
+           finding="HF sampler defaults to CPU unless sampler_config={'device': 'cuda'}",
+           gen_s=round(gen_s, 2), max_logprob_diff_bf16=round(diff, 4), peak_gib=round(peak, 2),
+           tokens=sum(len(x.token_ids) for g in groups for x in g))
+
+
+# -- CUDA IPC ----------------------------------------------------------------
+def _ipc_child(q_in, q_out):
+    try:
+        import torch as t
+
+        from rllib_grpo.weights.transport import BucketReceiver, open_cuda_tensors
+
+        t.cuda.set_device(0)
+        manifest, ipc = q_in.get(timeout=120)
+        got = {}
+        for name, tensor in BucketReceiver().stream(manifest, "ipc", ipc):
+            dst = t.empty(tensor.shape, dtype=t.bfloat16, device="cuda")
+            dst.copy_(tensor)  # what HFSampler._copy_into_model / vLLM's loaders do (cast)
+            got[name] = float(dst.double().sum())
+        t.cuda.synchronize()
+        q_out.put(("sums", got))
+        # Race: the receiver returns before its copy ran; the sender then writes in place.
+        handles = q_in.get(timeout=120)
+        src = open_cuda_tensors(handles)["race"]
+        dst = t.empty_like(src)
+        a = t.randn(8192, 8192, device="cuda", dtype=t.bfloat16)
+        for _ in range(60):  # ~0.1-0.3 s of queued work ahead of the copy
+            a = (a @ a).clamp_(-1, 1)
+        dst.copy_(src)          # enqueued, not run yet
+        q_out.put(("done", None))   # = runner_receive returning (no synchronize)
+        t.cuda.synchronize()
+        q_out.put(("race", float(dst.float().mean())))
+    except Exception as e:  # noqa: BLE001
+        q_out.put(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()[-800:]}"))
+
+
+def c4_ipc(root):
+    if not GPU:
+        return record("c4_ipc", None, skipped="no GPU")
+    from rllib_grpo.weights.layout import plan_manifest, split_aliases
+    from rllib_grpo.weights.transport import share_cuda_tensors
+
+    torch.manual_seed(0)
+    emb = torch.randn(4096, 256, device=DEV)
+    state = {"model.embed_tokens.weight": emb, "lm_head.weight": emb,
+             **{f"model.layers.{i}.mlp.up_proj.weight": torch.randn(512, 256, device=DEV)
+                for i in range(4)}}
+    unique, aliases = split_aliases(state)
+    manifest = plan_manifest(unique, wire_dtype=torch.bfloat16, aliases=aliases)
+    expected = {k: float(v.to(torch.bfloat16).double().sum()) for k, v in state.items()}
+    ctx = mp.get_context("spawn")
+    q_in, q_out = ctx.Queue(), ctx.Queue()
+    child = ctx.Process(target=_ipc_child, args=(q_in, q_out), daemon=True)
+    child.start()
+    try:
+        q_in.put((manifest, share_cuda_tensors(unique)))
+        kind, sums = q_out.get(timeout=150)
+        if kind == "error":
+            return record("c4_ipc", False, error=sums)
+        sums_ok = set(sums) == set(expected) and all(abs(sums[k] - expected[k]) < 1e-3 for k in sums)
+        race = torch.ones(64 * 2**20, device=DEV)  # 256 MB
+        q_in.put(share_cuda_tensors({"race": race}))
+        kind, _ = q_out.get(timeout=150)
+        race.fill_(2.0)  # the learner's next optimizer step writing its live parameters
+        torch.cuda.synchronize()
+        kind, mean = q_out.get(timeout=150)
+        record("c4_ipc", sums_ok, names_and_cast_ok=sums_ok, aliases=[a for a, _ in aliases],
+               race_receiver_saw=mean,
+               finding="receiver returns before its copy kernels ran (no synchronize); "
+                       "mean 2.0 = it copied the sender's later write",
+               race_reproduced=mean is not None and mean > 1.5)
+    finally:
+        child.join(timeout=20)
+        if child.is_alive():
+            child.kill()
+
+
+def c4b_lora_ipc(root):
+    """LoRA payloads are CPU copies: the 'ipc' transport (auto on one GPU) cannot share them."""
+    from rllib_grpo.models import lora
+    from rllib_grpo.models.loading import load_causal_lm
+    from rllib_grpo.weights.transport import share_cuda_tensors
+
+    path = model_dir(root, "small")
+    lm = lora.wrap_with_lora(load_causal_lm(path, dtype="float32").to(DEV), lora.LoRASettings(rank=8))
+    payload = lora.sync_payload(lm, lora.LoRASettings(rank=8), first=True)
+    tensors = {"weights/" + k: v for k, v in payload.weights.items()}  # weight_sender.lora_to_tensors
+    devices = sorted({str(v.device) for v in tensors.values()})
+    try:
+        share_cuda_tensors(tensors)
+        raised = None
+    except Exception as e:  # noqa: BLE001
+        raised = f"{type(e).__name__}: {e}"[:300]
+    record("c4b_lora_ipc", raised is None, payload_devices=devices, share_cuda_tensors=raised or "ok",
+           finding="WeightSender.stage(vias=('ipc',)) with lora_rank>0 raises at the first sync")
+
+
+def c5_reshare(_root):
+    """Re-sharing the same live tensors every sync (what stage() does) vs. one shared buffer."""
+    if not GPU:
+        return record("c5_reshare", None, skipped="no GPU")
+    from rllib_grpo.weights.transport import share_cuda_tensors
+
+    tensors = {f"w{i}": torch.empty(4096, device=DEV) for i in range(300)}
+    files0 = len(glob.glob("/dev/shm/torch_*"))
+    t = time.perf_counter()
+    for _ in range(20):
+        share_cuda_tensors(tensors)
+    per = (time.perf_counter() - t) / (20 * 300)
+    files1 = len(glob.glob("/dev/shm/torch_*"))
+    torch.cuda.ipc_collect()
+    files2 = len(glob.glob("/dev/shm/torch_*"))
+    record("c5_reshare", None, shares=6000, us_per_share=round(per * 1e6, 1),
+           shm_refcount_files=(files0, files1, files2),
+           finding="each share wraps the storage in a new CudaIPCSentData (refcount slot + IPC "
+                   "event) that lives as long as the parameter")
+
+
+# -- weight groups (gloo / shm / NCCL) -----------------------------------------
+def _group_child(spec, rank, manifest, via, slots, q_out):
+    try:
+        import torch as t
+
+        from rllib_grpo.weights.transport import BucketReceiver
+
+        if t.cuda.is_available():
+            t.cuda.set_device(0)
+        r = BucketReceiver()
+        r.join(spec, rank) if slots is None else None
+        if slots is not None:  # map before joining (the sender unlinks once the group is
+            r.map_slots(slots)  # formed); join() would drop the mapping: set the group directly
+            from rllib_grpo.weights.transport import WeightGroup
+            r.group = WeightGroup(spec, rank)
+        sums = {}
+        dev = "cuda" if t.cuda.is_available() else "cpu"
+        for name, tensor in r.stream(manifest, via):
+            dst = t.empty(tensor.shape, dtype=t.bfloat16, device=dev)
+            dst.copy_(tensor)
+            sums[name] = float(dst.double().sum())
+        q_out.put(("sums", sums))
+    except Exception as e:  # noqa: BLE001
+        q_out.put(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()[-800:]}"))
+
+
+def _run_group(backend: str, via: str, world: int, tensors: dict,
+               timeout: float = 120.0) -> dict:
+    from rllib_grpo.weights.layout import (
+        pipelined_bucket_bytes,
+        plan_manifest,
+        split_aliases,
+        wire_nbytes,
+    )
+    from rllib_grpo.weights.transport import BucketSender, WeightGroup, open_store
+
+    unique, aliases = split_aliases(tensors)
+    total = wire_nbytes(unique, torch.bfloat16)
+    manifest = plan_manifest(unique, wire_dtype=torch.bfloat16, aliases=aliases,
+                             bucket_bytes=pipelined_bucket_bytes(total, 512 * 2**20),
+                             direct_min_bytes=1 << 20)
+    store, spec = open_store("127.0.0.1", world, backend, timeout_s=60)
+    sender = BucketSender()
+    slots = sender.ensure_slots(max(1, manifest.max_bucket_bytes)) if via == "shm" else None
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    kids = [ctx.Process(target=_group_child, args=(spec, r, manifest, via, slots, q), daemon=True)
+            for r in range(1, world)]
+    for k in kids:
+        k.start()
+    try:
+        if GPU:
+            torch.cuda.set_device(0)
+        sender.group = WeightGroup(spec, 0, store)
+        if via == "shm":
+            sender.slots.unlink()  # type: ignore[union-attr]
+        t = time.perf_counter()
+        sender.send(manifest, unique.__getitem__, via)
+        if GPU:
+            torch.cuda.synchronize()
+        results = [q.get(timeout=timeout) for _ in kids]
+        seconds = time.perf_counter() - t
+        expected = {k: float(v.to(torch.bfloat16).double().sum()) for k, v in tensors.items()}
+        errors = [r[1] for r in results if r[0] == "error"]
+        ok = not errors and all(set(r[1]) == set(expected) and all(
+            abs(r[1][k] - expected[k]) < 1e-3 for k in expected) for r in results)
+        return dict(ok=ok, errors=errors, seconds=round(seconds, 3), gbytes=manifest.nbytes / 1e9,
+                    buckets=len(manifest.buckets))
+    finally:
+        sender.close()
+        for k in kids:
+            k.join(timeout=15)
+            if k.is_alive():
+                k.kill()
+
+
+def _tensors(n_layers: int, hidden: int, device) -> dict:
+    torch.manual_seed(1)
+    emb = torch.randn(8192, hidden, device=device)
+    out = {"model.embed_tokens.weight": emb, "lm_head.weight": emb}
+    for i in range(n_layers):
+        for leaf in ("q_proj", "k_proj", "v_proj"):
+            out[f"model.layers.{i}.self_attn.{leaf}.weight"] = torch.randn(hidden, hidden, device=device)
+        out[f"model.layers.{i}.mlp.up_proj.weight"] = torch.randn(4 * hidden, hidden, device=device)
+    # Already in the wire dtype and >= 1 MiB: a 'direct' entry (broadcast from where it lies).
+    out["model.layers.0.mlp.down_proj.weight"] = torch.randn(
+        hidden, 4 * hidden, device=device).to(torch.bfloat16)
+    return out
+
+
+def c6_gloo_shm(_root):
+    """collective (gloo) and shm paths with CUDA sources and CUDA receivers (fp32 -> bf16 wire)."""
+    tensors = _tensors(8 if GPU else 2, 1024 if GPU else 64, DEV)
+    for via in ("collective", "shm"):
+        res = _run_group("gloo", via, 3, tensors)
+        record(f"c6_{via}_gloo", res.pop("ok"), **res)
+
+
+def c7_nccl_world1(_root):
+    """The raw ProcessGroupNCCL construction / broadcast API on this torch (one rank)."""
+    if not GPU:
+        return record("c7_nccl_world1", None, skipped="no GPU")
+    from rllib_grpo.weights.layout import plan_manifest
+    from rllib_grpo.weights.transport import BucketSender, WeightGroup, open_store
+
+    tensors = _tensors(2, 256, DEV)
+    tensors.pop("lm_head.weight")
+    manifest = plan_manifest(tensors, wire_dtype=torch.bfloat16, direct_min_bytes=1 << 20)
+    store, spec = open_store("127.0.0.1", 1, "nccl", timeout_s=60)
+    group = WeightGroup(spec, 0, store)
+    t = time.perf_counter()
+    group.barrier()
+    barrier_s = time.perf_counter() - t
+    BucketSender(group).send(manifest, tensors.__getitem__, "collective")
+    torch.cuda.synchronize()
+    record("c7_nccl_world1", True, pg=type(group.pg).__name__, barrier_returns_s=round(barrier_s, 4),
+           note="NCCL work.wait() does not block the host: barrier() is only safe on gloo (shm forces gloo)")
+
+
+def _nccl_pair_child(spec, rank, q_out):
+    try:
+        import torch as t
+
+        from rllib_grpo.weights.transport import WeightGroup
+
+        t.cuda.set_device(0)
+        group = WeightGroup(spec, rank)
+        x = t.full((1 << 20,), float(rank == 0), device="cuda")
+        group.broadcast(x).wait()
+        t.cuda.synchronize()
+        q_out.put(("ok", float(x.mean())))
+    except Exception as e:  # noqa: BLE001
+        q_out.put(("error", f"{type(e).__name__}: {e}"[:400]))
+
+
+def c8_nccl_same_gpu(_root):
+    """Two ranks of one NCCL weight group on one GPU (FSDP learner 0 + a colocated runner:
+    weight_sync_plan picks 'collective' there) -> expected 'Duplicate GPU detected'."""
+    if not GPU:
+        return record("c8_nccl_same_gpu", None, skipped="no GPU")
+    from rllib_grpo.weights.transport import open_store
+
+    store, spec = open_store("127.0.0.1", 2, "nccl", timeout_s=45)
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    kids = [ctx.Process(target=_nccl_pair_child, args=(spec, r, q), daemon=True) for r in (0, 1)]
+    for k in kids:
+        k.start()
+    results = []
+    try:
+        for _ in kids:
+            results.append(q.get(timeout=100))
+    except Exception as e:  # noqa: BLE001  (a hang: the queue timed out)
+        results.append(("timeout", f"{type(e).__name__}"))
+    finally:
+        for k in kids:
+            k.join(timeout=5)
+            if k.is_alive():
+                k.kill()
+    reproduced = any(kind != "ok" for kind, _ in results)
+    record("c8_nccl_same_gpu", None, finding_reproduced=reproduced, results=results,
+           note="ok on both ranks would mean this NCCL allows 2 ranks per GPU")
+
+
+# -- FSDP2 on CUDA (one rank) --------------------------------------------------
+def _fsdp_child(path, port, q_out):
+    rows = {}
+    try:
+        import torch as t
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
+        from torch.distributed.tensor import DTensor
+
+        from rllib_grpo.models.loading import load_causal_lm
+        from rllib_grpo.models.packing import packed_response_log_probs
+        from rllib_grpo.rllib.learner import distributed as D
+
+        cuda = t.cuda.is_available()
+        dev = "cuda" if cuda else "cpu"  # CPU/gloo: a dry run of this check
+        if cuda:
+            t.cuda.set_device(0)
+        dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+                                rank=0, world_size=1,
+                                **({"device_id": t.device("cuda", 0)} if cuda else {}))
+        rows["backend"] = dist.get_backend()
+        mesh = init_device_mesh(dev, (1,))
+        mp_policy = MixedPrecisionPolicy(param_dtype=t.bfloat16, reduce_dtype=t.float32)
+        batch = make_batch(8, 16, 32, 4096, dev)
+        mask = batch["response_mask"].float()
+
+        def step(offload):
+            lm = load_causal_lm(path, dtype="float32").to(dev)
+            D.shard_causal_lm(lm, mesh, mp_policy, offload)
+            opt = t.optim.AdamW(lm.parameters(), lr=1e-4)
+            out = packed_response_log_probs(lm, batch, 1.0, with_entropy=True)
+            (-(out["log_probs"] * mask).sum() / mask.sum()).backward()
+            params = [p for p in lm.parameters() if p.grad is not None]
+            norm = t.nn.utils.clip_grad_norm_(params, 1.0)
+            norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
+            opt.step()
+            return lm, opt, float(norm)
+
+        lm, opt, norm = step(OffloadPolicy())
+        rows["gpu_step_grad_norm"] = norm
+        sd = D.gather_full_state_dict(lm)
+        rows["full_state_dtypes"] = sorted({str(v.dtype) for v in sd.values()})
+        rows["full_state_devices"] = sorted({str(v.device) for v in sd.values()})
+        D.load_full_state_dict(lm, sd)
+        osd = D.full_optimizer_state(lm, opt)
+        D.load_full_optimizer_state(lm, opt, osd)
+        rows["state_roundtrip"] = "ok"
+        lm.set_attn_implementation("eager")  # FSDP-wrapped class: the call prefer_varlen_attention makes
+        lm.set_attn_implementation("sdpa")
+        rows["set_attn_on_fsdp_class"] = "ok"
+        try:
+            _, _, norm2 = step(CPUOffloadPolicy(pin_memory=cuda))
+            rows["cpu_offload_step"] = f"ok, grad norm {norm2:.4g}"
+        except Exception as e:  # noqa: BLE001
+            rows["cpu_offload_step"] = f"{type(e).__name__}: {e}"[:300]
+        dist.destroy_process_group()
+        q_out.put(("ok", rows))
+    except Exception as e:  # noqa: BLE001
+        q_out.put(("error", {**rows, "error": f"{type(e).__name__}: {e}",
+                             "tb": traceback.format_exc()[-1200:]}))
+
+
+def c9_fsdp(root):
+    path = model_dir(root, "small")
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    child = ctx.Process(target=_fsdp_child, args=(path, free_port(), q), daemon=True)
+    child.start()
+    try:
+        kind, rows = q.get(timeout=200)
+        record("c9_fsdp", kind == "ok", **rows,
+               finding="fsdp_cpu_offload with an NCCL-only default group: clip_grad_norm_ of CPU "
+                       "DTensor grads needs a cpu:gloo backend ('No backend type associated with "
+                       "device type cpu'); expected in cpu_offload_step")
+    finally:
+        child.join(timeout=20)
+        if child.is_alive():
+            child.kill()
+
+
+def c10_offload(root):
+    if not GPU:
+        return record("c10_offload", None, skipped="no GPU")
+    from rllib_grpo.models.loading import load_causal_lm
+    from rllib_grpo.models.offload import HostOffloaded, offload_optimizer_states
+
+    torch.manual_seed(0)
+    a, b = (torch.nn.Parameter(torch.randn(1 << 20, device=DEV)) for _ in range(2))
+    b.data.copy_(a.data)
+    oa, ob = torch.optim.AdamW([a], lr=1e-3), torch.optim.AdamW([b], lr=1e-3)
+    offload_optimizer_states(ob)
+    for _step in range(3):
+        g = torch.randn(1 << 20, device=DEV)
+        a.grad, b.grad = g.clone(), g.clone()
+        oa.step()
+        ob.step()
+    state = ob.state[b]
+    same = bool(torch.equal(a, b))
+    path = q05b_dir(root)
+    ref = HostOffloaded(load_causal_lm(path, dtype="bfloat16"))
+    nbytes = sum(p.numel() * p.element_size() for p in ref.model.parameters())
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    with ref.on(DEV):
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - t
+    record("c10_offload", same, optimizer_offload_bit_equal=same,
+           exp_avg_device=str(state["exp_avg"].device), exp_avg_pinned=state["exp_avg"].is_pinned(),
+           ref_offload_gb=round(nbytes / 1e9, 2), ref_round_trip_s=round(seconds, 3),
+           ref_pinned=next(ref.model.parameters()).is_pinned(),
+           finding="the reference visits the GPU once per micro-batch (reference_log_probs), "
+                   "from pageable memory")
+
+
+def c11_throughput(root):
+    """fp32 (the default model_dtype) vs bf16 autocast: one micro-batch fwd+bwd of a 0.5B shape."""
+    if not GPU:
+        return record("c11_throughput", None, skipped="no GPU")
+    from rllib_grpo.models.loading import load_causal_lm
+    from rllib_grpo.models.packing import packed_response_log_probs
+    from rllib_grpo.models.precision import compute_autocast
+
+    path = q05b_dir(root)
+    lm = load_causal_lm(path, dtype="float32").to(DEV)
+    n = sum(p.numel() for p in lm.parameters())
+    batch = make_batch(32, 64, 256, 151936, DEV)
+    mask = batch["response_mask"].float()
+    tokens = float(batch["prompt_mask"].sum() + batch["response_mask"].sum())
+    out = {}
+    for label, dtype in (("fp32", "float32"), ("bf16_autocast", "bfloat16")):
+        times = []
+        torch.cuda.reset_peak_memory_stats()
+        for _ in range(3):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            with compute_autocast(torch.float32, dtype, "cuda"):
+                o = packed_response_log_probs(lm, batch, 1.0, with_entropy=True)
+                loss = -(o["log_probs"] * mask).sum() / mask.sum()
+            loss.backward()
+            lm.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t)
+        s = min(times[1:])
+        out[label] = dict(s=round(s, 3), tflops=round(6 * n * tokens / s / 1e12, 1),
+                          peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 1))
+    record("c11_throughput", None, params=n, tokens=tokens, **out,
+           finding="model_dtype defaults to float32 (fp32 learner, fp32 vLLM/HF sampler, TF32 off)")
+
+
+CHECKS = [("c0", c0_env), ("c1", c1_perf), ("c2", c2_packing), ("c3", c3_sampler),
+          ("c4", c4_ipc), ("c4b", c4b_lora_ipc), ("c5", c5_reshare), ("c6", c6_gloo_shm),
+          ("c7", c7_nccl_world1), ("c8", c8_nccl_same_gpu), ("c9", c9_fsdp), ("c10", c10_offload),
+          ("c11", c11_throughput)]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default="", help="comma-separated check ids (c0..c11)")
+    ap.add_argument("--no-big", action="store_true", help="skip c10/c11 (they build a 0.5B model)")
+    args = ap.parse_args()
+    only = set(filter(None, args.only.split(",")))
+    root = tempfile.mkdtemp(prefix="gpu_review_")
+    for key, fn in CHECKS:
+        if (only and key not in only) or (args.no_big and key in ("c10", "c11")):
+            continue
+        guarded(fn.__name__, fn, root)
+    bad = [r["check"] for r in RESULTS if r["ok"] is False]
+    record("summary", not bad, failed=bad, total_s=round(time.perf_counter() - T0, 1))
+    import shutil
+
+    shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
