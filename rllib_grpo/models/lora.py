@@ -141,6 +141,39 @@ class LoRAPayload:
         tensors = [*self.weights.values(), *(t for pair in self.adapter.values() for t in pair)]
         return sum(t.numel() * t.element_size() for t in tensors)
 
+    # A weight sync streams named tensors: the payload flattened, its kind and scaling in
+    # the manifest's meta (which also tells the receiver to rebuild a payload).
+    def to_tensors(self) -> dict[str, torch.Tensor]:
+        """The payload as named tensors (``weights/…``, ``lora_A/…``, ``lora_B/…``)."""
+        tensors = {SYNC_WEIGHT + k: v for k, v in self.weights.items()}
+        for name, (a, b) in self.adapter.items():
+            tensors[SYNC_A + name], tensors[SYNC_B + name] = a, b
+        return tensors
+
+    def sync_meta(self) -> dict[str, Any]:
+        """What `from_tensors` needs besides the tensors."""
+        return {SYNC_KIND: self.kind, SYNC_SCALING: self.scaling}
+
+    @classmethod
+    def from_tensors(cls, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]
+                     ) -> LoRAPayload:
+        """The inverse of `to_tensors` (on the env runner), with the `sync_meta`."""
+        weights = {k[len(SYNC_WEIGHT):]: v for k, v in tensors.items()
+                   if k.startswith(SYNC_WEIGHT)}
+        adapter = {k[len(SYNC_A):]: (v, tensors[SYNC_B + k[len(SYNC_A):]])
+                   for k, v in tensors.items() if k.startswith(SYNC_A)}
+        return cls(meta[SYNC_KIND], weights, adapter, meta[SYNC_SCALING])
+
+
+# The names a flattened payload travels under (`LoRAPayload.to_tensors`).
+SYNC_WEIGHT, SYNC_A, SYNC_B = "weights/", "lora_A/", "lora_B/"
+SYNC_KIND, SYNC_SCALING = "lora_kind", "lora_scaling"
+
+
+def is_lora_sync(meta: Mapping[str, Any]) -> bool:
+    """Whether a weight sync's manifest meta carries a flattened `LoRAPayload`."""
+    return SYNC_KIND in meta
+
 
 def base_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The frozen base weights under their HF names (CPU copies)."""

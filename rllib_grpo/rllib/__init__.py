@@ -7,7 +7,9 @@
 * `env_runner` (each env-runner actor): `TextEnvRunner`, multi-turn sampling, the receiving
   side of a weight sync;
 * `algorithm` (the driver): `GRPO`, its sampling strategies, resilience, checkpoints and the
-  driver's side of a weight sync.
+  driver's side of a weight sync;
+* `placement` (any process): where this process lives (Ray node, visible GPUs), which both
+  sides of a weight sync report.
 
 Lower rooms never import higher ones: config < learner, env_runner < algorithm (the config
 names the learner and env-runner classes by their import paths, as RLlib's own configs

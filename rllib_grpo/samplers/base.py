@@ -5,6 +5,10 @@ log-probability of every sampled token under the *sampling* distribution
 ("processed" log-probs): ``log_softmax(logits / temperature)`` after top-k and
 top-p filtering.  With ``top_p=1`` and ``top_k=-1`` these equal what a trainer
 computes with a forward pass at the same temperature (``forward_log_probs``).
+
+New weights come in two ways: a whole state dict (``load_weights``) or streamed by a
+weight sync (the `rllib_grpo.weights.receiver.WeightReceiver` contract, which `Sampler`
+extends: every sampler implements all of it).
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
+
+from rllib_grpo.weights.receiver import WeightReceiver
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +59,9 @@ class Sample:
 
 
 @runtime_checkable
-class Sampler(Protocol):
-    """Generates groups of responses and takes new weights from the learner."""
+class Sampler(WeightReceiver, Protocol):
+    """Generates groups of responses and takes new weights from the learner (as a state
+    dict, or streamed: `WeightReceiver`)."""
 
     def generate(
         self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams,

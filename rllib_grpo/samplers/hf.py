@@ -108,6 +108,11 @@ class HFSampler:
         """The dtype weights should travel in: the model's."""
         return next(self.model.parameters()).dtype
 
+    @property
+    def num_weight_ranks(self) -> int:
+        """One rank in a weight group: the sampler's own process."""
+        return 1
+
     def join_weight_group(self, spec: GroupSpec, rank: int) -> None:
         """Join a weight group as ``rank`` (`rllib_grpo.weights.transport.WeightGroup`)."""
         self._weight_receiver.join(spec, rank)
@@ -138,6 +143,7 @@ class HFSampler:
         return {"bytes": manifest.nbytes, "seconds": time.perf_counter() - start}
 
     def leave_weight_group(self) -> None:
+        """Leave the weight group (a no-op outside one)."""
         self._weight_receiver.close()
 
     def _check_names(self, names: set[str], partial: bool) -> None:

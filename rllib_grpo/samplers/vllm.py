@@ -192,6 +192,11 @@ class VLLMSampler:
     # ------------------------------------------------------------------ weight transfer
     # Each vLLM worker joins the learner's weight group itself (`vllm_worker.WeightSyncExtension`).
     @property
+    def device(self) -> torch.device:
+        """Where the engine's weights live: ``cpu`` or ``cuda`` (its workers hold the GPUs)."""
+        return torch.device("cpu" if self.on_cpu else "cuda")
+
+    @property
     def weight_dtype(self) -> torch.dtype:
         """The dtype weights should travel in: the engine's."""
         return self.llm.llm_engine.model_config.dtype
@@ -230,6 +235,7 @@ class VLLMSampler:
         return {"bytes": manifest.nbytes, "seconds": time.perf_counter() - start}
 
     def leave_weight_group(self) -> None:
+        """Every worker leaves the weight group (a no-op outside one)."""
         self.llm.collective_rpc("grpo_leave_weight_group")
 
     def _with_tied_head(self, manifest: Manifest) -> Manifest:

@@ -121,6 +121,23 @@ def test_remote_env_runner_merges_adapter_syncs(ray_session):
         algo.stop()
 
 
+def test_a_payload_travels_as_named_tensors_and_is_rebuilt_whole():
+    from rllib_grpo.models.lora import LoRAPayload, is_lora_sync
+
+    payload = LoRAPayload("full", {"model.norm.weight": torch.ones(3)},
+                          {"model.layers.0.mlp.up_proj": (torch.zeros(2, 3), torch.ones(4, 2))},
+                          scaling=2.0)
+    tensors, meta = payload.to_tensors(), payload.sync_meta()
+    assert is_lora_sync(meta) and not is_lora_sync({})
+    rebuilt = LoRAPayload.from_tensors(tensors, meta)
+    assert (rebuilt.kind, rebuilt.scaling) == ("full", 2.0)
+    assert rebuilt.weights.keys() == payload.weights.keys()
+    assert rebuilt.adapter.keys() == payload.adapter.keys()
+    (a, b), (a0, b0) = rebuilt.adapter["model.layers.0.mlp.up_proj"], \
+        payload.adapter["model.layers.0.mlp.up_proj"]
+    assert torch.equal(a, a0) and torch.equal(b, b0)
+
+
 def _check_restored(GRPO, path, adapter_before, batch, policy_lp) -> None:
     """The checkpoint holds the adapter alone and restores the identical policy."""
     import pickle

@@ -56,6 +56,9 @@ def test_engine_is_the_vllm_sampler(sampler):
     assert type(sampler).__name__ == "VLLMSampler"
     assert isinstance(sampler, Sampler)
     assert sampler.tied_embeddings
+    # The receiving contract, live: one worker, one rank; a device whatever the platform.
+    assert sampler.num_weight_ranks == 1
+    assert sampler.device.type in ("cpu", "cuda")
 
 
 def test_groups_of_n_with_eos_kept_and_finish_reasons(sampler, prompts):

@@ -19,12 +19,16 @@ receive together.  A runner that restarted (RLlib's restart count moves) or left
 the driver look at the placement again and form a new group.  Metrics: ``weight_sync/bytes``
 (one runner's bytes), ``weight_sync/gbps`` (10^9 bytes per second of the whole sync) and
 ``weight_sync/transport`` (`TRANSPORT_CODES`); the runners log their own load time.
+
+This module is the driver only.  Each learner's side:
+`rllib_grpo.rllib.learner.weight_sender` (the ``learner_*`` calls); each env runner's:
+`rllib_grpo.rllib.env_runner.weight_receiver` (the ``runner_*`` calls, on the sampler's
+`rllib_grpo.weights.receiver.WeightReceiver`).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -34,12 +38,20 @@ import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_grpo.rllib.env_runner.env_runner import COMPONENT_RL_MODULE, WEIGHTS_SEQ_NO
-from rllib_grpo.rllib.learner.distributed import rank
+from rllib_grpo.rllib.env_runner.weight_receiver import (
+    runner_endpoint,
+    runner_join,
+    runner_prepare,
+    runner_receive,
+)
 from rllib_grpo.rllib.learner.weight_sender import (
-    lora_from_tensors,
-    node_id,
-    sender_of,
-    visible_gpus,
+    learner_close,
+    learner_endpoint,
+    learner_join_group,
+    learner_local_state,
+    learner_open_group,
+    learner_send,
+    learner_stage,
 )
 from rllib_grpo.weights.plan import (
     GROUP_TRANSPORTS,
@@ -50,84 +62,11 @@ from rllib_grpo.weights.plan import (
 )
 
 logger = logging.getLogger(__name__)
-TOKEN_ATTR = "_rllib_grpo_weight_group"
 GROUP_TIMEOUT_S = 300.0
-
-
-# --------------------------------------------------------------------------- env-runner side
-def runner_endpoint(runner: Any) -> Endpoint:
-    """Where a runner's sampler lives, its dtype and how many group ranks it takes (0: it
-    cannot join a weight group, so only ``local`` or the object store reach it)."""
-    sampler = runner.sampler
-    device = getattr(sampler, "device", None)
-    device = torch.device(device) if device is not None else torch.device(
-        "cpu" if getattr(sampler, "on_cpu", True) else "cuda")
-    joins = hasattr(sampler, "receive_weights")
-    return Endpoint(node_id(), os.getpid(), device.type,
-                    visible_gpus() if device.type == "cuda" else (),
-                    getattr(sampler, "weight_dtype", None),
-                    int(getattr(sampler, "num_weight_ranks", 1)) if joins else 0)
-
-
-def runner_join(runner: Any, spec: Any, ranks: dict[int, int]) -> None:
-    runner.sampler.join_weight_group(spec, ranks[runner.worker_index])
-    runner.__dict__[TOKEN_ATTR] = spec.token
-
-
-def runner_prepare(runner: Any, manifest: Any, slots: Any) -> str | None:
-    """Check the names (LoRA payloads are checked where they are merged) and map the
-    slots; returns the runner's group token (None after a restart)."""
-    whole = "lora_kind" not in dict(manifest.meta)
-    runner.sampler.prepare_weights(manifest, slots, check=whole, in_place=whole)
-    return runner.__dict__.get(TOKEN_ATTR)
-
-
-def runner_receive(runner: Any, manifest: Any, via: str, ipc: Any, seq_no: int) -> dict:
-    meta = dict(manifest.meta)
-    if "lora_kind" in meta:  # rebuilt and merged as before (`models.lora.AdapterMerger`)
-        got = runner.sampler.receive_weights(manifest, via, ipc, materialize=True)
-        payload = lora_from_tensors(got["tensors"], meta)
-        runner.set_state({COMPONENT_RL_MODULE: {DEFAULT_MODULE_ID: payload},
-                          WEIGHTS_SEQ_NO: seq_no})
-        return dict(runner.last_weight_sync)
-    stats = runner.sampler.receive_weights(manifest, via, ipc)
-    runner.weights_received(stats, seq_no)
-    return stats
 
 
 def _indexed(runner: Any, func: Any) -> tuple[int, Any]:
     return runner.worker_index, func(runner)
-
-
-# --------------------------------------------------------------------------- learner side
-def _sender_endpoint(learner: Any) -> tuple[int, Endpoint, int]:
-    sender = sender_of(learner)
-    return rank(), sender.endpoint(), sender.state_nbytes()
-
-
-def _open_group(learner: Any, **kwargs: Any) -> tuple[int, Any]:
-    return rank(), sender_of(learner).open_group(**kwargs)
-
-
-def _join_group(learner: Any, spec: Any) -> None:
-    sender_of(learner).join_group(spec)
-
-
-def _stage(learner: Any, **kwargs: Any) -> tuple[int, dict]:
-    return rank(), sender_of(learner).stage(**kwargs)
-
-
-def _send(learner: Any, via: str) -> None:
-    sender_of(learner).send(via)
-
-
-def _local_state(learner: Any) -> tuple[Any, int]:
-    sender = sender_of(learner)
-    return sender.local_state(), sender.weights_seq_no()
-
-
-def _close(learner: Any) -> None:
-    sender_of(learner).close()
 
 
 # --------------------------------------------------------------------------- the driver
@@ -182,14 +121,14 @@ class WeightSync:
     def close(self) -> None:
         """Close the learners' groups and shared memory (the runners' go with them)."""
         try:
-            self._on_learners(_close)
+            self._on_learners(learner_close)
         except Exception:  # noqa: BLE001 - stopping: the actors may be gone already
             logger.debug("weight sync: closing the learners' side failed", exc_info=True)
         self._pool.shutdown(wait=False)
 
     # ---------------------------------------------------------------- placement
     def _discover(self, remote: tuple[int, ...], members: tuple) -> None:
-        by_rank = {r: (ep, nbytes) for r, ep, nbytes in self._on_learners(_sender_endpoint)}
+        by_rank = {r: (ep, nbytes) for r, ep, nbytes in self._on_learners(learner_endpoint)}
         self.sender, self.state_nbytes = by_rank[0]
         self.endpoints = {}
         if self.runners.local_env_runner is not None:
@@ -215,7 +154,7 @@ class WeightSync:
         return self.state_nbytes
 
     def _sync_local(self) -> int:
-        state, seq_no = self._on_learners(_local_state)[0]
+        state, seq_no = self._on_learners(learner_local_state)[0]
         runner = self.runners.local_env_runner
         runner.set_state({COMPONENT_RL_MODULE: {DEFAULT_MODULE_ID: state}, WEIGHTS_SEQ_NO: seq_no})
         return int(runner.last_weight_sync.get("bytes", 0))
@@ -231,7 +170,7 @@ class WeightSync:
             self._on_runners(ipc_ids, partial(runner_receive, manifest=manifest, via="ipc",
                                               ipc=staged["ipc"], seq_no=seq_no))
         if group_ids:
-            sending = self._pool.submit(self._on_learners, partial(_send, via=via))
+            sending = self._pool.submit(self._on_learners, partial(learner_send, via=via))
             try:
                 self._on_runners(group_ids, partial(runner_receive, manifest=manifest, via=via,
                                                     ipc=None, seq_no=seq_no))
@@ -243,7 +182,7 @@ class WeightSync:
                            ) -> dict:
         for attempt in range(2):
             staged = dict(self._on_learners(partial(
-                _stage, wire_dtype=self.wire_dtype, bucket_bytes=self.bucket_bytes,
+                learner_stage, wire_dtype=self.wire_dtype, bucket_bytes=self.bucket_bytes,
                 vias=tuple(v for v in (via, "ipc" if ipc_ids else None) if v))))[0]
             prepared = (self._token, staged["manifest"].fingerprint, via, bool(ipc_ids))
             if prepared in self._prepared:  # the same layout, already checked and mapped
@@ -273,9 +212,9 @@ class WeightSync:
         backend = "gloo" if via == "shm" else group_backend(self.sender, list(members.values()))
         try:
             spec = dict(self._on_learners(partial(
-                _open_group, world_size=next_rank, backend=backend,
+                learner_open_group, world_size=next_rank, backend=backend,
                 timeout_s=GROUP_TIMEOUT_S)))[0]
-            joining = self._pool.submit(self._on_learners, partial(_join_group, spec=spec))
+            joining = self._pool.submit(self._on_learners, partial(learner_join_group, spec=spec))
             try:
                 self._on_runners(group_ids, partial(runner_join, spec=spec, ranks=ranks))
             finally:

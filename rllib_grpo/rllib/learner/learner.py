@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import defaultdict
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -70,6 +71,7 @@ from rllib_grpo.rllib.learner.perf import (
 from rllib_grpo.rllib.learner.perf import value_stats as _stats
 from rllib_grpo.rllib.learner.rollout_gap import rollout_correction
 from rllib_grpo.rllib.learner.step_schedule import LRSchedule, minibatch_order
+from rllib_grpo.rllib.learner.weight_sender import WeightSender
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +104,11 @@ class GRPOLearner(TorchLearner):
             for lm in (rl_module.unwrapped().lm, getattr(rl_module.unwrapped(), "ref_lm", None)):
                 if lm is not None and c.use_remove_padding:
                     prefer_varlen_attention(lm, self._device, c.model_dtype)
+
+    @cached_property
+    def weight_sender(self) -> WeightSender:
+        """This learner's half of weight syncs (made on first use: a sync's first call)."""
+        return WeightSender(self)
 
     # ------------------------------------------------------------------ optimizer
     @override(TorchLearner)

@@ -1,9 +1,11 @@
 """The learner side of a weight sync (`rllib_grpo.rllib.algorithm.weight_sync` drives it).
 
-Each learner holds one `WeightSender` (created on first use).  Learner rank 0 is rank 0 of
-the weight group; with FSDP every learner takes part in gathering each tensor from its
-shards, bucket by bucket, in the manifest's order (a collective over the learners), and
-rank 0 packs and sends it: no learner ever holds the whole gathered model.
+Each learner owns one `WeightSender` (`GRPOLearner.weight_sender`, made on first use); the
+driver reaches it through the ``learner_*`` functions below, run on every learner by
+``LearnerGroup.foreach_learner``.  Learner rank 0 is rank 0 of the weight group; with FSDP
+every learner takes part in gathering each tensor from its shards, bucket by bucket, in the
+manifest's order (a collective over the learners), and rank 0 packs and sends it: no
+learner ever holds the whole gathered model.
 
 What is sent: the policy's HF state dict as it lives on the learner's device (no host
 copy, no clone; the wire cast happens while packing), or with LoRA the module's sync
@@ -14,15 +16,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any
+from typing import Any, Protocol
 
 import ray
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 from torch.distributed.fsdp import FSDPModule
 
-from rllib_grpo.models import lora
 from rllib_grpo.rllib.learner.distributed import rank
+from rllib_grpo.rllib.placement import node_id
 from rllib_grpo.weights.layout import (
     Manifest,
     pipelined_bucket_bytes,
@@ -35,56 +37,21 @@ from rllib_grpo.weights.transport import (
     VIA_IPC,
     VIA_SHM,
     BucketSender,
+    GroupSpec,
     WeightGroup,
     open_store,
     share_cuda_tensors,
 )
 
-ATTR = "_rllib_grpo_weight_sender"
 # Tensors this large that need no cast are broadcast from where they lie (no packing copy);
 # smaller ones share a bucket, one message for many.
 DIRECT_MIN_BYTES = 1 << 20
-LORA_WEIGHT, LORA_A, LORA_B = "weights/", "lora_A/", "lora_B/"
-
-
-def node_id() -> str:
-    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else "local"
-
-
-def visible_gpus() -> tuple[str, ...]:
-    if not torch.cuda.is_available():
-        return ()
-    return tuple(str(torch.cuda.get_device_properties(i).uuid)
-                 for i in range(torch.cuda.device_count()))
 
 
 def policy_module(learner: Any) -> Any:
     """The learner's `CausalLMRLModule` (unwrapped from DDP)."""
     module = learner.module[DEFAULT_MODULE_ID]
     return module.unwrapped() if hasattr(module, "unwrapped") else module
-
-
-def sender_of(learner: Any) -> WeightSender:
-    sender = learner.__dict__.get(ATTR)
-    if sender is None:
-        sender = learner.__dict__[ATTR] = WeightSender(learner)
-    return sender
-
-
-def lora_to_tensors(payload: lora.LoRAPayload) -> dict[str, torch.Tensor]:
-    tensors = {LORA_WEIGHT + k: v for k, v in payload.weights.items()}
-    for name, (a, b) in payload.adapter.items():
-        tensors[LORA_A + name], tensors[LORA_B + name] = a, b
-    return tensors
-
-
-def lora_from_tensors(tensors: dict[str, torch.Tensor], meta: dict[str, Any]
-                      ) -> lora.LoRAPayload:
-    """The inverse of `lora_to_tensors` (on the env runner)."""
-    weights = {k[len(LORA_WEIGHT):]: v for k, v in tensors.items() if k.startswith(LORA_WEIGHT)}
-    adapter = {k[len(LORA_A):]: (v, tensors[LORA_B + k[len(LORA_A):]])
-               for k, v in tensors.items() if k.startswith(LORA_A)}
-    return lora.LoRAPayload(meta["lora_kind"], weights, adapter, meta["lora_scaling"])
 
 
 def _gathered(tensor: torch.Tensor) -> torch.Tensor:
@@ -151,9 +118,9 @@ class WeightSender:
         meta: dict[str, Any] = {}
         if module.lora is not None:
             payload = module.get_state(inference_only=True)
-            tensors = lora_to_tensors(payload)
+            tensors = payload.to_tensors()
             aliases: tuple[tuple[str, str], ...] = ()
-            meta = {"lora_kind": payload.kind, "lora_scaling": payload.scaling}
+            meta = payload.sync_meta()
         else:
             tensors, aliases = split_aliases(module.lm.state_dict())
         self._tensors = tensors
@@ -185,8 +152,9 @@ class WeightSender:
         return _gathered(self._tensors[name])
 
     # ------------------------------------------------------------------ the group
-    def open_group(self, world_size: int, backend: str, timeout_s: float) -> Any:
-        """Host the group's rendezvous (learner rank 0); returns the `GroupSpec`."""
+    def open_group(self, world_size: int, backend: str, timeout_s: float) -> GroupSpec | None:
+        """Host the group's rendezvous (learner rank 0); returns the `GroupSpec` (None on
+        the other ranks)."""
         if rank() != 0:
             return None
         self.close()
@@ -194,7 +162,7 @@ class WeightSender:
                                       timeout_s)
         return spec
 
-    def join_group(self, spec: Any) -> None:
+    def join_group(self, spec: GroupSpec) -> None:
         if rank() == 0:
             with self._on_device():
                 self.buckets.group = WeightGroup(spec, 0, self.store)
@@ -219,3 +187,52 @@ class WeightSender:
     def close(self) -> None:
         self.buckets.close()
         self.store = None
+
+
+# --------------------------------------------------------------------------- the driver's calls
+# Run on every learner (``foreach_learner``); each answers with its rank where the driver
+# needs rank 0's answer.
+class SendingLearner(Protocol):
+    """A learner that owns a `WeightSender` (`rllib_grpo.rllib.learner.learner.GRPOLearner`)."""
+
+    @property
+    def weight_sender(self) -> WeightSender: ...
+
+
+def learner_endpoint(learner: SendingLearner) -> tuple[int, Endpoint, int]:
+    """``(rank, where the learner's weights live, their bytes)``."""
+    sender = learner.weight_sender
+    return rank(), sender.endpoint(), sender.state_nbytes()
+
+
+def learner_open_group(learner: SendingLearner, world_size: int, backend: str,
+                       timeout_s: float) -> tuple[int, GroupSpec | None]:
+    """``(rank, the new group's spec)``: rank 0 hosts the rendezvous."""
+    return rank(), learner.weight_sender.open_group(world_size=world_size, backend=backend,
+                                                   timeout_s=timeout_s)
+
+
+def learner_join_group(learner: SendingLearner, spec: GroupSpec) -> None:
+    learner.weight_sender.join_group(spec)
+
+
+def learner_stage(learner: SendingLearner, wire_dtype: torch.dtype | None, bucket_bytes: int,
+                  vias: tuple[str, ...]) -> tuple[int, dict]:
+    """``(rank, what `WeightSender.stage` staged)``."""
+    return rank(), learner.weight_sender.stage(wire_dtype=wire_dtype, bucket_bytes=bucket_bytes,
+                                              vias=vias)
+
+
+def learner_send(learner: SendingLearner, via: str) -> None:
+    learner.weight_sender.send(via)
+
+
+def learner_local_state(learner: SendingLearner) -> tuple[Any, int]:
+    """``(the live tensors or LoRA payload, the weights' sequence number)``, for a runner
+    in this process."""
+    sender = learner.weight_sender
+    return sender.local_state(), sender.weights_seq_no()
+
+
+def learner_close(learner: SendingLearner) -> None:
+    learner.weight_sender.close()

@@ -31,14 +31,11 @@ def _assert_equal(sampler: dict, learner: dict) -> None:
 
 def _forget_group(runner) -> None:
     """What a restarted runner looks like: no weight group."""
-    from rllib_grpo.rllib.algorithm.weight_sync import TOKEN_ATTR
-
     runner.sampler.leave_weight_group()
-    del runner.__dict__[TOKEN_ATTR]
+    runner.weight_group_token = None
 
 
 def test_local_sync_hands_over_the_learners_own_tensors(ray_session):
-    from rllib_grpo.rllib.learner.weight_sender import sender_of
     from rllib_grpo.weights.plan import TRANSPORT_CODES
 
     algo = tiny_config(lr=1e-2).build_algo()
@@ -57,7 +54,7 @@ def test_local_sync_hands_over_the_learners_own_tensors(ray_session):
         assert {n: p.data_ptr() for n, p in sampler.model.named_parameters()} == storage
         # ... from the learner's live tensors: no host copy, no clone.
         lm = algo.learner_group._learner.module["default_policy"].unwrapped().lm
-        handed = sender_of(algo.learner_group._learner).local_state()
+        handed = algo.learner_group._learner.weight_sender.local_state()
         assert all(handed[k].data_ptr() == v.data_ptr() for k, v in lm.state_dict().items())
     finally:
         algo.stop()
@@ -114,9 +111,7 @@ def test_auto_falls_back_to_the_object_store_when_no_group_forms(ray_session, mo
 
 
 def _has_direct_entries(learner) -> bool:
-    from rllib_grpo.rllib.learner.weight_sender import sender_of
-
-    return any(bucket.direct for bucket in sender_of(learner).manifest.buckets)
+    return any(bucket.direct for bucket in learner.weight_sender.manifest.buckets)
 
 
 def _send_large_tensors_directly(learner) -> None:

@@ -1,0 +1,41 @@
+"""The env runner's side of a weight sync, without a driver: where the runner says it lives,
+and the weight-group token the runner owns from its start."""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import torch
+
+from tests.conftest import tiny_config
+
+
+def test_a_runner_reports_its_samplers_place_dtype_and_ranks():
+    from rllib_grpo.rllib.env_runner.env_runner import TextEnvRunner
+    from rllib_grpo.rllib.env_runner.weight_receiver import runner_endpoint, runner_prepare
+    from rllib_grpo.rllib.placement import node_id
+    from rllib_grpo.weights.layout import plan_manifest, split_aliases
+
+    runner = TextEnvRunner(config=tiny_config())
+    try:
+        endpoint = runner_endpoint(runner)
+        assert (endpoint.node_id, endpoint.pid, endpoint.device, endpoint.gpus) == \
+            (node_id(), os.getpid(), "cpu", ())
+        assert (endpoint.dtype, endpoint.num_ranks) == (torch.float32, 1)
+        # No group joined yet: the token is there, and empty (what the driver reads as
+        # "form the group again").
+        assert runner.weight_group_token is None
+        tensors, aliases = split_aliases(runner.sampler.model.state_dict())
+        assert runner_prepare(runner, plan_manifest(tensors, aliases=aliases), None) is None
+    finally:
+        runner.stop()
+
+
+def test_a_sampler_that_cannot_join_a_group_says_so_with_zero_ranks():
+    from rllib_grpo.rllib.env_runner.weight_receiver import runner_endpoint
+
+    sampler = SimpleNamespace(device=torch.device("cpu"), weight_dtype=torch.bfloat16,
+                              num_weight_ranks=0)
+    endpoint = runner_endpoint(SimpleNamespace(sampler=sampler))
+    assert (endpoint.dtype, endpoint.num_ranks) == (torch.bfloat16, 0)
