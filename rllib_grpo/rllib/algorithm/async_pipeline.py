@@ -21,9 +21,9 @@ deeper pipeline would not raise the steady rate).  The old log-probs are the lea
 `PipelinedSampling` is the `rllib_grpo.rllib.algorithm.sampling.SamplingStrategy` that
 `GRPO` uses with ``max_staleness`` >= 1; it reaches the algorithm only through the
 `SamplingServices` it is given.  A lost runner's share of the background request is
-sampled again at once through `ResilientAlgorithm.sample_on_runners`.  Checkpoints hold no in-flight samples: the saved
-data position is where the untrained groups began, so a restored run samples those
-prompts again with its own weights.  See docs/async.md.
+sampled again at once through `ResilientAlgorithm.sample_on_runners`.  Checkpoints hold
+no in-flight samples: the saved data position is where the untrained groups began, so a
+restored run samples those prompts again with its own weights.  See docs/async.md.
 """
 
 from __future__ import annotations
