@@ -18,10 +18,12 @@ deeper pipeline would not raise the steady rate).  The old log-probs are the lea
 `rllib_grpo.rllib.config.staleness.old_log_probs_from_update`) and the sampler's are kept, so
 ``rollout_is`` weighs the gap.
 
-A lost runner's share of the background request is sampled again at once through
-`ResilientAlgorithm.sample_on_runners`.  Checkpoints hold no in-flight samples: the saved
-data position is where the untrained groups began, so a restored run samples those
-prompts again with its own weights.  See docs/async.md.
+`PipelinedSampling` is the `rllib_grpo.rllib.algorithm.sampling.SamplingStrategy` that
+`GRPO` uses with ``max_staleness`` >= 1; it reaches the algorithm only through the
+`SamplingServices` it is given.  A lost runner's share of the background request is
+sampled again at once through `ResilientAlgorithm.sample_on_runners`.  Checkpoints hold
+no in-flight samples: the saved data position is where the untrained groups began, so a
+restored run samples those prompts again with its own weights.  See docs/async.md.
 """
 
 from __future__ import annotations
@@ -31,10 +33,10 @@ import time
 from typing import Any
 
 import numpy as np
-from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS
 
 from rllib_grpo.data.recipes import first_groups
 from rllib_grpo.data.rollout import RolloutBatch, concat_rollouts
+from rllib_grpo.rllib.algorithm.sampling import SamplingServices, SamplingStrategy
 
 _REQUEST_IDS = itertools.count()
 
@@ -50,12 +52,12 @@ def _sample_share(runner: Any, work: dict[int, tuple[int, int]]) -> tuple:
 
 
 # --------------------------------------------------------------------------- the driver
-class AsyncPipeline:
-    """Driver side of one-step-off-policy sampling for one `GRPO` algorithm."""
+class PipelinedSampling(SamplingStrategy):
+    """Driver side of one-step-off-policy sampling (``max_staleness`` >= 1)."""
 
-    def __init__(self, algo: Any) -> None:
-        self.algo = algo
-        self.max_staleness = int(algo.config.max_staleness)
+    def __init__(self, services: SamplingServices, max_staleness: int) -> None:
+        self.services = services
+        self.max_staleness = int(max_staleness)
         self._learner_version: int | None = None  # learner updates done (None: ask)
         self._runner_version: int | None = 0  # what the runners hold (setup pushed v0)
         self._tag: str | None = None  # the background request in flight
@@ -69,21 +71,22 @@ class AsyncPipeline:
     def learner_version(self) -> int:
         """Learner updates done (RLlib's weights sequence number of learner 0)."""
         if self._learner_version is None:
-            group = self.algo.learner_group
+            group = self.services.learner_group
             self._learner_version = int(group._get_results(group.foreach_learner(
                 lambda learner: learner._weights_seq_no))[0])
         return self._learner_version
 
-    def updated(self) -> None:
-        """The learner took one update (its version moved by one)."""
+    def after_update(self) -> None:
+        """The learner took one update (its version moved by one); the runners are busy:
+        they get the weights when their generation ends."""
         self._learner_version = self.learner_version + 1
 
     def sync_if_behind(self) -> None:
         """Push the learner's weights when the (idle) runners hold older ones."""
         if self._runner_version != self.learner_version:
             t0 = time.perf_counter()
-            self.algo._sync_weights()
-            self.algo._log_value("timing_s/update_weights", time.perf_counter() - t0)
+            self.services.sync_weights()
+            self.services.log_value("timing_s/update_weights", time.perf_counter() - t0)
             self._runner_version = self.learner_version
 
     # ---------------------------------------------------------------- background requests
@@ -95,8 +98,8 @@ class AsyncPipeline:
     def launch(self, num_prompts: int) -> None:
         """Start sampling the next step's ``num_prompts`` groups in the background, on the
         runners' current weights (call with the runners idle and synced)."""
-        group = self.algo.env_runner_group
-        slices = self.algo._claim_prompts(num_prompts)
+        group = self.services.env_runner_group
+        slices = self.services.claim_prompts(num_prompts)
         self._shares = {index: share for index, share in enumerate(slices, start=1)
                         if share[1]}
         healthy = set(group.healthy_env_runner_ids())
@@ -109,7 +112,7 @@ class AsyncPipeline:
 
     def _collect(self) -> None:
         """Wait for the background request; a lost runner's share is sampled again."""
-        algo, group = self.algo, self.algo.env_runner_group
+        services, group = self.services, self.services.env_runner_group
         t0 = time.perf_counter()
         results: dict[int, tuple] = {}
         if group.num_in_flight_async_reqs(self._tag):
@@ -121,15 +124,15 @@ class AsyncPipeline:
             num_runners = max(self._shares)
             shares = [self._shares[i] if i in missing else None
                       for i in range(1, num_runners + 1)]
-            redone = algo.sample_on_runners(lambda er, part: _sample_share(
+            redone = services.sample_on_runners(lambda er, part: _sample_share(
                 er, {er.worker_index: part}), shares)
             for (_, batch, metrics, state, seconds), index in zip(redone, missing, strict=True):
                 results[index] = (index, batch, metrics, state, seconds)
-        algo.log_fault_counts()  # (sample_on_runners logs them only when it ran)
+        services.log_fault_counts()  # (sample_on_runners logs them only when it ran)
         ordered = [results[i] for i in sorted(results)]
         for index, _, _, state, _ in ordered:
-            algo.runner_states[index] = state
-        algo.metrics.aggregate([m for _, _, m, _, _ in ordered], key=ENV_RUNNER_RESULTS)
+            services.record_runner_state(index, state)
+        services.aggregate_runner_metrics([m for _, _, m, _, _ in ordered])
         batches = [b for _, b, _, _, _ in ordered if len(b)]
         if not batches:
             raise RuntimeError("None of the env runners returned samples for the background "
@@ -138,7 +141,7 @@ class AsyncPipeline:
         self._ready = concat_rollouts(batches, pad_token_id=0)
         self._ready_prompts = sum(count for _, count in self._shares.values())
         self._tag, self._shares = None, {}
-        algo._log_value("async/wait_sample_s", waited)
+        services.log_value("async/wait_sample_s", waited)
 
     def settle(self) -> None:
         """Take the background request (kept for the next step) and sync the weights, so
@@ -158,7 +161,7 @@ class AsyncPipeline:
             batch, self._ready, self._ready_prompts = self._ready, None, 0
             return self._drop_stale(batch)
         self.sync_if_behind()
-        return self.algo._sample_groups(num_prompts)
+        return self.services.sample_groups(num_prompts)
 
     def fill(self, num_prompts: int) -> RolloutBatch:
         """``num_prompts`` groups of at most ``max_staleness`` updates (without dynamic
@@ -169,9 +172,7 @@ class AsyncPipeline:
             if len(batch):
                 batches.append(batch)
                 num_groups += batch.num_groups
-        rollout = first_groups(concat_rollouts(batches, pad_token_id=0), num_prompts)
-        self.algo.last_rollout = rollout
-        return rollout
+        return first_groups(concat_rollouts(batches, pad_token_id=0), num_prompts)
 
     def _drop_stale(self, batch: RolloutBatch) -> RolloutBatch:
         staleness = self.learner_version - batch.weights_version
@@ -187,18 +188,24 @@ class AsyncPipeline:
         real = rollout.sample_mask > 0
         staleness = (self.learner_version - rollout.weights_version[real]).astype(np.float64)
         if staleness.size:
-            self.algo._log_value("async/staleness_mean", float(staleness.mean()))
-            self.algo._log_value("async/staleness_max", float(staleness.max()))
-        self.algo._log_value("async/dropped_stale_groups", self.dropped_stale_groups)
+            self.services.log_value("async/staleness_mean", float(staleness.mean()))
+            self.services.log_value("async/staleness_max", float(staleness.max()))
+        self.services.log_value("async/dropped_stale_groups", self.dropped_stale_groups)
         self.sync_if_behind()
         self.launch(next_prompts)
+
+    def learner_metric_keys(self) -> tuple[str, ...]:
+        """The sampler/learner gap split by staleness (``/staleness_<k>``, k <= 8)."""
+        return tuple(f"training/{name}/staleness_{k}"
+                     for k in range(min(self.max_staleness, 8) + 1)
+                     for name in ("rollout_log_probs_diff_max", "rollout_probs_diff_mean"))
 
     def reset(self) -> None:
         """Forget the in-flight samples and the versions (after a restore)."""
         if self._tag is not None:
             try:  # drain, so the runners' request counters are free again; results dropped
-                self.algo.env_runner_group.fetch_ready_async_reqs(tags=self._tag,
-                                                                  timeout_seconds=None)
+                self.services.env_runner_group.fetch_ready_async_reqs(tags=self._tag,
+                                                                      timeout_seconds=None)
             except Exception:  # noqa: BLE001 - a runner lost meanwhile restarts on its own
                 pass
         self._tag, self._shares, self._ready, self._ready_prompts = None, {}, None, 0

@@ -1,8 +1,11 @@
 """`GRPO`: the RLlib Algorithm.  Its `training_step` is the paper's loop:
 
-    sample groups -> update the policy on whole groups -> sync weights to the samplers
+    sample groups (-> dynamic sampling) -> update the policy on whole groups
+    -> sync weights to the samplers -> metrics
 
-With ``max_staleness`` >= 1 the next step's sampling runs in the background during the
+When the samplers sample and get the new weights is the sampling strategy's, chosen once
+from the config (`rllib_grpo.rllib.algorithm.sampling`): synchronous at ``max_staleness`` = 0;
+with ``max_staleness`` >= 1 the next step's sampling runs in the background during the
 update (`rllib_grpo.rllib.algorithm.async_pipeline`; docs/async.md).
 Tensor math lives in the learner (`rllib_grpo.rllib.learner.learner`) and `rllib_grpo.algos`;
 sampling and scoring in the env runners (`rllib_grpo.rllib.env_runner.env_runner`).
@@ -28,15 +31,16 @@ from ray.rllib.utils.metrics import (
 from ray.tune.registry import register_trainable
 from ray.tune.trainable import Trainable
 
-from rllib_grpo.data.recipes import (
-    GroupFilterStats,
-    filter_groups,
-    first_groups,
-    validation_metrics,
-)
+from rllib_grpo.data.recipes import validation_metrics
 from rllib_grpo.data.rollout import RolloutBatch, concat_rollouts, data_metrics
-from rllib_grpo.rllib.algorithm.async_pipeline import AsyncPipeline
+from rllib_grpo.rllib.algorithm.async_pipeline import PipelinedSampling
 from rllib_grpo.rllib.algorithm.resilience import ResilientAlgorithm
+from rllib_grpo.rllib.algorithm.sampling import (
+    SamplingServices,
+    SamplingStrategy,
+    SynchronousSampling,
+    dynamic_sampling,
+)
 from rllib_grpo.rllib.algorithm.weight_sync import WeightSync
 from rllib_grpo.rllib.config.grpo_config import GRPOConfig
 
@@ -84,7 +88,28 @@ class GRPO(ResilientAlgorithm):
         self._validated_before_train = False
         self._weight_sync: WeightSync | None = None  # made on the first sync
         # max_staleness >= 1: the next step's groups are sampled while the learner trains.
-        self._pipeline = AsyncPipeline(self) if self.config.max_staleness else None
+        services = self._sampling_services()
+        self._sampling: SamplingStrategy = (
+            PipelinedSampling(services, self.config.max_staleness)
+            if self.config.max_staleness else SynchronousSampling(services))
+
+    def _sampling_services(self) -> SamplingServices:
+        """What the sampling strategy may use of this algorithm.  The operations look the
+        methods up at each call, so that a probe or experiment that replaces one on the
+        instance (benchmarks/rllib_run.py) is the one the strategy calls."""
+        return SamplingServices(
+            env_runner_group=self.env_runner_group,
+            learner_group=self.learner_group,
+            sample_groups=lambda num_prompts: self._sample_groups(num_prompts),
+            claim_prompts=lambda num_prompts: self._claim_prompts(num_prompts),
+            sync_weights=lambda: self._sync_weights(),
+            log_value=lambda key, value: self._log_value(key, value),
+            sample_on_runners=lambda func, shares: self.sample_on_runners(func, shares),
+            log_fault_counts=lambda: self.log_fault_counts(),
+            aggregate_runner_metrics=lambda metrics: self.metrics.aggregate(
+                metrics, key=ENV_RUNNER_RESULTS),
+            record_runner_state=self.runner_states.__setitem__,
+        )
 
     @override(Algorithm)
     def training_step(self) -> None:
@@ -102,8 +127,8 @@ class GRPO(ResilientAlgorithm):
             rollout = self._sample_step()
         self._log_dict(data_metrics(rollout, c.max_response_length))
         self._warn_if_no_signal()
-        if self._pipeline is not None:  # the next step's sampling overlaps this update
-            self._pipeline.before_update(rollout, self._generation_batch_prompts())
+        # Pipelined: the next step's sampling is launched here and overlaps the update.
+        self._sampling.before_update(rollout, self._generation_batch_prompts())
 
         t0 = time.perf_counter()
         learner_results = self.learner_group.update(
@@ -117,15 +142,9 @@ class GRPO(ResilientAlgorithm):
         self._surface_learner_metrics()
         self._stop_if_nothing_learned(rollout)
 
-        if self._pipeline is None:
-            t0 = time.perf_counter()
-            self._sync_weights()
-            self._log_value("timing_s/update_weights", time.perf_counter() - t0)
-        else:  # the runners are busy: they get the weights when their generation ends
-            self._pipeline.updated()
+        self._sampling.after_update()  # synchronous: sync the weights now
         if self._validation_due(self.iteration + 1):
-            if self._pipeline is not None:
-                self._pipeline.settle()
+            self._sampling.settle()
             self._log_dict(self.validate())
 
         step_time = time.perf_counter() - t_step
@@ -185,8 +204,7 @@ class GRPO(ResilientAlgorithm):
         state = super().get_state(components, not_components=not_components, **kwargs)
         if self._check_component(DATA_POSITION, components, not_components):
             # In-flight samples are not saved: a restored run samples their prompts again.
-            state[DATA_POSITION] = self._data_position - (
-                self._pipeline.in_flight_prompts if self._pipeline is not None else 0)
+            state[DATA_POSITION] = self._data_position - self._sampling.in_flight_prompts
         group = self.env_runner_group
         if group is not None and group.num_remote_env_runners() > 0 and self._check_component(
                 REMOTE_RUNNERS, components, not_components):
@@ -197,8 +215,7 @@ class GRPO(ResilientAlgorithm):
     @override(Algorithm)
     def set_state(self, state: dict) -> None:
         super().set_state(state)
-        if self._pipeline is not None:  # restored weights and data: start the pipeline clean
-            self._pipeline.reset()
+        self._sampling.reset()  # restored weights and data: start the pipeline clean
         self._data_position = state.get(DATA_POSITION, self._data_position)
         if REMOTE_RUNNERS in state and self.env_runner_group is not None:
             by_index = dict(state[REMOTE_RUNNERS])
@@ -235,36 +252,11 @@ class GRPO(ResilientAlgorithm):
     def _sample_step(self) -> RolloutBatch:
         """One step's groups; with dynamic sampling (DAPO), only groups with a signal."""
         c = self.config
-        if not c.filter_groups:
-            if self._pipeline is not None:
-                return self._pipeline.fill(c.prompts_per_step)
-            return self._sample_groups(c.prompts_per_step)
-        draw = self._sample_groups if self._pipeline is None else self._pipeline.draw
-        gen_prompts = c.gen_prompts_per_batch or c.prompts_per_step
-        kept, totals, num_batches, num_kept = [], GroupFilterStats(), 0, 0
-        while num_kept < c.prompts_per_step:
-            if 0 < c.max_num_gen_batches <= num_batches:
-                raise RuntimeError(
-                    f"Dynamic sampling: {num_batches} generation batches gave only {num_kept} of "
-                    f"{c.prompts_per_step} groups whose {c.filter_groups_metric!r} varies "
-                    f"({totals.dropped_all_right} groups dropped all right, "
-                    f"{totals.dropped_all_wrong} all wrong): the data is too easy (mostly all "
-                    "right) or too hard (mostly all wrong) for the model. Change the data or "
-                    "raise max_num_gen_batches / gen_prompts_per_batch.")
-            batch, stats = filter_groups(draw(gen_prompts), c.filter_groups_metric)
-            num_batches += 1
-            for name in ("kept", "dropped_all_right", "dropped_all_wrong", "dropped_other"):
-                setattr(totals, name, getattr(totals, name) + getattr(stats, name))
-            if len(batch):
-                kept.append(batch)
-                num_kept += stats.kept
-        rollout = first_groups(concat_rollouts(kept, pad_token_id=0), c.prompts_per_step)
-        self._log_dict({
-            "train/num_gen_batches": num_batches,
-            "filter_groups/dropped_all_right": totals.dropped_all_right,
-            "filter_groups/dropped_all_wrong": totals.dropped_all_wrong,
-            "filter_groups/discarded_surplus_groups": num_kept - c.prompts_per_step,
-        })
+        if c.filter_groups:
+            rollout, metrics = dynamic_sampling(self._sampling.draw, c)
+            self._log_dict(metrics)
+        else:
+            rollout = self._sampling.fill(c.prompts_per_step)
         self.last_rollout = rollout
         return rollout
 
@@ -296,9 +288,7 @@ class GRPO(ResilientAlgorithm):
                     "above); healthy runners: "
                     f"{group.num_healthy_remote_workers()}.")
         self.metrics.aggregate(metrics, key=ENV_RUNNER_RESULTS)
-        rollout = concat_rollouts(batches, pad_token_id=0)
-        self.last_rollout = rollout
-        return rollout
+        return concat_rollouts(batches, pad_token_id=0)
 
     def _claim_prompts(self, num_prompts: int) -> list[tuple[int, int]]:
         """The next ``num_prompts`` positions of the shared order, as ``(start, count)``
@@ -347,10 +337,7 @@ class GRPO(ResilientAlgorithm):
             self._log_value(key, value)
 
     def _surface_learner_metrics(self) -> None:
-        split = [f"training/{name}/staleness_{k}" for k in range(min(self.config.max_staleness,
-                                                                    8) + 1)
-                 for name in ("rollout_log_probs_diff_max", "rollout_probs_diff_mean")
-                 ] if self._pipeline is not None else []
+        split = self._sampling.learner_metric_keys()
         for key in (*ACTOR_KEYS, *split):
             value = self.metrics.peek((LEARNER_RESULTS, DEFAULT_MODULE_ID, key), default=math.nan)
             if not math.isnan(value):

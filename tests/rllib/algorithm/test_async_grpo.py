@@ -110,8 +110,8 @@ def test_unknown_rollout_is_level_is_refused_with_the_levels(value):
 
 # --------------------------------------------------------------------------- stale guard
 class _StubAlgo:
-    """What `AsyncPipeline.draw`/`fill` use of `GRPO`: fresh groups at the current version
-    (every fresh group's rewards vary)."""
+    """What `PipelinedSampling.draw`/`fill` use of `GRPO`: fresh groups at the current
+    version (every fresh group's rewards vary)."""
 
     def __init__(self, version: int) -> None:
         self.version, self.last_rollout = version, None
@@ -138,12 +138,20 @@ def _batch(versions: list[int], varied: list[bool] | None = None, first_group: i
 
 
 def _pipeline(algo, ready):
-    from rllib_grpo.rllib.algorithm.async_pipeline import AsyncPipeline
+    """A pipeline with ``ready`` taken from the runners (no Ray: the driver state only)."""
+    from rllib_grpo.rllib.algorithm.async_pipeline import PipelinedSampling
+    from rllib_grpo.rllib.algorithm.sampling import SamplingServices
 
-    pipeline = AsyncPipeline.__new__(AsyncPipeline)  # no Ray: the driver state only
-    pipeline.algo, pipeline.max_staleness = algo, 1
+    def unused(*args):
+        raise AssertionError("not expected here")
+
+    services = SamplingServices(
+        env_runner_group=None, learner_group=None, sample_groups=algo._sample_groups,
+        claim_prompts=unused, sync_weights=unused, log_value=unused,
+        sample_on_runners=unused, log_fault_counts=unused, aggregate_runner_metrics=unused,
+        record_runner_state=unused)
+    pipeline = PipelinedSampling(services, max_staleness=1)
     pipeline._learner_version = pipeline._runner_version = algo.version
-    pipeline._tag, pipeline._shares, pipeline.dropped_stale_groups = None, {}, 0
     pipeline._ready, pipeline._ready_prompts = ready, ready.num_groups
     return pipeline
 
@@ -158,7 +166,7 @@ def test_groups_older_than_the_bound_are_dropped_and_sampled_again():
     staleness = 5 - rollout.weights_version
     assert len(rollout) == 8 and staleness.max() <= 1
     assert sorted(set(rollout.weights_version.tolist())) == [4, 5]
-    assert rollout.num_groups == 4 and algo.last_rollout is rollout
+    assert rollout.num_groups == 4
 
 
 def test_dynamic_sampling_counts_only_kept_groups_under_staleness():
@@ -170,13 +178,14 @@ def test_dynamic_sampling_counts_only_kept_groups_under_staleness():
     logged: dict[str, float] = {}
     algo._log_dict = logged.update
     # Background batch: group 1 is two updates old (dropped), group 2 has no signal (filtered).
-    algo._pipeline = _pipeline(algo, _batch([4, 3, 4, 4], [True, True, False, True]))
+    algo._sampling = _pipeline(algo, _batch([4, 3, 4, 4], [True, True, False, True]))
     rollout = GRPO._sample_step(algo)
+    assert algo.last_rollout is rollout
     assert rollout.num_groups == 4 and (5 - rollout.weights_version).max() <= 1
     for g in np.unique(rollout.group_index):  # every trained group carries a signal
         assert np.std(rollout.scores[rollout.group_index == g]) > 0
     # 2 groups kept from the background batch + a fresh generation batch of 4 prompts.
-    assert algo.fresh_calls == [4] and algo._pipeline.dropped_stale_groups == 1
+    assert algo.fresh_calls == [4] and algo._sampling.dropped_stale_groups == 1
     assert logged["train/num_gen_batches"] == 2
     assert logged["filter_groups/discarded_surplus_groups"] == 2
 
@@ -185,10 +194,12 @@ def test_dynamic_sampling_counts_only_kept_groups_under_staleness():
 def test_max_staleness_0_is_the_synchronous_loop(ray_session):
     """At 0, `training_step` is sample -> update -> sync: the same weights, bit for bit, as
     that loop written out by hand on a second algorithm."""
+    from rllib_grpo.rllib.algorithm.sampling import SynchronousSampling
+
     algo = tiny_config(lr=1e-2, max_staleness=0).build_algo()
     reference = tiny_config(lr=1e-2).build_algo()
     try:
-        assert algo._pipeline is None
+        assert isinstance(algo._sampling, SynchronousSampling)
         for _ in range(2):
             algo.train()
         position = 0
@@ -215,7 +226,7 @@ def test_staleness_1_trains_on_groups_one_update_old_never_more(ray_session):
             learner_version = algo.learner_group._learner._weights_seq_no - 1  # at the update
             staleness.append(set((learner_version - algo.last_rollout.weights_version).tolist()))
             # The next step's groups are in flight while this step returns.
-            assert algo._pipeline._tag is not None
+            assert algo._sampling._tag is not None
         # Step 1 has nothing sampled ahead; from step 2 on every group is one update old.
         assert staleness == [{0}, {1}, {1}, {1}]
         assert [r["async/staleness_max"] for r in results] == [0, 1, 1, 1]
@@ -285,7 +296,7 @@ def test_staleness_1_with_two_fsdp_learners_and_two_env_runners(ray_session):
         # Each step's 4 prompts came from both runners (2 each), one group per prompt.
         assert algo.last_rollout.num_groups == 4
         assert {1, 2} <= set(algo.runner_states)  # both runners returned their share
-        algo._pipeline.settle()  # take the request in flight; the runners get the newest
+        algo._sampling.settle()  # take the request in flight; the runners get the newest
         learner_weights = group.get_weights()[DEFAULT_MODULE_ID]
         runner_weights = algo.env_runner_group.foreach_env_runner(
             lambda er: {k: v.detach().cpu() for k, v in er.sampler.model.state_dict().items()},

@@ -1,0 +1,168 @@
+"""How the driver gets a step's groups: one interface, two strategies.
+
+`GRPO.training_step` runs the paper's loop against a `SamplingStrategy`:
+
+    groups = strategy.fill(n)            (or dynamic sampling over strategy.draw)
+    strategy.before_update(groups, ...)
+    update the learners on groups
+    strategy.after_update()
+
+* `SynchronousSampling` (``max_staleness`` = 0): sample with the current weights, update,
+  then sync the new weights to the env runners.
+* `rllib_grpo.rllib.algorithm.async_pipeline.PipelinedSampling` (``max_staleness`` >= 1):
+  the next step's groups are sampled in the background while the learners update.
+
+A strategy sees the algorithm only through `SamplingServices` (the env runner and
+learner groups and a few of the driver's operations), never its private members.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from rllib_grpo.data.recipes import GroupFilterStats, filter_groups, first_groups
+from rllib_grpo.data.rollout import RolloutBatch, concat_rollouts
+
+if TYPE_CHECKING:  # (annotations only: the strategies' unit tests run without Ray)
+    from ray.rllib.core.learner.learner_group import LearnerGroup
+    from ray.rllib.env.env_runner_group import EnvRunnerGroup
+
+    from rllib_grpo.rllib.config.grpo_config import GRPOConfig
+
+# ``func(env_runner, share)`` on the remote runners, one share each (runner i: shares[i-1]).
+RunnerFunc = Callable[[Any, Any], Any]
+
+
+@dataclass(frozen=True)
+class SamplingServices:
+    """What a sampling strategy may use of the algorithm that drives it."""
+
+    env_runner_group: EnvRunnerGroup
+    learner_group: LearnerGroup
+    # ``num_prompts`` fresh groups, sampled now on the env runners' current weights.
+    sample_groups: Callable[[int], RolloutBatch]
+    # The next ``num_prompts`` positions of the shared data order, ``(start, count)`` per
+    # remote runner; the algorithm's data position moves on.
+    claim_prompts: Callable[[int], list[tuple[int, int]]]
+    # Push the learners' weights to every env runner.
+    sync_weights: Callable[[], None]
+    # One value of this step's result (``reduce="mean", window=1``).
+    log_value: Callable[[str, float], None]
+    # `ResilientAlgorithm.sample_on_runners`: a lost runner's share is sampled again.
+    sample_on_runners: Callable[[RunnerFunc, list[Any]], list[Any]]
+    # `ResilientAlgorithm.log_fault_counts`: restarts and resampled shares, every step.
+    log_fault_counts: Callable[[], None]
+    # The env runners' metrics of one sample call, into the result's env runner results.
+    aggregate_runner_metrics: Callable[[list[dict]], None]
+    # A remote runner's state after its last good sample (what a restarted one resumes).
+    record_runner_state: Callable[[int, dict], None]
+
+
+class SamplingStrategy(ABC):
+    """When the env runners sample and when they get the learners' new weights."""
+
+    @abstractmethod
+    def fill(self, num_prompts: int) -> RolloutBatch:
+        """A step's ``num_prompts`` groups (without dynamic sampling)."""
+
+    @abstractmethod
+    def draw(self, num_prompts: int) -> RolloutBatch:
+        """One generation batch of (up to) ``num_prompts`` groups, for dynamic sampling."""
+
+    @abstractmethod
+    def before_update(self, rollout: RolloutBatch, next_prompts: int) -> None:
+        """The step's groups are taken and the learners are about to update on them;
+        ``next_prompts``: the prompts of the next step's (first) generation batch."""
+
+    @abstractmethod
+    def after_update(self) -> None:
+        """The learners took one update."""
+
+    @abstractmethod
+    def settle(self) -> None:
+        """Bring the env runners to the newest weights, idle (before a validation)."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Forget in-flight samples and versions (after a restore)."""
+
+    @property
+    @abstractmethod
+    def in_flight_prompts(self) -> int:
+        """Prompts handed out by the data order whose groups are not trained yet."""
+
+    @abstractmethod
+    def learner_metric_keys(self) -> tuple[str, ...]:
+        """Learner metrics this strategy surfaces in the result beyond the common ones."""
+
+
+class SynchronousSampling(SamplingStrategy):
+    """``max_staleness`` = 0: sample with the current weights, update, then sync."""
+
+    def __init__(self, services: SamplingServices) -> None:
+        self.services = services
+
+    def fill(self, num_prompts: int) -> RolloutBatch:
+        return self.services.sample_groups(num_prompts)
+
+    def draw(self, num_prompts: int) -> RolloutBatch:
+        return self.services.sample_groups(num_prompts)
+
+    def before_update(self, rollout: RolloutBatch, next_prompts: int) -> None:
+        """Nothing: the env runners wait for the new weights."""
+
+    def after_update(self) -> None:
+        """Sync the new weights, so that the next step samples with them."""
+        t0 = time.perf_counter()
+        self.services.sync_weights()
+        self.services.log_value("timing_s/update_weights", time.perf_counter() - t0)
+
+    def settle(self) -> None:
+        """Nothing: the env runners are idle and hold the newest weights after each step."""
+
+    def reset(self) -> None:
+        """Nothing: no sample outlives its step."""
+
+    @property
+    def in_flight_prompts(self) -> int:
+        return 0
+
+    def learner_metric_keys(self) -> tuple[str, ...]:
+        return ()
+
+
+def dynamic_sampling(draw: Callable[[int], RolloutBatch],
+                     config: GRPOConfig) -> tuple[RolloutBatch, dict[str, float]]:
+    """DAPO: ``config.prompts_per_step`` groups whose ``filter_groups_metric`` varies, from
+    as many generation batches of ``gen_prompts_per_batch`` prompts (``draw``) as it takes
+    (at most ``max_num_gen_batches``); returns them and the ``filter_groups/*`` metrics."""
+    c = config
+    gen_prompts = c.gen_prompts_per_batch or c.prompts_per_step
+    kept, totals, num_batches, num_kept = [], GroupFilterStats(), 0, 0
+    while num_kept < c.prompts_per_step:
+        if 0 < c.max_num_gen_batches <= num_batches:
+            raise RuntimeError(
+                f"Dynamic sampling: {num_batches} generation batches gave only {num_kept} of "
+                f"{c.prompts_per_step} groups whose {c.filter_groups_metric!r} varies "
+                f"({totals.dropped_all_right} groups dropped all right, "
+                f"{totals.dropped_all_wrong} all wrong): the data is too easy (mostly all "
+                "right) or too hard (mostly all wrong) for the model. Change the data or "
+                "raise max_num_gen_batches / gen_prompts_per_batch.")
+        batch, stats = filter_groups(draw(gen_prompts), c.filter_groups_metric)
+        num_batches += 1
+        for name in ("kept", "dropped_all_right", "dropped_all_wrong", "dropped_other"):
+            setattr(totals, name, getattr(totals, name) + getattr(stats, name))
+        if len(batch):
+            kept.append(batch)
+            num_kept += stats.kept
+    rollout = first_groups(concat_rollouts(kept, pad_token_id=0), c.prompts_per_step)
+    return rollout, {
+        "train/num_gen_batches": num_batches,
+        "filter_groups/dropped_all_right": totals.dropped_all_right,
+        "filter_groups/dropped_all_wrong": totals.dropped_all_wrong,
+        "filter_groups/discarded_surplus_groups": num_kept - c.prompts_per_step,
+    }
