@@ -25,7 +25,7 @@ from rllib_grpo.rllib.algorithm.checkpoints import verify_checkpoint
 RAY_LIMITS = ["--num-cpus", "2", "--object-store-memory", str(300 * 1024**2)]
 SETTINGS = ["--env", "rllib_grpo/GSM8K-v0", "data.train_files=data/train.jsonl",
             "env_config={data_source: arithmetic}", "model_path=builtin:tiny", "sampler=hf",
-            "prompts_per_step=4", "group_size=4", "max_prompt_length=16",
+            "prompts_per_step=4", "prompts_per_minibatch=4", "group_size=4", "max_prompt_length=16",
             "max_response_length=4", "lr=1e-2", "seed=0", "--stop",
             '{"training_iteration": 4}']
 
