@@ -184,8 +184,7 @@ class AsyncPipeline:
     def before_update(self, rollout: RolloutBatch, next_prompts: int) -> None:
         """The step's groups are taken: log their staleness, bring the runners to the
         newest weights and launch the next step's sampling, all before the update."""
-        real = rollout.sample_mask > 0
-        staleness = (self.learner_version - rollout.weights_version[real]).astype(np.float64)
+        staleness = (self.learner_version - rollout.weights_version).astype(np.float64)
         if staleness.size:
             self.algo._log_value("async/staleness_mean", float(staleness.mean()))
             self.algo._log_value("async/staleness_max", float(staleness.max()))

@@ -76,7 +76,7 @@ logger = logging.getLogger(__name__)
 # Columns the learner reads from the rollout batch (see rllib_grpo.data.rollout.RolloutBatch).
 TENSOR_COLUMNS = (
     "prompt_ids", "prompt_mask", "response_ids", "response_mask", "rollout_log_probs",
-    "scores", "group_index", "sample_mask", "reward_baselines", "truncated", "loss_mask",
+    "scores", "group_index", "reward_baselines", "truncated", "loss_mask",
     "weights_version",
 )
 # Per-token rates from the policy loss, averaged over micro-batches by token count.
@@ -210,7 +210,7 @@ class GRPOLearner(TorchLearner):
             reward_baselines=batch["reward_baselines"] if c.adv_estimator == "remax" else None,
             reduce_sum=all_reduce,  # batch-wide estimators see every learner's shard
         )
-        batch["advantages"] = advantages * batch["sample_mask"][:, None]
+        batch["advantages"] = advantages
         if c.mask_truncated_completions:
             # DAPO "overlong filtering": cut responses stay in their group's statistics
             # but contribute no loss.
@@ -221,9 +221,8 @@ class GRPOLearner(TorchLearner):
             weights = self._log_old_log_prob_metrics(batch, entropy)
             if weights is not None:  # rollout_is on
                 batch["rollout_is_weights"] = weights
-        valid = mask.bool() & batch["sample_mask"][:, None].bool()
-        real = batch["sample_mask"].bool()
-        for name, values in (("critic/rewards", token_rewards.sum(-1)[real]),
+        valid = mask.bool()
+        for name, values in (("critic/rewards", token_rewards.sum(-1)),
                              ("critic/advantages", advantages[valid]),
                              ("critic/returns", returns[valid])):
             for key, value in _stats(name, values).items():
@@ -266,7 +265,9 @@ class GRPOLearner(TorchLearner):
     def _minibatch_totals(self, minibatch: dict[str, torch.Tensor]) -> MiniBatchTotals:
         """The mini-batch's global token and sequence counts (all-reduced: collective)."""
         mask = minibatch.get("loss_mask", minibatch["response_mask"]).float()
-        counts = all_reduce(torch.stack([mask.sum(), minibatch["sample_mask"].float().sum()]))
+        # Every row is a trajectory (no padding rows: learners get whole groups, equal
+        # shares); an empty response counts as a sequence too, as in verl.
+        counts = all_reduce(torch.stack([mask.sum(), mask.new_tensor(float(len(mask)))]))
         return MiniBatchTotals(dp_size=world_size(), global_num_tokens=counts[0].item(),
                                global_num_seqs=counts[1].item(),
                                horizon=self.config.loss_horizon)
