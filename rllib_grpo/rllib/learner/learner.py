@@ -11,7 +11,9 @@ Per training step each learner holds whole groups and, as in verl:
    accumulates gradients over micro-batches whose losses are normalised by the
    mini-batch's *global* token and sequence counts (all-reduced once), so the
    update does not depend on how the batch was split; one optimizer step per
-   mini-batch, skipped when the gradient norm is not finite.
+   mini-batch, skipped when the gradient norm is not finite.  (Hence
+   ``_uncompiled_update`` is overridden: RLlib's ``compute_loss_for_module`` takes one
+   loss of one forward over the mini-batch, and is not used.)
 
 Multi-turn batches carry a ``loss_mask`` (1 on the model's own tokens, 0 on the
 environment's, `rllib_grpo.data.trajectory`): everything after the forward pass
@@ -314,8 +316,18 @@ class GRPOLearner(TorchLearner):
 
     @override(TorchLearner)
     def compute_loss_for_module(self, *, module_id, config, batch, fwd_out) -> torch.Tensor:
-        """RLlib's hook: the loss of ``batch`` taken as a whole mini-batch."""
-        return self._micro_batch_loss(batch, fwd_out, self._minibatch_totals(batch))[0]
+        """Not used: RLlib declares it abstract, so it must exist, but nothing calls it.
+
+        RLlib's path (``_uncompiled_update`` -> ``compute_losses`` -> this hook) does one
+        forward over the whole mini-batch and takes one loss of it.  GRPO splits the
+        mini-batch into micro-batches (memory) whose losses are normalised by the
+        mini-batch's *global* token and sequence counts (all-reduced once over learners),
+        so ``_uncompiled_update`` is overridden and calls `_micro_batch_loss` itself.
+        """
+        raise NotImplementedError(
+            "GRPOLearner computes its loss per micro-batch in _uncompiled_update "
+            "(_micro_batch_loss, normalised by the mini-batch's global counts); RLlib's "
+            "compute_losses/compute_loss_for_module path is not used.")
 
     def _micro_batch_loss(self, batch: dict[str, torch.Tensor], fwd_out: dict[str, torch.Tensor],
                           totals: MiniBatchTotals) -> tuple[torch.Tensor, dict[str, float]]:
