@@ -36,17 +36,11 @@ from ray.rllib.core.learner.training_data import TrainingData
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.annotations import override
 
-from rllib_grpo.algos import (
-    agg_loss,
-    compute_advantage,
-    get_kl_controller,
-    kl_penalty,
-    policy_loss,
-    scores_to_tokens,
-)
+from rllib_grpo.algos import agg_loss, get_kl_controller, kl_penalty, policy_loss
 from rllib_grpo.models.offload import offload_optimizer_states
 from rllib_grpo.models.packing import prefer_varlen_attention
 from rllib_grpo.rllib.config.staleness import old_log_probs_from_update
+from rllib_grpo.rllib.learner.advantage_step import step_advantages
 from rllib_grpo.rllib.learner.distributed import (
     all_reduce,
     load_optimizer_states,
@@ -65,11 +59,11 @@ from rllib_grpo.rllib.learner.module import response_log_probs
 from rllib_grpo.rllib.learner.perf import (
     PhaseTimes,
     StepMetrics,
+    critic_metrics,
     num_parameters,
     peak_flops,
     step_metrics,
 )
-from rllib_grpo.rllib.learner.perf import value_stats as _stats
 from rllib_grpo.rllib.learner.rollout_gap import rollout_correction
 from rllib_grpo.rllib.learner.step_schedule import LRSchedule, minibatch_order
 
@@ -165,15 +159,47 @@ class GRPOLearner(TorchLearner):
 
     @torch.no_grad()
     def _prepare(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Add what the update reads to ``batch`` (this learner's rows, in update order):
+        ``old_log_probs`` (unless the update's forward gives them), ``ref_log_probs`` (with a
+        KL term), ``advantages``, the truncation-masked ``loss_mask`` and, with rollout_is,
+        ``rollout_is_weights``; log the step's critic/*, rollout-gap and entropy metrics."""
+        passes = self._old_and_reference_log_probs(batch)
+        entropy = passes.pop("entropy", None)
+        batch.update(passes)
+        # Multi-turn: only the model's tokens count from here on (env tokens: loss_mask 0).
+        mask = batch.get("loss_mask", batch["response_mask"]).float()
+        step = step_advantages(batch, mask, self.config, self.kl_ctrl)
+        for key, value in step.metrics.items():
+            self._log(key, value)
+        batch["advantages"] = step.advantages
+        if step.loss_mask is not None:
+            batch["loss_mask"] = step.loss_mask
+        if entropy is not None:  # (else from the update's forward, micro-batch by micro-batch)
+            weights = self._log_old_log_prob_metrics(batch, entropy)
+            if weights is not None:  # rollout_is on
+                batch["rollout_is_weights"] = weights
+        metrics = critic_metrics(step.token_rewards, step.advantages, step.returns, mask)
+        for key, value in metrics.items():
+            self._log(key, value)
+        return dict(batch)
+
+    def _old_and_reference_log_probs(self, batch: dict[str, torch.Tensor]
+                                     ) -> dict[str, torch.Tensor]:
+        """The no-grad forward passes before the update, each (B, R) over ``batch``'s rows:
+        ``old_log_probs`` and ``entropy`` at the sampling temperature (none when the
+        update's own forward gives them, `old_log_probs_from_update`) and ``ref_log_probs``
+        (only when a KL term needs the reference).
+
+        They run on the update's micro-batches, mini-batch by mini-batch (the same count on
+        every learner: sharded forwards are collective); rows come back in place.  Eval
+        mode (no dropout) as verl's compute_log_prob; forward_train sets train() again.
+        """
         c, module = self.config, self.module[DEFAULT_MODULE_ID].unwrapped()
         mask = batch["response_mask"].float()
         old, entropy = torch.zeros_like(mask), torch.zeros_like(mask)
         ref = torch.zeros_like(mask) if c.needs_reference else None
-        old_pass = not old_log_probs_from_update(c)  # else the update's forward gives them
+        old_pass = not old_log_probs_from_update(c)
         lengths = sequence_lengths(batch)
-        # The update's micro-batches, mini-batch by mini-batch (same count on every
-        # learner: sharded forwards are collective).  Rows come back in place.
-        # Eval mode (no dropout) as verl's compute_log_prob; forward_train sets train() again.
         module.eval()
         for rows in step_micro_batches(batch, c, self._device):
             micro = _select({k: batch[k] for k in FORWARD_COLUMNS}, rows or [0])
@@ -194,42 +220,10 @@ class GRPOLearner(TorchLearner):
                 entropy[index] = out["entropy"]
             if ref is not None and ref_out is not None:
                 ref[index] = ref_out
-        if ref is not None:
-            batch["ref_log_probs"] = ref
-        # Multi-turn: only the model's tokens count from here on (env tokens: loss_mask 0).
-        mask = batch["loss_mask"].float() if "loss_mask" in batch else mask
+        passes = {} if ref is None else {"ref_log_probs": ref}
         if old_pass:
-            batch["old_log_probs"] = old
-
-        token_scores = scores_to_tokens(batch["scores"].float(), mask)
-        token_rewards = token_scores
-        if c.use_kl_in_reward:
-            token_rewards = self._apply_kl_in_reward(batch, token_scores, mask)
-        advantages, returns = compute_advantage(
-            c.adv_estimator, token_rewards, mask,
-            group_ids=batch["group_index"].cpu().numpy(),
-            norm_adv_by_std_in_grpo=c.norm_adv_by_std_in_grpo, gamma=c.gamma,
-            reward_baselines=batch["reward_baselines"] if c.adv_estimator == "remax" else None,
-            reduce_sum=all_reduce,  # batch-wide estimators see every learner's shard
-        )
-        batch["advantages"] = advantages
-        if c.mask_truncated_completions:
-            # DAPO "overlong filtering": cut responses stay in their group's statistics
-            # but contribute no loss.
-            keep = (~batch["truncated"].bool()).float()
-            batch["loss_mask"] = mask * keep[:, None]
-            self._log("response/truncated_masked_frac", 1.0 - keep.mean().item())
-        if old_pass:  # (else from the update's forward, micro-batch by micro-batch)
-            weights = self._log_old_log_prob_metrics(batch, entropy)
-            if weights is not None:  # rollout_is on
-                batch["rollout_is_weights"] = weights
-        valid = mask.bool()
-        for name, values in (("critic/rewards", token_rewards.sum(-1)),
-                             ("critic/advantages", advantages[valid]),
-                             ("critic/returns", returns[valid])):
-            for key, value in _stats(name, values).items():
-                self._log(key, value)
-        return {k: v for k, v in batch.items()}
+            passes.update(old_log_probs=old, entropy=entropy)
+        return passes
 
     def _log_old_log_prob_metrics(self, batch: dict[str, torch.Tensor],
                                   entropy: torch.Tensor) -> torch.Tensor | None:
@@ -245,19 +239,6 @@ class GRPOLearner(TorchLearner):
         entropy_share = agg_loss(entropy, mask, self.config.loss_agg_mode, **totals.agg_kwargs())
         self._log("actor/entropy", all_reduce(entropy_share).item() / totals.dp_size)
         return weights
-
-    def _apply_kl_in_reward(self, batch, token_scores, mask) -> torch.Tensor:
-        c = self.config
-        kld = kl_penalty(batch["old_log_probs"], batch["ref_log_probs"], c.kl_penalty) * mask
-        beta = self.kl_ctrl.value
-        per_seq = (kld * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-        # The controller must see the KL of the whole step, so sum over learners.
-        totals = all_reduce(torch.stack([per_seq.sum(), per_seq.new_tensor(float(len(per_seq)))]))
-        current_kl = (totals[0] / totals[1].clamp(min=1)).item()
-        self.kl_ctrl.update(current_kl, n_steps=int(totals[1].item()))
-        self._log("actor/reward_kl_penalty", current_kl)
-        self._log("actor/reward_kl_penalty_coeff", beta)
-        return token_scores - beta * kld
 
     # ------------------------------------------------------------------ one mini-batch
     def _micro_batches(self, minibatch: dict[str, torch.Tensor]) -> list[list[int]]:

@@ -56,6 +56,16 @@ def value_stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
             f"{prefix}/min": values.min().item()}
 
 
+def critic_metrics(token_rewards: torch.Tensor, advantages: torch.Tensor,
+                   returns: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """verl's ``critic/{rewards,advantages,returns}/{mean,max,min}``: the rewards summed per
+    sequence (B,), the advantages and returns over the ``mask``'s tokens (all (B, R))."""
+    valid = mask.bool()
+    return {**value_stats("critic/rewards", token_rewards.sum(-1)),
+            **value_stats("critic/advantages", advantages[valid]),
+            **value_stats("critic/returns", returns[valid])}
+
+
 def peak_flops(device: torch.device, peak_tflops: float | None = None) -> float | None:
     """Peak FLOP/s of ``device``: the configured value, else the table's for a known GPU."""
     if peak_tflops:
