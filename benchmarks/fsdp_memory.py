@@ -67,7 +67,7 @@ def _synthetic_batch(vocab: int, seed: int = 0) -> MultiAgentBatch:
         "response_mask": response_mask, "rollout_log_probs": np.zeros_like(response_mask),
         "scores": rng.integers(0, 2, n).astype(np.float32),
         "group_index": np.repeat(np.arange(PROMPTS), GROUP),
-        "sample_mask": np.ones(n, np.float32), "truncated": np.zeros(n, bool),
+        "truncated": np.zeros(n, bool),
         "reward_baselines": np.zeros(n, np.float32),
     }
     return MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(columns)}, env_steps=n)

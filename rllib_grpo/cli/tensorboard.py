@@ -10,11 +10,13 @@ from typing import Any
 
 from tensorboardX import SummaryWriter
 
+from rllib_grpo.rllib.learner.perf import LEARNER_METRIC_NAMESPACES
+
 # Result keys worth plotting (verl names and RLlib's own summaries).
+# The learner's namespaces (one list, the learner's) and the driver's and env runners'.
 SCALAR_PREFIXES = (
-    "critic/", "actor/", "response_length/", "prompt_length/", "timing_s/", "perf/",
-    "groups/", "training/", "reward/", "response/", "weight_sync/",
-    "num_turns/", "tool_calls/", "episode_length/", "episode/",
+    *LEARNER_METRIC_NAMESPACES, "response_length/", "prompt_length/", "groups/", "reward/",
+    "weight_sync/", "num_turns/", "tool_calls/", "episode_length/", "episode/",
 )
 
 

@@ -26,7 +26,7 @@ from rllib_grpo.data.trajectory import episode_metrics
 ARRAY_FIELDS = (
     "prompt_ids", "prompt_mask", "response_ids", "response_mask", "rollout_log_probs",
     "scores", "group_index", "response_lengths", "prompt_lengths", "truncated",
-    "sample_mask", "reward_errors", "reward_baselines", "weights_version",
+    "reward_errors", "reward_baselines", "weights_version",
 )
 
 
@@ -44,7 +44,6 @@ class RolloutBatch:
     response_lengths: np.ndarray
     prompt_lengths: np.ndarray
     truncated: np.ndarray
-    sample_mask: np.ndarray
     reward_errors: np.ndarray
     reward_baselines: np.ndarray
     # Per trajectory: the policy version (learner updates done) of the weights that sampled it.
@@ -138,7 +137,6 @@ def build_rollout_batch(
         response_lengths=np.asarray([len(r) for r in response_ids], dtype=np.int64),
         prompt_lengths=np.asarray([len(p) for p in prompt_ids], dtype=np.int64),
         truncated=np.asarray(truncated, dtype=bool),
-        sample_mask=np.ones(len(scores), dtype=np.float32),
         reward_errors=np.asarray(reward_errors, dtype=bool),
         reward_baselines=np.asarray(
             reward_baselines if reward_baselines is not None else np.zeros(len(scores)),
@@ -189,9 +187,7 @@ def concat_rollouts(batches: Sequence[RolloutBatch], *, pad_token_id: int) -> Ro
 
 def data_metrics(batch: RolloutBatch, max_response_length: int) -> dict[str, float]:
     """verl's `compute_data_metrics` names for scores and lengths, plus group signal."""
-    real = batch.sample_mask > 0
-    scores, lengths = batch.scores[real], batch.response_lengths[real]
-    prompt_lengths = batch.prompt_lengths[real]
+    scores, lengths, prompt_lengths = batch.scores, batch.response_lengths, batch.prompt_lengths
     metrics: dict[str, float] = {}
     for name, values in (("critic/score", scores), ("response_length", lengths),
                          ("prompt_length", prompt_lengths)):
@@ -203,10 +199,9 @@ def data_metrics(batch: RolloutBatch, max_response_length: int) -> dict[str, flo
         metrics["response_length/clip_ratio"] = float(np.mean(lengths >= max_response_length))
         metrics["response/aborted_ratio"] = float(np.mean(lengths == 0))
     metrics.update(group_signal_metrics(batch))
-    metrics.update(episode_metrics(batch.infos, real))
-    metrics["reward/errors"] = float(np.sum(batch.reward_errors[real]))
-    accuracy = [float(batch.infos[i]["acc"]) for i in np.flatnonzero(real)
-                if i < len(batch.infos) and batch.infos[i].get("acc") is not None]
+    metrics.update(episode_metrics(batch.infos))
+    metrics["reward/errors"] = float(np.sum(batch.reward_errors))
+    accuracy = [float(info["acc"]) for info in batch.infos if info.get("acc") is not None]
     if accuracy:  # the reward function's ``acc``: right answers, whatever the shaping
         metrics["reward/acc/mean"] = float(np.mean(accuracy))
     return metrics
@@ -217,13 +212,12 @@ def group_signal_metrics(batch: RolloutBatch) -> dict[str, float]:
 
     "Right" is the reward function's ``acc`` when it reports one, else ``score > 0``.
     """
-    real = np.flatnonzero(batch.sample_mask > 0)
-    if not len(real):
+    if not len(batch):
         return {}
-    groups, scores = batch.group_index[real], batch.scores[real]
+    groups, scores = batch.group_index, batch.scores
     acc = np.asarray([
-        bool(batch.infos[i].get("acc", scores[k] > 0)) if i < len(batch.infos) else scores[k] > 0
-        for k, i in enumerate(real)
+        bool(batch.infos[i].get("acc", scores[i] > 0)) if i < len(batch.infos) else scores[i] > 0
+        for i in range(len(batch))
     ])
     flat = all_right = all_wrong = 0
     unique = np.unique(groups)

@@ -131,8 +131,7 @@ def episode_info(trajectory: Trajectory, summary: dict[str, Any]) -> dict[str, A
     }
 
 
-def episode_metrics(infos: Sequence[dict[str, Any]], real: np.ndarray | None = None
-                    ) -> dict[str, float]:
+def episode_metrics(infos: Sequence[dict[str, Any]]) -> dict[str, float]:
     """Multi-turn metrics of a step (empty for single-turn batches).
 
     ``num_turns/{mean,max,min}`` (verl's name), ``tool_calls/{success,error}``
@@ -142,8 +141,7 @@ def episode_metrics(infos: Sequence[dict[str, Any]], real: np.ndarray | None = N
     (episodes stopped by the token budget), ``episode/turn_limit_ratio`` and
     ``episode/truncated_ratio`` (any limit, including a cut last turn).
     """
-    rows = [info for i, info in enumerate(infos)
-            if "num_turns" in info and (real is None or bool(real[i]))]
+    rows = [info for info in infos if "num_turns" in info]
     if not rows:
         return {}
     turns = np.asarray([r["num_turns"] for r in rows], dtype=np.float64)

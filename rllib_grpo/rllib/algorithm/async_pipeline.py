@@ -185,20 +185,13 @@ class PipelinedSampling(SamplingStrategy):
     def before_update(self, rollout: RolloutBatch, next_prompts: int) -> None:
         """The step's groups are taken: log their staleness, bring the runners to the
         newest weights and launch the next step's sampling, all before the update."""
-        real = rollout.sample_mask > 0
-        staleness = (self.learner_version - rollout.weights_version[real]).astype(np.float64)
+        staleness = (self.learner_version - rollout.weights_version).astype(np.float64)
         if staleness.size:
             self.services.log_value("async/staleness_mean", float(staleness.mean()))
             self.services.log_value("async/staleness_max", float(staleness.max()))
         self.services.log_value("async/dropped_stale_groups", self.dropped_stale_groups)
         self.sync_if_behind()
         self.launch(next_prompts)
-
-    def learner_metric_keys(self) -> tuple[str, ...]:
-        """The sampler/learner gap split by staleness (``/staleness_<k>``, k <= 8)."""
-        return tuple(f"training/{name}/staleness_{k}"
-                     for k in range(min(self.max_staleness, 8) + 1)
-                     for name in ("rollout_log_probs_diff_max", "rollout_probs_diff_mean"))
 
     def reset(self) -> None:
         """Forget the in-flight samples and the versions (after a restore)."""

@@ -43,28 +43,11 @@ from rllib_grpo.rllib.algorithm.sampling import (
 )
 from rllib_grpo.rllib.algorithm.weight_sync import WeightSync
 from rllib_grpo.rllib.config.grpo_config import GRPOConfig
+from rllib_grpo.rllib.learner.perf import LEARNER_METRIC_NAMESPACES
 
 logger = logging.getLogger(__name__)
 REMOTE_RUNNERS = "remote_env_runners"
 DATA_POSITION = "data_position"  # prompts served so far, in the env runners' shared order
-
-# Learner metrics surfaced at the top level of the result under verl's names.
-ACTOR_KEYS = (
-    "actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl",
-    "actor/kl_loss", "actor/kl_coef", "actor/entropy", "actor/entropy_loss", "actor/grad_norm",
-    "actor/loss", "actor/skipped_steps", "actor/lr", "actor/reward_kl_penalty",
-    "actor/reward_kl_penalty_coeff", "critic/rewards/mean", "critic/rewards/max",
-    "critic/rewards/min", "critic/advantages/mean", "critic/advantages/max",
-    "critic/advantages/min", "critic/returns/mean", "critic/returns/max", "critic/returns/min",
-    "training/rollout_probs_diff_mean", "training/rollout_probs_diff_max",
-    "training/rollout_log_probs_diff_max",
-    "training/rollout_actor_probs_pearson_corr", "rollout_corr/is_weight_mean",
-    "rollout_corr/is_truncated_frac", "response/truncated_masked_frac",
-    # Learner throughput (rllib_grpo.rllib.learner.perf), per learner device as verl's perf/*.
-    "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_policy", "perf/actor_tokens_per_s",
-    "perf/mfu/actor", "perf/mfu/actor_infer", "perf/max_memory_allocated_gb",
-    "perf/max_memory_reserved_gb",
-)
 
 
 class GRPO(ResilientAlgorithm):
@@ -337,10 +320,10 @@ class GRPO(ResilientAlgorithm):
             self._log_value(key, value)
 
     def _surface_learner_metrics(self) -> None:
-        split = self._sampling.learner_metric_keys()
-        for key in (*ACTOR_KEYS, *split):
-            value = self.metrics.peek((LEARNER_RESULTS, DEFAULT_MODULE_ID, key), default=math.nan)
-            if not math.isnan(value):
+        """The learner's metrics in verl's namespaces, at the top level under their names."""
+        learner = self.metrics.peek((LEARNER_RESULTS, DEFAULT_MODULE_ID), default={})
+        for key, value in learner.items():
+            if key.startswith(LEARNER_METRIC_NAMESPACES) and not math.isnan(value):
                 self._log_value(key, value)
 
     def _warn_if_no_signal(self) -> None:

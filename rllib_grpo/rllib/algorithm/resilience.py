@@ -156,8 +156,7 @@ class ResilientAlgorithm(Algorithm):
         ``max_skipped_steps`` of them, saying why."""
         skipped = self.metrics.peek((LEARNER_RESULTS, DEFAULT_MODULE_ID, "actor/skipped_frac"),
                                     default=0.0)
-        real = rollout.sample_mask > 0
-        reward_failed = bool(real.any()) and bool(rollout.reward_errors[real].all())
+        reward_failed = len(rollout) > 0 and bool(rollout.reward_errors.all())
         self._skipped_streak = self._skipped_streak + 1 if (
             skipped >= 1.0 or reward_failed) else 0
         self.metrics.log_value("train/skipped_steps_in_a_row", self._skipped_streak,

@@ -95,10 +95,6 @@ class SamplingStrategy(ABC):
     def in_flight_prompts(self) -> int:
         """Prompts handed out by the data order whose groups are not trained yet."""
 
-    @abstractmethod
-    def learner_metric_keys(self) -> tuple[str, ...]:
-        """Learner metrics this strategy surfaces in the result beyond the common ones."""
-
 
 class SynchronousSampling(SamplingStrategy):
     """``max_staleness`` = 0: sample with the current weights, update, then sync."""
@@ -130,10 +126,6 @@ class SynchronousSampling(SamplingStrategy):
     @property
     def in_flight_prompts(self) -> int:
         return 0
-
-    def learner_metric_keys(self) -> tuple[str, ...]:
-        return ()
-
 
 def dynamic_sampling(draw: Callable[[int], RolloutBatch],
                      config: GRPOConfig) -> tuple[RolloutBatch, dict[str, float]]:

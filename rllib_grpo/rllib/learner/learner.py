@@ -11,7 +11,9 @@ Per training step each learner holds whole groups and, as in verl:
    accumulates gradients over micro-batches whose losses are normalised by the
    mini-batch's *global* token and sequence counts (all-reduced once), so the
    update does not depend on how the batch was split; one optimizer step per
-   mini-batch, skipped when the gradient norm is not finite.
+   mini-batch, skipped when the gradient norm is not finite.  (Hence
+   ``_uncompiled_update`` is overridden: RLlib's ``compute_loss_for_module`` takes one
+   loss of one forward over the mini-batch, and is not used.)
 
 Multi-turn batches carry a ``loss_mask`` (1 on the model's own tokens, 0 on the
 environment's, `rllib_grpo.data.trajectory`): everything after the forward pass
@@ -35,17 +37,11 @@ from ray.rllib.core.learner.training_data import TrainingData
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.annotations import override
 
-from rllib_grpo.algos import (
-    agg_loss,
-    compute_advantage,
-    get_kl_controller,
-    kl_penalty,
-    policy_loss,
-    scores_to_tokens,
-)
+from rllib_grpo.algos import agg_loss, get_kl_controller, kl_penalty, policy_loss
 from rllib_grpo.models.offload import offload_optimizer_states
 from rllib_grpo.models.packing import prefer_varlen_attention
 from rllib_grpo.rllib.config.staleness import old_log_probs_from_update
+from rllib_grpo.rllib.learner.advantage_step import step_advantages
 from rllib_grpo.rllib.learner.distributed import (
     all_reduce,
     load_optimizer_states,
@@ -64,11 +60,11 @@ from rllib_grpo.rllib.learner.module import response_log_probs
 from rllib_grpo.rllib.learner.perf import (
     PhaseTimes,
     StepMetrics,
+    critic_metrics,
     num_parameters,
     peak_flops,
     step_metrics,
 )
-from rllib_grpo.rllib.learner.perf import value_stats as _stats
 from rllib_grpo.rllib.learner.rollout_gap import rollout_correction
 from rllib_grpo.rllib.learner.step_schedule import LRSchedule, minibatch_order
 from rllib_grpo.rllib.learner.weight_sender import WeightSender
@@ -78,7 +74,7 @@ logger = logging.getLogger(__name__)
 # Columns the learner reads from the rollout batch (see rllib_grpo.data.rollout.RolloutBatch).
 TENSOR_COLUMNS = (
     "prompt_ids", "prompt_mask", "response_ids", "response_mask", "rollout_log_probs",
-    "scores", "group_index", "sample_mask", "reward_baselines", "truncated", "loss_mask",
+    "scores", "group_index", "reward_baselines", "truncated", "loss_mask",
     "weights_version",
 )
 # Per-token rates from the policy loss, averaged over micro-batches by token count.
@@ -170,15 +166,47 @@ class GRPOLearner(TorchLearner):
 
     @torch.no_grad()
     def _prepare(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Add what the update reads to ``batch`` (this learner's rows, in update order):
+        ``old_log_probs`` (unless the update's forward gives them), ``ref_log_probs`` (with a
+        KL term), ``advantages``, the truncation-masked ``loss_mask`` and, with rollout_is,
+        ``rollout_is_weights``; log the step's critic/*, rollout-gap and entropy metrics."""
+        passes = self._old_and_reference_log_probs(batch)
+        entropy = passes.pop("entropy", None)
+        batch.update(passes)
+        # Multi-turn: only the model's tokens count from here on (env tokens: loss_mask 0).
+        mask = batch.get("loss_mask", batch["response_mask"]).float()
+        step = step_advantages(batch, mask, self.config, self.kl_ctrl)
+        for key, value in step.metrics.items():
+            self._log(key, value)
+        batch["advantages"] = step.advantages
+        if step.loss_mask is not None:
+            batch["loss_mask"] = step.loss_mask
+        if entropy is not None:  # (else from the update's forward, micro-batch by micro-batch)
+            weights = self._log_old_log_prob_metrics(batch, entropy)
+            if weights is not None:  # rollout_is on
+                batch["rollout_is_weights"] = weights
+        metrics = critic_metrics(step.token_rewards, step.advantages, step.returns, mask)
+        for key, value in metrics.items():
+            self._log(key, value)
+        return dict(batch)
+
+    def _old_and_reference_log_probs(self, batch: dict[str, torch.Tensor]
+                                     ) -> dict[str, torch.Tensor]:
+        """The no-grad forward passes before the update, each (B, R) over ``batch``'s rows:
+        ``old_log_probs`` and ``entropy`` at the sampling temperature (none when the
+        update's own forward gives them, `old_log_probs_from_update`) and ``ref_log_probs``
+        (only when a KL term needs the reference).
+
+        They run on the update's micro-batches, mini-batch by mini-batch (the same count on
+        every learner: sharded forwards are collective); rows come back in place.  Eval
+        mode (no dropout) as verl's compute_log_prob; forward_train sets train() again.
+        """
         c, module = self.config, self.module[DEFAULT_MODULE_ID].unwrapped()
         mask = batch["response_mask"].float()
         old, entropy = torch.zeros_like(mask), torch.zeros_like(mask)
         ref = torch.zeros_like(mask) if c.needs_reference else None
-        old_pass = not old_log_probs_from_update(c)  # else the update's forward gives them
+        old_pass = not old_log_probs_from_update(c)
         lengths = sequence_lengths(batch)
-        # The update's micro-batches, mini-batch by mini-batch (same count on every
-        # learner: sharded forwards are collective).  Rows come back in place.
-        # Eval mode (no dropout) as verl's compute_log_prob; forward_train sets train() again.
         module.eval()
         for rows in step_micro_batches(batch, c, self._device):
             micro = _select({k: batch[k] for k in FORWARD_COLUMNS}, rows or [0])
@@ -199,43 +227,10 @@ class GRPOLearner(TorchLearner):
                 entropy[index] = out["entropy"]
             if ref is not None and ref_out is not None:
                 ref[index] = ref_out
-        if ref is not None:
-            batch["ref_log_probs"] = ref
-        # Multi-turn: only the model's tokens count from here on (env tokens: loss_mask 0).
-        mask = batch["loss_mask"].float() if "loss_mask" in batch else mask
+        passes = {} if ref is None else {"ref_log_probs": ref}
         if old_pass:
-            batch["old_log_probs"] = old
-
-        token_scores = scores_to_tokens(batch["scores"].float(), mask)
-        token_rewards = token_scores
-        if c.use_kl_in_reward:
-            token_rewards = self._apply_kl_in_reward(batch, token_scores, mask)
-        advantages, returns = compute_advantage(
-            c.adv_estimator, token_rewards, mask,
-            group_ids=batch["group_index"].cpu().numpy(),
-            norm_adv_by_std_in_grpo=c.norm_adv_by_std_in_grpo, gamma=c.gamma,
-            reward_baselines=batch["reward_baselines"] if c.adv_estimator == "remax" else None,
-            reduce_sum=all_reduce,  # batch-wide estimators see every learner's shard
-        )
-        batch["advantages"] = advantages * batch["sample_mask"][:, None]
-        if c.mask_truncated_completions:
-            # DAPO "overlong filtering": cut responses stay in their group's statistics
-            # but contribute no loss.
-            keep = (~batch["truncated"].bool()).float()
-            batch["loss_mask"] = mask * keep[:, None]
-            self._log("response/truncated_masked_frac", 1.0 - keep.mean().item())
-        if old_pass:  # (else from the update's forward, micro-batch by micro-batch)
-            weights = self._log_old_log_prob_metrics(batch, entropy)
-            if weights is not None:  # rollout_is on
-                batch["rollout_is_weights"] = weights
-        valid = mask.bool() & batch["sample_mask"][:, None].bool()
-        real = batch["sample_mask"].bool()
-        for name, values in (("critic/rewards", token_rewards.sum(-1)[real]),
-                             ("critic/advantages", advantages[valid]),
-                             ("critic/returns", returns[valid])):
-            for key, value in _stats(name, values).items():
-                self._log(key, value)
-        return {k: v for k, v in batch.items()}
+            passes.update(old_log_probs=old, entropy=entropy)
+        return passes
 
     def _log_old_log_prob_metrics(self, batch: dict[str, torch.Tensor],
                                   entropy: torch.Tensor) -> torch.Tensor | None:
@@ -252,19 +247,6 @@ class GRPOLearner(TorchLearner):
         self._log("actor/entropy", all_reduce(entropy_share).item() / totals.dp_size)
         return weights
 
-    def _apply_kl_in_reward(self, batch, token_scores, mask) -> torch.Tensor:
-        c = self.config
-        kld = kl_penalty(batch["old_log_probs"], batch["ref_log_probs"], c.kl_penalty) * mask
-        beta = self.kl_ctrl.value
-        per_seq = (kld * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-        # The controller must see the KL of the whole step, so sum over learners.
-        totals = all_reduce(torch.stack([per_seq.sum(), per_seq.new_tensor(float(len(per_seq)))]))
-        current_kl = (totals[0] / totals[1].clamp(min=1)).item()
-        self.kl_ctrl.update(current_kl, n_steps=int(totals[1].item()))
-        self._log("actor/reward_kl_penalty", current_kl)
-        self._log("actor/reward_kl_penalty_coeff", beta)
-        return token_scores - beta * kld
-
     # ------------------------------------------------------------------ one mini-batch
     def _micro_batches(self, minibatch: dict[str, torch.Tensor]) -> list[list[int]]:
         """Row indices of each micro-batch (`rllib_grpo.rllib.learner.micro_batches`; collective)."""
@@ -273,7 +255,9 @@ class GRPOLearner(TorchLearner):
     def _minibatch_totals(self, minibatch: dict[str, torch.Tensor]) -> MiniBatchTotals:
         """The mini-batch's global token and sequence counts (all-reduced: collective)."""
         mask = minibatch.get("loss_mask", minibatch["response_mask"]).float()
-        counts = all_reduce(torch.stack([mask.sum(), minibatch["sample_mask"].float().sum()]))
+        # Every row is a trajectory (no padding rows: learners get whole groups, equal
+        # shares); an empty response counts as a sequence too, as in verl.
+        counts = all_reduce(torch.stack([mask.sum(), mask.new_tensor(float(len(mask)))]))
         return MiniBatchTotals(dp_size=world_size(), global_num_tokens=counts[0].item(),
                                global_num_seqs=counts[1].item(),
                                horizon=self.config.loss_horizon)
@@ -320,8 +304,18 @@ class GRPOLearner(TorchLearner):
 
     @override(TorchLearner)
     def compute_loss_for_module(self, *, module_id, config, batch, fwd_out) -> torch.Tensor:
-        """RLlib's hook: the loss of ``batch`` taken as a whole mini-batch."""
-        return self._micro_batch_loss(batch, fwd_out, self._minibatch_totals(batch))[0]
+        """Not used: RLlib declares it abstract, so it must exist, but nothing calls it.
+
+        RLlib's path (``_uncompiled_update`` -> ``compute_losses`` -> this hook) does one
+        forward over the whole mini-batch and takes one loss of it.  GRPO splits the
+        mini-batch into micro-batches (memory) whose losses are normalised by the
+        mini-batch's *global* token and sequence counts (all-reduced once over learners),
+        so ``_uncompiled_update`` is overridden and calls `_micro_batch_loss` itself.
+        """
+        raise NotImplementedError(
+            "GRPOLearner computes its loss per micro-batch in _uncompiled_update "
+            "(_micro_batch_loss, normalised by the mini-batch's global counts); RLlib's "
+            "compute_losses/compute_loss_for_module path is not used.")
 
     def _micro_batch_loss(self, batch: dict[str, torch.Tensor], fwd_out: dict[str, torch.Tensor],
                           totals: MiniBatchTotals) -> tuple[torch.Tensor, dict[str, float]]:

@@ -1,7 +1,8 @@
 """Which rows share a forward pass on a learner, for every pass of a training step.
 
-The old-log-prob and reference passes (`GRPOLearner._prepare`, over the whole batch) and
-the update (one mini-batch at a time, from RLlib's iterator) use the same micro-batches:
+The old-log-prob and reference passes (`GRPOLearner._old_and_reference_log_probs`, over
+the whole batch) and the update (one mini-batch at a time, from RLlib's iterator) use the
+same micro-batches:
 the batch is cut into the mini-batches RLlib's ``MiniBatchCyclicIterator`` yields in the
 first epoch (consecutive runs of ``trajectories_per_minibatch_per_learner`` rows), and each
 mini-batch is split by `micro_batches` alone.  With a token budget every micro-batch

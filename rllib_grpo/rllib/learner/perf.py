@@ -30,6 +30,14 @@ PEAK_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
 )
 
 
+# verl's namespaces of the learner's metrics.  Every metric the learner logs (`StepMetrics`)
+# is in one of them, and the algorithm surfaces the learner results in them at the top
+# level of its result (`GRPO._surface_learner_metrics`): a new metric needs no list.
+LEARNER_METRIC_NAMESPACES = (
+    "actor/", "critic/", "training/", "rollout_corr/", "response/", "timing_s/", "perf/",
+)
+
+
 class StepMetrics:
     """Values logged during one training step, averaged per key when flushed (every
     mini-batch and micro-batch of the step adds to the same mean)."""
@@ -38,6 +46,9 @@ class StepMetrics:
         self.values: dict[str, list[float]] = defaultdict(list)
 
     def add(self, key: str, value: float) -> None:
+        if not key.startswith(LEARNER_METRIC_NAMESPACES):
+            raise ValueError(f"Learner metric {key!r} is in none of LEARNER_METRIC_NAMESPACES "
+                             f"{LEARNER_METRIC_NAMESPACES}: it would not reach the result.")
         self.values[key].append(float(value))
 
     def flush(self, logger: Any, module_id: str) -> None:
@@ -54,6 +65,16 @@ def value_stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
     values = values.float()
     return {f"{prefix}/mean": values.mean().item(), f"{prefix}/max": values.max().item(),
             f"{prefix}/min": values.min().item()}
+
+
+def critic_metrics(token_rewards: torch.Tensor, advantages: torch.Tensor,
+                   returns: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """verl's ``critic/{rewards,advantages,returns}/{mean,max,min}``: the rewards summed per
+    sequence (B,), the advantages and returns over the ``mask``'s tokens (all (B, R))."""
+    valid = mask.bool()
+    return {**value_stats("critic/rewards", token_rewards.sum(-1)),
+            **value_stats("critic/advantages", advantages[valid]),
+            **value_stats("critic/returns", returns[valid])}
 
 
 def peak_flops(device: torch.device, peak_tflops: float | None = None) -> float | None:

@@ -57,9 +57,9 @@ def rollout_correction(batch: dict[str, torch.Tensor], mask: torch.Tensor, confi
                        metrics: bool = True) -> tuple[torch.Tensor | None, dict[str, float]]:
     """What the learner takes from the sampler's log-probs of ``batch`` over ``mask`` (B, R):
     the ``rollout_is`` weights (None when it is off) and, with ``metrics``, the gap metrics
-    of the real rows (split by staleness under ``max_staleness``) and the weights' metrics.
+    over ``mask`` (split by staleness under ``max_staleness``) and the weights' metrics.
 
-    ``batch`` holds ``old_log_probs``, ``rollout_log_probs``, ``sample_mask`` and, with
+    ``batch`` holds ``old_log_probs``, ``rollout_log_probs`` and, with
     asynchronous rollouts, ``staleness`` (per row); without ``rollout_log_probs`` (a sampler
     that returns none) there is nothing to compare.
     """
@@ -68,9 +68,8 @@ def rollout_correction(batch: dict[str, torch.Tensor], mask: torch.Tensor, confi
     old, rollout = batch["old_log_probs"].detach(), batch["rollout_log_probs"]
     out: dict[str, float] = {}
     if metrics:
-        valid = mask.bool() & batch["sample_mask"][:, None].bool()
         staleness = batch.get("staleness") if getattr(config, "max_staleness", 0) else None
-        out = rollout_gap_metrics(rollout, old, valid, staleness)
+        out = rollout_gap_metrics(rollout, old, mask.bool(), staleness)
     if not config.rollout_is:
         return None, out
     weights, weight_metrics = truncated_is_weights(old, rollout, mask,

@@ -110,3 +110,39 @@ def test_truncated_importance_sampling_logs_weights(ray_session):
         assert result["rollout_corr/is_truncated_frac"] == 0.0
     finally:
         algo.stop()
+
+
+def test_a_new_learner_metric_in_a_verl_namespace_reaches_the_top_level(ray_session,
+                                                                        monkeypatch):
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    from rllib_grpo.rllib.learner.learner import GRPOLearner
+    from rllib_grpo.rllib.learner.perf import LEARNER_METRIC_NAMESPACES
+
+    log_step_metrics = GRPOLearner._log_step_metrics
+
+    def with_a_new_metric(self):
+        self._log("actor/metric_on_no_list", 42.0)
+        log_step_metrics(self)
+
+    monkeypatch.setattr(GRPOLearner, "_log_step_metrics", with_a_new_metric)
+    algo = tiny_config().build_algo()
+    try:
+        result = algo.train()
+        assert result["actor/metric_on_no_list"] == 42.0
+        learner = result["learners"][DEFAULT_MODULE_ID]
+        namespaced = {k for k in learner if k.startswith(LEARNER_METRIC_NAMESPACES)}
+        assert {"actor/pg_loss", "critic/advantages/max", "timing_s/update_policy"} <= namespaced
+        assert all(result[k] == learner[k] for k in namespaced)  # every one, under its name
+        assert "num_module_steps_trained" not in result  # RLlib's own stay under learners/
+    finally:
+        algo.stop()
+
+
+def test_the_learner_logs_nothing_outside_the_surfaced_namespaces():
+    from rllib_grpo.rllib.learner.perf import StepMetrics
+
+    metrics = StepMetrics()
+    metrics.add("rollout_corr/new_metric", 1.0)
+    with pytest.raises(ValueError, match="LEARNER_METRIC_NAMESPACES"):
+        metrics.add("pg_loss", 1.0)

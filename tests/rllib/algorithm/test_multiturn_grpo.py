@@ -81,7 +81,6 @@ def test_environment_tokens_get_zero_gradient():
         "response_ids": rng.integers(4, 18, (n, response_len)), "response_mask": response_mask,
         "loss_mask": loss_mask, "rollout_log_probs": np.zeros((n, response_len), np.float32),
         "scores": np.array([1, 0, 0, 1], np.float32), "group_index": np.zeros(n, np.int64),
-        "sample_mask": np.ones(n, np.float32),
     }
     captured = []
     forward_train = module.forward_train

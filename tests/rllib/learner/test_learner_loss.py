@@ -37,7 +37,6 @@ def _fixed_batch(vocab: int, pad: int, seed: int = 0) -> dict[str, np.ndarray]:
         "rollout_log_probs": np.zeros((n, r_len), np.float32),
         "scores": np.array([1, 0, 0, 1, 0, 0, 0, 1], np.float32),
         "group_index": np.array([0, 0, 0, 0, 1, 1, 1, 1], np.int64),
-        "sample_mask": np.ones(n, np.float32),
     }
 
 
