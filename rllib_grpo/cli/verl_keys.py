@@ -163,8 +163,6 @@ VERL_DEFAULTS_NOT_TAKEN: dict[str, str] = {
                                                   "runners; given, it sets tensor_parallel_size",
     "data.train_files=~/data/rlhf/gsm8k/train.parquet": "the env's own data is used unless "
                                                         "data.train_files is given",
-    "validation on the whole data.val_files set": "validation scores the first "
-                                                  "val_num_prompts held-out prompts",
 }
 
 

@@ -4,15 +4,13 @@ val_before_train."""
 
 from __future__ import annotations
 
-import types
-
 import pytest
 
 from tests.conftest import tiny_config
 
 
 def test_prompt_slices_cover_each_position_once():
-    from rllib_grpo.rllib.algorithm.grpo import prompt_slices
+    from rllib_grpo.rllib.algorithm.evaluation import prompt_slices
 
     assert prompt_slices(10, 5, 2) == [(10, 3), (13, 2)]
     assert prompt_slices(0, 2, 3) == [(0, 1), (1, 1), (2, 0)]
@@ -22,7 +20,7 @@ def test_env_runners_share_one_permutation_per_epoch_like_verls_dataloader():
     """Two runners' envs (same seed, same data) each serve their slice of the next step's
     positions: within an epoch every prompt comes exactly once, as from verl's sampler."""
     from rllib_grpo.envs.arithmetic import ArithmeticEnv
-    from rllib_grpo.rllib.algorithm.grpo import prompt_slices
+    from rllib_grpo.rllib.algorithm.evaluation import prompt_slices
 
     runners = [ArithmeticEnv(num_problems=6, seed=3) for _ in range(2)]
     served, position = [], 0
@@ -61,11 +59,10 @@ def test_verl_data_keys_and_validation_sampling_are_settings():
 
 
 def test_verl_test_freq_minus_one_never_validates_and_the_last_step_does():
-    from rllib_grpo.rllib.algorithm.grpo import GRPO
+    from rllib_grpo.rllib.algorithm.evaluation import evaluation_due
 
     def due(step, **settings):
-        algo = types.SimpleNamespace(config=tiny_config(**settings))
-        return GRPO._validation_due(algo, step)
+        return evaluation_due(tiny_config(**settings), step)
 
     assert not any(due(step, val_every=-1) for step in range(1, 20))  # verl test_freq=-1
     assert [s for s in range(1, 8) if due(s, val_every=3)] == [3, 6]
@@ -112,9 +109,9 @@ def _count_validations(algo):
     calls = []
     original = algo.validate
 
-    def counted():
+    def counted(*args):
         calls.append(algo.iteration)
-        return original()
+        return original(*args)
 
     algo.validate = counted
     return calls

@@ -31,10 +31,9 @@ from ray.rllib.utils.metrics import (
 from ray.tune.registry import register_trainable
 from ray.tune.trainable import Trainable
 
-from rllib_grpo.data.recipes import validation_metrics
 from rllib_grpo.data.rollout import RolloutBatch, concat_rollouts, data_metrics
 from rllib_grpo.rllib.algorithm.async_pipeline import PipelinedSampling
-from rllib_grpo.rllib.algorithm.resilience import ResilientAlgorithm
+from rllib_grpo.rllib.algorithm.evaluation import EvaluatingAlgorithm, prompt_slices
 from rllib_grpo.rllib.algorithm.sampling import (
     SamplingServices,
     SamplingStrategy,
@@ -50,10 +49,11 @@ REMOTE_RUNNERS = "remote_env_runners"
 DATA_POSITION = "data_position"  # prompts served so far, in the env runners' shared order
 
 
-class GRPO(ResilientAlgorithm):
+class GRPO(EvaluatingAlgorithm):
     """Group Relative Policy Optimization for language models on RLlib's new API stack.
 
-    Checkpoint safety, resume and env runner restarts come from `ResilientAlgorithm`."""
+    Validation as RLlib's evaluation comes from `EvaluatingAlgorithm`; checkpoint safety,
+    resume and env runner restarts from `ResilientAlgorithm`."""
 
     @override(Algorithm)
     @classmethod
@@ -68,7 +68,6 @@ class GRPO(ResilientAlgorithm):
         self._startup_seconds: float | None = None
         self.last_rollout: RolloutBatch | None = None
         self._data_position = 0
-        self._validated_before_train = False
         self._weight_sync: WeightSync | None = None  # made on the first sync
         # max_staleness >= 1: the next step's groups are sampled while the learner trains.
         services = self._sampling_services()
@@ -97,9 +96,6 @@ class GRPO(ResilientAlgorithm):
     @override(Algorithm)
     def training_step(self) -> None:
         c = self.config
-        if c.val_before_train and not self._validated_before_train:  # verl: once per run
-            self._log_dict(self.validate())
-            self._validated_before_train = True
         t_step = time.perf_counter()
         if self._startup_seconds is None:
             self._startup_seconds = time.time() - self._startup_origin
@@ -126,9 +122,6 @@ class GRPO(ResilientAlgorithm):
         self._stop_if_nothing_learned(rollout)
 
         self._sampling.after_update()  # synchronous: sync the weights now
-        if self._validation_due(self.iteration + 1):
-            self._sampling.settle()
-            self._log_dict(self.validate())
 
         step_time = time.perf_counter() - t_step
         tokens = float(rollout.prompt_lengths.sum() + rollout.response_lengths.sum())
@@ -154,10 +147,10 @@ class GRPO(ResilientAlgorithm):
         return (c.gen_prompts_per_batch or c.prompts_per_step) if c.filter_groups \
             else c.prompts_per_step
 
-    def _validation_due(self, step: int) -> bool:
-        """verl: every ``test_freq`` steps and at the last one; never when it is <= 0."""
-        c = self.config
-        return c.val_every > 0 and (step % c.val_every == 0 or step == c.total_training_steps)
+    @override(Algorithm)
+    def _before_evaluate(self) -> None:
+        """The env runners idle, with the newest weights, before a validation."""
+        self._sampling.settle()
 
     def _sync_weights(self) -> None:
         """Push the learners' weights to every sampler before the next sample, by the
@@ -281,30 +274,6 @@ class GRPO(ResilientAlgorithm):
         self._data_position += num_prompts
         return slices
 
-    def validate(self) -> dict[str, float]:
-        """Score held-out prompts (greedy by default) and return verl's ``val-core`` metrics.
-
-        Every validation scores the same prompts: the first ``val_num_prompts`` of the
-        held-out order, split over the env runners.
-        """
-        c, group = self.config, self.env_runner_group
-        t0 = time.perf_counter()
-        num_remote = group.num_remote_env_runners()
-        params = c.validation_sampling()
-        slices = prompt_slices(0, c.val_num_prompts, max(1, num_remote))
-        if num_remote == 0:
-            samples = group.local_env_runner.evaluate(c.val_num_prompts, c.val_n, params, start=0)
-        else:
-            per_runner = group.foreach_env_runner(
-                lambda er, slices=slices: er.evaluate(
-                    slices[er.worker_index - 1][1], c.val_n, params,
-                    start=slices[er.worker_index - 1][0]),
-                local_env_runner=False)
-            samples = [s for runner_samples in per_runner for s in runner_samples]
-        metrics = validation_metrics(samples)
-        metrics["timing_s/testing"] = time.perf_counter() - t0
-        return metrics
-
     def _to_learner_batch(self, rollout: RolloutBatch) -> MultiAgentBatch:
         columns = rollout.train_columns()
         return MultiAgentBatch(
@@ -356,15 +325,6 @@ def startup_origin() -> float:
     except Exception:  # noqa: BLE001  (no usable runtime context: count from process start)
         in_actor = False
     return time.time() if in_actor else psutil.Process().create_time()
-
-
-def prompt_slices(position: int, num_prompts: int, num_runners: int) -> list[tuple[int, int]]:
-    """``(start, count)`` per runner: consecutive slices of the shared order that together
-    cover positions ``position .. position + num_prompts - 1`` (counts differ by <= 1)."""
-    base, extra = divmod(num_prompts, num_runners)
-    counts = [base + (i < extra) for i in range(num_runners)]
-    starts = [position + sum(counts[:i]) for i in range(num_runners)]
-    return list(zip(starts, counts, strict=True))
 
 
 # Importing the algorithm registers it, like RLlib's own; `rllib_grpo.registration` makes

@@ -3,8 +3,9 @@
 * Checkpoints are written atomically with a manifest of components and checksums, and
   refused on restore when a component is missing or corrupt
   (`rllib_grpo.rllib.algorithm.checkpoints`); ``keep_checkpoints`` prunes old ones.
-* Tune's restore continues from the newest complete checkpoint of the trial, whatever
-  checkpoint Tune's (lagging) experiment snapshot names.
+* A restore restores the checkpoint named; only a Tune trial resuming itself continues
+  from the newest complete checkpoint of its folder, whatever checkpoint Tune's
+  (lagging) experiment snapshot names.
 * A run that learns nothing for ``max_skipped_steps`` steps in a row (every optimizer
   step skipped, or every reward call failed) stops with a message instead of running on.
 * A lost remote env runner does not fail the step (`sample_on_runners`): its share is
@@ -223,13 +224,15 @@ class ResilientAlgorithm(Algorithm):
 
     @override(Algorithm)
     def load_checkpoint(self, checkpoint_dir: str) -> None:
-        """Tune's restore: continue from the newest complete checkpoint of the trial.
+        """Restore the checkpoint named (`Trainable.restore`, PBT's exploit: the donor's
+        state, iteration included), except when a Tune trial resumes itself.
 
-        Tune restores the checkpoint its experiment snapshot names; that snapshot is
-        written every few seconds, so after an interruption it can name an older
-        checkpoint than the newest on disk, or one whose copy was cut short."""
+        A trial that restores a checkpoint of its own trial folder is resuming
+        (``Tuner.restore``, Tune's retry after a failure): it continues from the newest
+        complete checkpoint there, since Tune's experiment snapshot is written every few
+        seconds and can name an older checkpoint, or one whose copy was cut short."""
         folder = Path(checkpoint_dir)
-        if TUNE_CHECKPOINT_NAME.fullmatch(folder.name):
+        if self._is_own_trial_checkpoint(folder):
             newest = newest_complete_checkpoint(folder.parent)
             if newest is not None and newest[0] != folder:
                 logger.warning("Resuming from %s (iteration %d), the newest complete "
@@ -238,8 +241,21 @@ class ResilientAlgorithm(Algorithm):
                 checkpoint_dir = str(newest[0])
         super().load_checkpoint(checkpoint_dir)
 
+    def _is_own_trial_checkpoint(self, folder: Path) -> bool:
+        """``folder`` is a Tune checkpoint of the trial this algorithm runs as."""
+        storage = getattr(self, "_storage", None)
+        trial_dir = getattr(storage, "trial_fs_path", None)
+        return (trial_dir is not None and TUNE_CHECKPOINT_NAME.fullmatch(folder.name) is not None
+                and folder.parent.resolve() == Path(trial_dir).resolve())
 
 def _is_local_checkpoint(path: Any, kwargs: dict) -> bool:
-    """A whole checkpoint on the local filesystem (not one component, not a remote URI)."""
-    return (kwargs.get("component") is None and kwargs.get("filesystem") is None
+    """A whole checkpoint on the local filesystem (not one component, not a remote URI).
+
+    RLlib's ``Algorithm.from_checkpoint`` hands `restore_from_path` pyarrow's local
+    filesystem; that is a local checkpoint too (verified like any other)."""
+    import pyarrow.fs
+
+    filesystem = kwargs.get("filesystem")
+    return (kwargs.get("component") is None
+            and (filesystem is None or isinstance(filesystem, pyarrow.fs.LocalFileSystem))
             and isinstance(path, str | Path) and "://" not in str(path))

@@ -207,7 +207,10 @@ class AlgorithmSettings:
         "trainer.val_before_train")
     val_env_config: dict = knob(
         {}, "dict", "env_config overrides of the held-out env (e.g. another data_seed or path).")
-    val_num_prompts: int = knob(32, "prompts", "Held-out prompts per validation.")
+    val_num_prompts: int | None = knob(
+        None, "prompts", "Held-out prompts per validation (the first of the held-out order, "
+        "each once); None = the whole held-out set (verl). evaluation_duration, when set, "
+        "takes precedence.")
     val_n: int = knob(
         1, "trajectories per prompt", "Samples per validation prompt (mean@N, best@N, maj@N).",
         "actor_rollout_ref.rollout.val_kwargs.n")

@@ -138,7 +138,8 @@ def _check_recipes(c: GRPOSettings) -> list[str]:
         errors.append(
             f"overlong_buffer_len={c.overlong_buffer_len} must be between 0 (off) and "
             f"max_response_length={c.max_response_length} tokens.")
-    if c.val_every and (c.val_n < 1 or c.val_num_prompts < 1):
+    if c.val_every and (c.val_n < 1 or (c.val_num_prompts is not None
+                                         and c.val_num_prompts < 1)):
         errors.append(f"val_n={c.val_n} and val_num_prompts={c.val_num_prompts} must be >= 1.")
     return errors
 

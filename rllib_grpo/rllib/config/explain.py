@@ -95,7 +95,7 @@ def _schedule_lines(c: GRPOSettings) -> list[str]:
             if c.data_shuffle else "the data's own order, shared by all env runners"),
         f"validation:                    {every}"
         + (", and once before training" if c.val_before_train else "")
-        + f"; {c.val_num_prompts} prompts x {c.val_n}, {how}",
+        + f"; {c.val_num_prompts or 'every held-out'} prompts x {c.val_n}, {how}",
     ]
 
 

@@ -42,6 +42,8 @@ FSDP_LEARNER = "rllib_grpo.rllib.learner.fsdp.FSDPGRPOLearner"
 LEARNER_GROUP = "rllib_grpo.rllib.learner.learner_group.GRPOLearnerGroup"
 RL_MODULE = "rllib_grpo.rllib.learner.module.CausalLMRLModule"
 ENV_RUNNER = "rllib_grpo.rllib.env_runner.env_runner.TextEnvRunner"
+# `evaluation_duration` meaning "every held-out prompt, once" (RLlib validates an int > 0).
+WHOLE_HELD_OUT_SET = 2**31 - 1
 TEXT_SPACE = gym.spaces.Text(max_length=1 << 16, charset="".join(map(chr, range(32, 127))) + "\n")
 
 
@@ -72,6 +74,9 @@ class GRPOConfig(AlgorithmConfig, GRPOSettings):
         self.action_space = TEXT_SPACE
         self.env_runner_cls = deserialize_type(ENV_RUNNER, error=True)
         self.env = "rllib_grpo/Arithmetic-v0"
+        # Held-out prompts per evaluation: by default the whole set, once (verl); RLlib's
+        # default (10 episodes) would cut it short, and RLlib wants an int here.
+        self.evaluation_duration = WHOLE_HELD_OUT_SET
         # The runners carry no connector state; the data position is checkpointed instead.
         self._dont_auto_sync_env_runner_states = True
 

@@ -262,6 +262,10 @@ class TextEnvRunner(EnvRunner, Checkpointable):
                     pred=info.get("pred"), has_pred="pred" in info))
         return samples
 
+    def validation_set_size(self) -> int:
+        """Prompts in the held-out set (the validation env's dataset)."""
+        return int(self._validation_env().unwrapped.num_prompts)
+
     def _evaluate_episodes(self, env: gym.Env, num_prompts: int, n: int,
                            params: SamplingParams) -> list[ValidationSample]:
         """Multi-turn branch of `evaluate`: whole episodes, scored by their return."""

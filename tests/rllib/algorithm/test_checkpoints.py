@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import types
 from pathlib import Path
 
 import numpy as np
@@ -103,6 +104,8 @@ def test_newest_complete_checkpoint_skips_a_corrupt_newer_one(tmp_path):
 
 
 def test_grpo_refuses_to_restore_a_checkpoint_with_a_missing_component(ray_session, tmp_path):
+    from ray.rllib.algorithms.algorithm import Algorithm
+
     from rllib_grpo.rllib.algorithm.grpo import GRPO
 
     algo = tiny_config(keep_checkpoints=2).build_algo()
@@ -131,22 +134,33 @@ def test_grpo_refuses_to_restore_a_checkpoint_with_a_missing_component(ray_sessi
         pickle.write_bytes(pickle.read_bytes()[:-1] + b"\0")
         with pytest.raises(CheckpointError, match="'learner_group/' is corrupt"):
             algo.restore_from_path(str(corrupt))
+        truncated = tmp_path / "truncated"
+        shutil.copytree(good, truncated)
+        state = truncated / "learner_group" / "state.pkl"
+        state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
+        with pytest.raises(CheckpointError, match="'learner_group/' is corrupt"):
+            Algorithm.from_checkpoint(str(truncated))  # RLlib's entry point, too
 
         algo.restore_from_path(str(good))  # the intact one restores
         assert algo.training_iteration == 1
 
-        # Tune's restore (load_checkpoint) continues from the trial's newest complete
-        # checkpoint, whichever one its (lagging) experiment snapshot names.
+        # Trainable.restore (and PBT's exploit) restores the checkpoint named ...
         trial = tmp_path / "trial"
         algo.save_to_path(str(trial / "checkpoint_000000"))
         algo.train()
         algo.save_to_path(str(trial / "checkpoint_000001"))
         algo.train()
         assert algo.training_iteration == 3
+        algo.restore(str(trial / "checkpoint_000000"))
+        assert algo.training_iteration == 1
+        # ... but a Tune trial resuming from its own folder continues from the newest
+        # complete checkpoint there, whichever one its (lagging) snapshot names.
+        algo._storage = types.SimpleNamespace(trial_fs_path=str(trial))
         algo.load_checkpoint(str(trial / "checkpoint_000000"))
         assert algo.training_iteration == 2
         (next((trial / "checkpoint_000001").rglob("module_state.pkl"))).write_bytes(b"cut")
         algo.load_checkpoint(str(trial / "checkpoint_000000"))
+        algo._storage = None
         assert algo.training_iteration == 1
     finally:
         algo.stop()
