@@ -75,7 +75,7 @@ class WeightGroup:
         if store is None:
             store = dist.TCPStore(spec.host, spec.port, spec.world_size, is_master=False,
                                   timeout=timeout)
-        self._store = store  # keep the connection alive with the group
+        self._store: dist.Store | None = store  # keep the connection alive with the group
         prefixed = dist.PrefixStore(f"rllib_grpo/weights/{spec.token}", store)
         self.spec, self.rank = spec, rank
         self.pg: Any
