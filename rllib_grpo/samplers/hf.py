@@ -21,7 +21,7 @@ from rllib_grpo.samplers.base import (
     state_dict_bytes,
 )
 from rllib_grpo.weights.layout import Manifest
-from rllib_grpo.weights.transport import BucketReceiver, GroupSpec, SlotsSpec
+from rllib_grpo.weights.transport import BucketReceiver, GroupSpec, SlotsSpec, ipc_copies_done
 
 logger = logging.getLogger(__name__)
 
@@ -138,8 +138,10 @@ class HFSampler:
         stream = self._weight_receiver.stream(manifest, via, ipc, homes=homes)
         if materialize:
             tensors = {name: tensor.detach().to("cpu", copy=True) for name, tensor in stream}
+            ipc_copies_done(via)
             return {"tensors": tensors, "seconds": time.perf_counter() - start}
         self._copy_into_model(stream)
+        ipc_copies_done(via)  # the learner may overwrite its shared tensors once we return
         return {"bytes": manifest.nbytes, "seconds": time.perf_counter() - start}
 
     def leave_weight_group(self) -> None:

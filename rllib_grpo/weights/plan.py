@@ -5,14 +5,22 @@
 | placement (learner rank 0 vs. env runner)       | transport      | what moves                 |
 |-------------------------------------------------|----------------|----------------------------|
 | same process (``num_learners=0``, local runner) | ``local``      | device tensors, copied in place |
-| same node, both on one GPU set, FSDP off        | ``ipc``        | CUDA IPC handles; receiver copies |
-| same node otherwise (CPU)                       | ``shm``        | buckets through shared memory |
-| other node, or GPU with FSDP shards             | ``collective`` | buckets broadcast (NCCL / gloo) |
+| same node, the runner sees the learner's GPU    | ``ipc``        | CUDA IPC handles (FSDP: of a full gather on rank 0); receiver copies |
+| same node, CPU, or a payload in host memory     | ``shm``        | buckets through shared memory |
+| same node on other GPUs, or other node          | ``collective`` | buckets broadcast (NCCL / gloo) |
 | no group can be formed                          | ``object_store`` | the state dict through Ray |
 
+A runner on the learner's GPU never becomes an NCCL rank next to the learner: NCCL
+refuses two ranks of one communicator on one GPU ("Duplicate GPU detected",
+NVIDIA/nccl#1241).  It gets CUDA IPC instead; with FSDP, learner rank 0 gathers the full
+tensors first (as verl's colocated layout does).  A payload that lives in host memory (a
+LoRA payload: host copies by design, the runners merge from a host copy of the base) is
+never offered to CUDA IPC; it goes through shared memory.
+
 Every runner of one weight group uses the same path: if one needs ``collective``, the
-others of the group do too.  A forced setting that the placement cannot serve is an error
-naming the setting.  Pure functions: tested without Ray.
+others of the group do too; where two of its ranks would share a GPU the group is gloo
+(``auto``) or refused (``collective`` forced).  A forced setting that the placement cannot
+serve is an error naming the setting.  Pure functions: tested without Ray.
 """
 
 from __future__ import annotations
@@ -31,9 +39,11 @@ GROUP_TRANSPORTS = ("shm", "collective")  # those that need a weight group
 class Endpoint:
     """Where one side of a weight sync lives.
 
-    ``gpus``: the sender's GPU (one UUID) or the GPUs a receiver sees; ``dtype``: the
-    sampler's weight dtype (receivers); ``num_ranks``: ranks a receiver takes in a group
-    (vLLM: one per worker); ``sharded``: the sender's weights are FSDP shards.
+    ``gpus``: the sender's GPU (one UUID) or the GPUs a receiver sees (its ranks use the
+    first ``num_ranks`` of them, as a sampler on ``cuda`` and vLLM's workers do);
+    ``dtype``: the sampler's weight dtype (receivers); ``num_ranks``: ranks a receiver
+    takes in a group (vLLM: one per worker); ``sharded``: the sender's weights are FSDP
+    shards; ``host_payload``: what the sender sends lives in host memory (LoRA payloads).
     """
 
     node_id: str
@@ -43,21 +53,44 @@ class Endpoint:
     dtype: Any = None
     num_ranks: int = 1
     sharded: bool = False
+    host_payload: bool = False
 
     def same_process(self, other: Endpoint) -> bool:
         return self.node_id == other.node_id and self.pid == other.pid
+
+    def rank_gpus(self) -> tuple[str, ...]:
+        """The GPU of each of its ranks in a weight group (none on CPU)."""
+        return self.gpus[: max(1, self.num_ranks)] if self.device == "cuda" else ()
+
+
+def _sees_sender_gpu(sender: Endpoint, receiver: Endpoint) -> bool:
+    """The receiver can open CUDA IPC handles of the sender's (GPU) payload."""
+    return (sender.device == receiver.device == "cuda" and not sender.host_payload
+            and bool(sender.gpus) and sender.gpus[0] in receiver.gpus
+            and receiver.node_id == sender.node_id)
 
 
 def _auto(sender: Endpoint, receiver: Endpoint) -> str:
     if receiver.same_process(sender):
         return "local"
+    if _sees_sender_gpu(sender, receiver):
+        return "ipc"  # never an NCCL rank on the learner's GPU
     if receiver.node_id != sender.node_id:
         return "collective"
-    if sender.device == "cuda" and receiver.device == "cuda":
-        if not sender.sharded and sender.gpus and sender.gpus[0] in receiver.gpus:
-            return "ipc"
-        return "collective"  # NCCL between GPUs (or gathered from FSDP shards)
+    if sender.device == "cuda" and receiver.device == "cuda" and not sender.host_payload:
+        return "collective"  # NCCL between two GPUs of the node
     return "shm"
+
+
+def shared_gpus(sender: Endpoint, receivers: list[Endpoint]) -> list[str]:
+    """GPUs that two ranks of one weight group would share (sender: rank 0)."""
+    seen: set[str] = set()
+    shared: list[str] = []
+    for gpu in [*sender.rank_gpus()[:1], *(g for r in receivers for g in r.rank_gpus())]:
+        if gpu in seen and gpu not in shared:
+            shared.append(gpu)
+        seen.add(gpu)
+    return shared
 
 
 def choose_transports(setting: str, sender: Endpoint, receivers: dict[int, Endpoint]
@@ -76,6 +109,15 @@ def choose_transports(setting: str, sender: Endpoint, receivers: dict[int, Endpo
             chosen[index] = _forced(setting, sender, receiver, index)
     if any(t == "collective" for t in chosen.values()):  # one group: one path through it
         chosen = {i: "collective" if t == "shm" else t for i, t in chosen.items()}
+    if setting == "collective":
+        members = [receivers[i] for i, t in chosen.items() if t == "collective"]
+        shared = shared_gpus(sender, members)
+        if shared and group_backend(sender, members, refuse_shared=False) == "nccl":
+            raise ValueError(
+                f"weight_sync_transport='collective' would put two ranks of one NCCL group "
+                f"on GPU {', '.join(shared)}, which NCCL refuses ('Duplicate GPU detected', "
+                "NVIDIA/nccl#1241): use 'auto' (CUDA IPC for a runner on the learner's GPU) "
+                "or give each env runner a GPU of its own.")
     return chosen
 
 
@@ -89,17 +131,23 @@ def _forced(setting: str, sender: Endpoint, receiver: Endpoint, index: int) -> s
     if setting in ("ipc", "shm") and receiver.node_id != sender.node_id:
         raise ValueError(f"weight_sync_transport={setting!r} needs one node, but {where} is "
                          "on another node than the learner: use 'collective' or 'auto'.")
-    if setting == "ipc" and not (sender.device == receiver.device == "cuda"
-                                 and not sender.sharded and sender.gpus
-                                 and sender.gpus[0] in receiver.gpus):
-        raise ValueError(f"weight_sync_transport='ipc' needs the learner's (unsharded) weights "
-                         f"on a GPU that {where} sees: use 'shm', 'collective' or 'auto'.")
+    if setting == "ipc" and sender.host_payload:
+        raise ValueError("weight_sync_transport='ipc' shares CUDA memory, but the payload "
+                         "(LoRA) lives in host memory: use 'shm' or 'auto'.")
+    if setting == "ipc" and not _sees_sender_gpu(sender, receiver):
+        raise ValueError(f"weight_sync_transport='ipc' needs the learner's weights on a GPU "
+                         f"that {where} sees: use 'shm', 'collective' or 'auto'.")
     return setting
 
 
-def group_backend(sender: Endpoint, receivers: list[Endpoint]) -> str:
-    """NCCL when the sender and every receiver of the group are on GPUs, else gloo."""
+def group_backend(sender: Endpoint, receivers: list[Endpoint], refuse_shared: bool = True
+                  ) -> str:
+    """NCCL when the sender and every receiver of the group are on GPUs, each rank on a GPU
+    of its own; else gloo (which does not mind two ranks on one GPU).  ``refuse_shared``
+    False: the backend the devices alone would give."""
     on_gpus = sender.device == "cuda" and all(r.device == "cuda" for r in receivers)
+    if on_gpus and refuse_shared and shared_gpus(sender, receivers):
+        return "gloo"
     return "nccl" if on_gpus else "gloo"
 
 
@@ -115,10 +163,11 @@ def predict_transport(config: Any) -> tuple[str, str]:
     learner_gpu = (config.num_gpus_per_learner or 0) > 0
     runner_gpu = (config.num_gpus_per_env_runner or 0) > 0
     sharded = config.num_learners >= 2 and getattr(config, "fsdp", False)
-    if learner_gpu and runner_gpu and not sharded:
-        return "ipc", ("learner and env runners on one node's GPUs: CUDA IPC handles "
+    lora = getattr(config, "lora_rank", 0) > 0
+    if learner_gpu and runner_gpu and not lora:
+        gathered = " of the full tensors gathered from the FSDP shards" if sharded else ""
+        return "ipc", (f"learner and env runners on one node's GPUs: CUDA IPC handles{gathered} "
                        "(collective NCCL across nodes or GPUs the runner cannot see)")
-    if learner_gpu and runner_gpu:
-        return "collective", "FSDP shards gathered per bucket and broadcast over NCCL"
-    return "shm", ("learner and env runners on one node: buckets through shared memory "
+    why = "LoRA payloads live in host memory: " if lora and learner_gpu and runner_gpu else ""
+    return "shm", (f"{why}learner and env runners on one node: buckets through shared memory "
                    "(collective gloo/NCCL buckets across nodes)")

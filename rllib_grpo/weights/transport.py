@@ -10,7 +10,13 @@
   bucket k into slot k % 2, one barrier, the receivers load it from there.
 * ``ipc`` (CUDA): the sender's own device tensors, shared with `torch.multiprocessing`'s
   CUDA IPC handles (``reduce_tensor``, as verl and OpenRLHF do); receivers copy straight
-  from them (casting to their dtype), so nothing is packed at all.
+  from them (casting to their dtype), so nothing is packed at all.  Copies are queued on
+  the receiver's stream: a receiver calls `ipc_copies_done` before it returns, or the
+  learner's next optimizer step could overwrite the tensors mid-copy (vLLM's colocate
+  example and OpenRLHF synchronize the same way).
+
+A weight group is shut down (`WeightGroup.close`: the communicator, the connections, the
+store) whenever its owner closes or joins a new one.
 
 `BucketSender.send` and `BucketReceiver.stream` are the two halves; what a receiver
 does with the ``(name, tensor)`` pairs it streams (copy into live parameters, vLLM's
@@ -69,7 +75,7 @@ class WeightGroup:
         if store is None:
             store = dist.TCPStore(spec.host, spec.port, spec.world_size, is_master=False,
                                   timeout=timeout)
-        self._store = store  # keep the connection alive with the group
+        self._store: dist.Store | None = store  # keep the connection alive with the group
         prefixed = dist.PrefixStore(f"rllib_grpo/weights/{spec.token}", store)
         self.spec, self.rank = spec, rank
         self.pg: Any
@@ -85,14 +91,27 @@ class WeightGroup:
             raise ValueError(f"weight group backend {spec.backend!r}: use 'gloo' or 'nccl'")
         self._flag = torch.zeros(1, device=self.device)
 
+    def _pg(self) -> Any:
+        if self.pg is None:
+            raise RuntimeError(f"weight group {self.spec.token[:8]} is closed")
+        return self.pg
+
     def broadcast(self, tensor: torch.Tensor) -> Any:
         """Start broadcasting ``tensor`` from rank 0; returns the work to wait on."""
         options = dist.BroadcastOptions()
         options.rootRank = 0
-        return self.pg.broadcast([tensor], options)
+        return self._pg().broadcast([tensor], options)
 
     def barrier(self) -> None:
-        self.pg.allreduce([self._flag]).wait()
+        self._pg().allreduce([self._flag]).wait()
+
+    def close(self) -> None:
+        """Shut the group down: NCCL's communicator (its GPU memory and threads) or gloo's
+        connections, then the store (the sender's: its listening port).  Idempotent."""
+        pg, self.pg = self.pg, None
+        if pg is not None:
+            pg.shutdown()
+        self._store = None
 
 
 # --------------------------------------------------------------------------- shared memory
@@ -167,6 +186,14 @@ def share_cuda_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
         handles[name] = reduce_tensor(tensor.detach())
     return {"handles": handles, "uuids": {str(torch.cuda.get_device_properties(d).uuid): d.index
                                           for d in devices}}
+
+
+def ipc_copies_done(via: str) -> None:
+    """After consuming a ``via`` sync: with CUDA IPC, wait until this process's copies out
+    of the sender's tensors have run (they were only queued), so that the sender may write
+    them again.  Every receiver calls it before its receive returns."""
+    if via == VIA_IPC and torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def _local_cuda_index(device_uuid: str) -> int:
@@ -289,6 +316,8 @@ class BucketSender(_GroupMember):
     def close(self) -> None:
         if self.slots is not None:
             self.slots.close()
+        if self.group is not None:
+            self.group.close()
         self.slots, self.group, self._buffers = None, None, []
 
 
@@ -361,4 +390,6 @@ class BucketReceiver(_GroupMember):
     def close(self) -> None:
         if self.slots is not None:
             self.slots.tensors.clear()
+        if self.group is not None:
+            self.group.close()
         self.group, self.slots, self._buffers = None, None, []

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 import traceback
+import types
 
 PRESENT = {n: _iu.find_spec(n) is not None for n in ("ray", "vllm", "flash_attn", "peft")}
 for _blocked in ("ray", "gymnasium", "vllm", "tensorboardX"):  # never needed here
@@ -254,7 +255,7 @@ def _ipc_child(q_in, q_out):
     try:
         import torch as t
 
-        from rllib_grpo.weights.transport import BucketReceiver, open_cuda_tensors
+        from rllib_grpo.weights.transport import BucketReceiver, ipc_copies_done, open_cuda_tensors
 
         t.cuda.set_device(0)
         manifest, ipc = q_in.get(timeout=120)
@@ -273,7 +274,8 @@ def _ipc_child(q_in, q_out):
         for _ in range(60):  # ~0.1-0.3 s of queued work ahead of the copy
             a = (a @ a).clamp_(-1, 1)
         dst.copy_(src)          # enqueued, not run yet
-        q_out.put(("done", None))   # = runner_receive returning (no synchronize)
+        ipc_copies_done("ipc")  # what every receiver does before its receive returns
+        q_out.put(("done", None))   # = runner_receive returning
         t.cuda.synchronize()
         q_out.put(("race", float(dst.float().mean())))
     except Exception as e:  # noqa: BLE001
@@ -322,23 +324,29 @@ def c4_ipc(root):
 
 
 def c4b_lora_ipc(root):
-    """LoRA payloads are CPU copies: the 'ipc' transport (auto on one GPU) cannot share them."""
+    """LoRA payloads are CPU copies: CUDA IPC cannot share them, so the plan must not offer
+    'ipc' for them (it gives 'shm')."""
     from rllib_grpo.models import lora
     from rllib_grpo.models.loading import load_causal_lm
+    from rllib_grpo.weights.plan import Endpoint, choose_transports
     from rllib_grpo.weights.transport import share_cuda_tensors
 
     path = model_dir(root, "small")
     lm = lora.wrap_with_lora(load_causal_lm(path, dtype="float32").to(DEV), lora.LoRASettings(rank=8))
     payload = lora.sync_payload(lm, lora.LoRASettings(rank=8), first=True)
-    tensors = {"weights/" + k: v for k, v in payload.weights.items()}  # weight_sender.lora_to_tensors
+    tensors = payload.to_tensors()  # what WeightSender.stage shares
     devices = sorted({str(v.device) for v in tensors.values()})
     try:
         share_cuda_tensors(tensors)
         raised = None
     except Exception as e:  # noqa: BLE001
         raised = f"{type(e).__name__}: {e}"[:300]
-    record("c4b_lora_ipc", raised is None, payload_devices=devices, share_cuda_tensors=raised or "ok",
-           finding="WeightSender.stage(vias=('ipc',)) with lora_rank>0 raises at the first sync")
+    gpu = "GPU-learner"
+    learner = Endpoint("node", 1, "cuda", (gpu,), host_payload=any(d == "cpu" for d in devices))
+    chosen = choose_transports("auto", learner, {1: Endpoint("node", 2, "cuda", (gpu,))})[1]
+    record("c4b_lora_ipc", raised is None or chosen != "ipc", payload_devices=devices,
+           share_cuda_tensors=raised or "ok", planned_transport=chosen,
+           finding="WeightSender.stage(vias=('ipc',)) with lora_rank>0 raised at the first sync")
 
 
 def c5_reshare(_root):
@@ -522,7 +530,12 @@ def c8_nccl_same_gpu(_root):
             if k.is_alive():
                 k.kill()
     reproduced = any(kind != "ok" for kind, _ in results)
+    from rllib_grpo.weights.plan import Endpoint, choose_transports
+
+    fsdp_learner = Endpoint("node", 1, "cuda", ("GPU-0",), sharded=True)
+    planned = choose_transports("auto", fsdp_learner, {1: Endpoint("node", 2, "cuda", ("GPU-0",))})
     record("c8_nccl_same_gpu", None, finding_reproduced=reproduced, results=results,
+           planned_transport=planned[1], planner_avoids_it=planned[1] == "ipc",
            note="ok on both ranks would mean this NCCL allows 2 ranks per GPU")
 
 
@@ -544,7 +557,9 @@ def _fsdp_child(path, port, q_out):
         dev = "cuda" if cuda else "cpu"  # CPU/gloo: a dry run of this check
         if cuda:
             t.cuda.set_device(0)
-        dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+        offload = types.SimpleNamespace(num_gpus_per_learner=1, fsdp=True, fsdp_cpu_offload=True)
+        backend = D.learners_backend(offload) if cuda else "gloo"  # cpu:gloo,cuda:nccl
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}",
                                 rank=0, world_size=1,
                                 **({"device_id": t.device("cuda", 0)} if cuda else {}))
         rows["backend"] = dist.get_backend()
@@ -600,7 +615,8 @@ def c9_fsdp(root):
         record("c9_fsdp", kind == "ok", **rows,
                finding="fsdp_cpu_offload with an NCCL-only default group: clip_grad_norm_ of CPU "
                        "DTensor grads needs a cpu:gloo backend ('No backend type associated with "
-                       "device type cpu'); expected in cpu_offload_step")
+                       "device type cpu'); fixed by the learners' cpu:gloo,cuda:nccl backend "
+                       "(learners_backend): cpu_offload_step reads ok")
     finally:
         child.join(timeout=20)
         if child.is_alive():

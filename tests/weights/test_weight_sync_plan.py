@@ -29,7 +29,7 @@ def test_auto_picks_the_fastest_path_the_placement_allows():
     assert choose_transports("auto", LEARNER_GPU, {1: gpu_runners[1]}) == {1: "ipc"}
     assert choose_transports("auto", LEARNER_GPU, gpu_runners) == {1: "ipc", 2: "collective"}
     sharded = Endpoint("node1", 100, "cuda", (GPU_A,), sharded=True)
-    assert choose_transports("auto", sharded, {1: gpu_runners[1]}) == {1: "collective"}
+    assert choose_transports("auto", sharded, {1: gpu_runners[1]}) == {1: "ipc"}  # gathered
     # One group, one path: a runner on another node takes the node's shm runners along.
     mixed = {1: Endpoint("node1", 200), 2: Endpoint("node2", 300)}
     assert choose_transports("auto", LEARNER_CPU, mixed) == {1: "collective", 2: "collective"}
@@ -52,8 +52,71 @@ def test_forced_transports_and_their_errors():
         choose_transports("nccl", LEARNER_CPU, remote)
 
 
+FSDP_LEARNER_0 = Endpoint("node1", 100, "cuda", (GPU_A,), sharded=True)
+
+
+def test_a_runner_on_the_learners_gpu_gets_ipc_never_an_nccl_rank_beside_it():
+    """FSDP learners with an env runner on learner 0's GPU: NCCL refuses two ranks of one
+    group on one GPU ("Duplicate GPU detected", NVIDIA/nccl#1241): IPC of the full gather."""
+    colocated = Endpoint("node1", 200, "cuda", (GPU_A,))
+    elsewhere = Endpoint("node1", 300, "cuda", (GPU_B,))
+    chosen = choose_transports("auto", FSDP_LEARNER_0, {1: colocated, 2: elsewhere})
+    assert chosen == {1: "ipc", 2: "collective"}
+    members = [e for i, e in {1: colocated, 2: elsewhere}.items() if chosen[i] == "collective"]
+    assert group_backend(FSDP_LEARNER_0, members) == "nccl"  # one rank per GPU
+    # Forced into one NCCL group with the learner: refused at discovery, naming the fix.
+    with pytest.raises(ValueError, match="Duplicate GPU detected.*'auto'"):
+        choose_transports("collective", FSDP_LEARNER_0, {1: colocated})
+    # 'ipc' serves FSDP now (rank 0 shares the gathered tensors).
+    assert choose_transports("ipc", FSDP_LEARNER_0, {1: colocated}) == {1: "ipc"}
+
+
+def test_two_runners_on_one_gpu_make_a_gloo_group_or_are_refused_when_forced():
+    on_b = {1: Endpoint("node1", 200, "cuda", (GPU_B,)), 2: Endpoint("node1", 300, "cuda", (GPU_B,))}
+    assert choose_transports("auto", LEARNER_GPU, on_b) == {1: "collective", 2: "collective"}
+    assert group_backend(LEARNER_GPU, list(on_b.values())) == "gloo"
+    with pytest.raises(ValueError, match=f"GPU {GPU_B}"):
+        choose_transports("collective", LEARNER_GPU, on_b)
+    # A vLLM engine of 2 workers takes its first two visible GPUs: no clash with GPU_A.
+    tp2 = Endpoint("node2", 400, "cuda", (GPU_B, "GPU-cccc"), num_ranks=2)
+    assert group_backend(LEARNER_GPU, [tp2]) == "nccl"
+
+
+def test_a_lora_payload_in_host_memory_is_never_offered_to_ipc():
+    """LoRA payloads are host copies (`models.lora.sync_payload`): shared memory instead."""
+    lora_learner = Endpoint("node1", 100, "cuda", (GPU_A,), host_payload=True)
+    colocated = {1: Endpoint("node1", 200, "cuda", (GPU_A,))}
+    assert choose_transports("auto", lora_learner, colocated) == {1: "shm"}
+    assert choose_transports("auto", lora_learner, {1: Endpoint("node1", 3, "cuda", (GPU_B,))}
+                             ) == {1: "shm"}
+    with pytest.raises(ValueError, match="host memory"):
+        choose_transports("ipc", lora_learner, colocated)
+    config = tiny_config(lora_rank=4)
+    config.learners(num_learners=1, num_gpus_per_learner=1).env_runners(
+        num_env_runners=1, num_gpus_per_env_runner=0.5)
+    assert predict_transport(config)[0] == "shm"
+
+
+def test_placements_nccl_refuses_are_refused_before_ray_starts():
+    from rllib_grpo.rllib.config.checks import find_errors
+
+    halves = tiny_config()
+    halves.learners(num_learners=2, num_gpus_per_learner=0.5)
+    errors = [e for e in find_errors(halves) if "num_gpus_per_learner=0.5" in e]
+    assert len(errors) == 1 and "num_gpus_per_learner=1" in errors[0]
+    whole = tiny_config()
+    whole.learners(num_learners=2, num_gpus_per_learner=1)
+    assert not [e for e in find_errors(whole) if "num_gpus_per_learner" in e]
+    lora_ipc = tiny_config(lora_rank=4, weight_sync_transport="ipc")
+    lora_ipc.learners(num_learners=1, num_gpus_per_learner=1).env_runners(
+        num_gpus_per_env_runner=1)
+    assert any("lora_rank=4" in e and "'shm'" in e for e in find_errors(lora_ipc))
+
+
 def test_nccl_only_when_every_member_is_on_a_gpu():
-    assert group_backend(LEARNER_GPU, [Endpoint("n", 2, "cuda", (GPU_A,))]) == "nccl"
+    assert group_backend(LEARNER_GPU, [Endpoint("n", 2, "cuda", (GPU_B,))]) == "nccl"
+    # Two ranks on one GPU: NCCL refuses it, gloo does not.
+    assert group_backend(LEARNER_GPU, [Endpoint("n", 2, "cuda", (GPU_A,))]) == "gloo"
     assert group_backend(LEARNER_GPU, [Endpoint("n", 2, "cuda"), Endpoint("n", 3)]) == "gloo"
     assert group_backend(LEARNER_CPU, [Endpoint("n", 2)]) == "gloo"
 

@@ -186,3 +186,67 @@ def test_a_partial_or_foreign_manifest_is_refused_before_anything_moves(tiny_pat
     foreign = {**state, "model.extra.weight": torch.zeros(2)}
     with pytest.raises(KeyError, match="model.extra.weight"):
         sampler.prepare_weights(plan_manifest(foreign))
+
+
+def test_weight_groups_are_shut_down_when_closed_or_formed_again(monkeypatch):
+    """A closed sender/receiver or a receiver joining a new group shuts the old group down
+    (gloo's connections; NCCL's communicator on GPUs), and the sender's store goes."""
+    import torch.distributed as dist
+
+    shut: list[int] = []
+    monkeypatch.setattr(dist.ProcessGroupGloo, "shutdown", lambda pg: shut.append(id(pg)))
+    state = _state(2)
+    unique, aliases = split_aliases(state)
+    manifest = plan_manifest(unique, aliases=aliases)
+    receiver, sender = BucketReceiver(), BucketSender()
+    groups: dict[int, list[WeightGroup]] = {0: [], 1: []}
+
+    def body(rank, spec, store):
+        if rank == 0:
+            sender.close()  # as `WeightSender.open_group` does before a new group
+            sender.group = WeightGroup(spec, 0, store)
+            groups[0].append(sender.group)
+            sender.send(manifest, unique.__getitem__, "collective")
+            return None
+        receiver.join(spec, rank)  # leaves the previous group first
+        groups[1].append(receiver.group)
+        return dict(receiver.stream(manifest, "collective"))
+
+    _run_ranks(2, body)
+    first = [groups[0][0], groups[1][0]]
+    first_pgs = [id(g.pg) for g in first]
+    _run_ranks(2, body)  # the group formed again
+    assert all(g.pg is None and g._store is None for g in first)
+    assert sorted(shut) == sorted(first_pgs)
+    second_pgs = [id(groups[0][1].pg), id(groups[1][1].pg)]
+    sender.close()
+    receiver.close()
+    assert sorted(shut) == sorted(first_pgs + second_pgs)
+    with pytest.raises(RuntimeError, match="closed"):
+        groups[0][1].barrier()
+
+
+def test_an_ipc_receive_waits_for_its_copies_before_it_returns(tiny_path, monkeypatch):
+    """The copies out of the learner's shared CUDA tensors are only queued: the receive
+    synchronizes before returning, or the learner's next step could overwrite them."""
+    from rllib_grpo.samplers.hf import HFSampler
+    from rllib_grpo.weights import transport
+
+    sampler = HFSampler(tiny_path)
+    unique, aliases = split_aliases(load_causal_lm(tiny_path).state_dict())
+    manifest = plan_manifest(unique, aliases=aliases, wire_dtype=sampler.weight_dtype)
+    events: list[str] = []
+    monkeypatch.setattr(transport, "open_cuda_tensors", lambda shared: shared)  # fake handles
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append("sync"))
+    copy_into_model = sampler._copy_into_model
+
+    def copying(weights):
+        copy_into_model(weights)
+        events.append("copied")
+
+    monkeypatch.setattr(sampler, "_copy_into_model", copying)
+    sampler.receive_weights(manifest, "ipc", ipc=unique)
+    assert events == ["copied", "sync"]
+    got = sampler.receive_weights(manifest, "ipc", ipc=unique, materialize=True)
+    assert events[-1] == "sync" and set(got["tensors"]) >= set(unique)

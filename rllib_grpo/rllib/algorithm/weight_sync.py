@@ -41,11 +41,13 @@ from rllib_grpo.rllib.env_runner.env_runner import COMPONENT_RL_MODULE, WEIGHTS_
 from rllib_grpo.rllib.env_runner.weight_receiver import (
     runner_endpoint,
     runner_join,
+    runner_leave,
     runner_prepare,
     runner_receive,
 )
 from rllib_grpo.rllib.learner.weight_sender import (
     learner_close,
+    learner_done,
     learner_endpoint,
     learner_join_group,
     learner_local_state,
@@ -119,12 +121,21 @@ class WeightSync:
         return dict(self.transports)
 
     def close(self) -> None:
-        """Close the learners' groups and shared memory (the runners' go with them)."""
-        try:
-            self._on_learners(learner_close)
-        except Exception:  # noqa: BLE001 - stopping: the actors may be gone already
-            logger.debug("weight sync: closing the learners' side failed", exc_info=True)
+        """Shut the weight group down on every member (the runners, then the learners' side
+        with its store) and free the shared memory."""
+        if self._token is not None:
+            self._while_stopping("runners", self._on_runners, self._ids(*GROUP_TRANSPORTS),
+                                 runner_leave)
+            self._token = None
+        self._while_stopping("learners", self._on_learners, learner_close)
         self._pool.shutdown(wait=False)
+
+    @staticmethod
+    def _while_stopping(side: str, call: Any, *args: Any) -> None:
+        try:
+            call(*args)
+        except Exception:  # noqa: BLE001 - stopping: the actors may be gone already
+            logger.debug("weight sync: closing the %s' side failed", side, exc_info=True)
 
     # ---------------------------------------------------------------- placement
     def _discover(self, remote: tuple[int, ...], members: tuple) -> None:
@@ -176,6 +187,10 @@ class WeightSync:
                                                     ipc=None, seq_no=seq_no))
             finally:
                 sending.result()
+        if ipc_ids:
+            # Each runner synchronized its copies before returning: the shared tensors (with
+            # FSDP the whole gathered model on rank 0) can go.
+            self._on_learners(learner_done)
         return manifest.nbytes
 
     def _stage_and_prepare(self, group_ids: list[int], ipc_ids: list[int], via: str

@@ -212,10 +212,20 @@ def _check_weight_sync(c: GRPOSettings) -> list[str]:
         errors.append("weight_sync_transport='ipc' shares CUDA memory: it needs "
                       "num_gpus_per_learner > 0 and num_gpus_per_env_runner > 0; use 'shm' "
                       "or 'auto' on CPUs.")
-    if transport == "ipc" and c.num_learners >= 2 and c.fsdp and not c.lora_rank:
-        errors.append("weight_sync_transport='ipc' cannot share FSDP shards; use "
-                      "'collective' (gathered per bucket) or 'auto'.")
+    if transport == "ipc" and c.lora_rank > 0:
+        errors.append(f"weight_sync_transport='ipc' shares CUDA memory, but with lora_rank="
+                      f"{c.lora_rank} the sync payload is host copies; use 'shm' or 'auto'.")
     return errors
+
+
+def _check_placement(c: GRPOSettings) -> list[str]:
+    """Placements that NCCL refuses at the first collective, refused before Ray starts."""
+    gpus = c.num_gpus_per_learner or 0
+    if c.num_learners >= 2 and 0 < gpus < 1:
+        return [f"num_gpus_per_learner={gpus} with num_learners={c.num_learners}: two learners "
+                "could land on one GPU, which their NCCL group refuses ('Duplicate GPU "
+                "detected', NVIDIA/nccl#1241); set num_gpus_per_learner=1 (one learner per GPU)."]
+    return []
 
 
 def _check_multi_turn(c: GRPOSettings) -> list[str]:
@@ -235,7 +245,8 @@ def _check_multi_turn(c: GRPOSettings) -> list[str]:
 def find_errors(c: GRPOSettings) -> list[str]:
     """Settings that cannot run, each naming the field and the fix."""
     return (_check_names(c) + _check_sizes(c) + _check_algorithm(c) + _check_recipes(c)
-            + _check_lora_and_memory(c) + _check_precision(c) + _check_lr_schedule(c)
+            + _check_lora_and_memory(c) + _check_placement(c) + _check_precision(c)
+            + _check_lr_schedule(c)
             + _check_env_and_sampler(c) + _check_multi_turn(c) + input_errors(c)
             + async_errors(c))
 

@@ -43,6 +43,12 @@ def runner_join(runner: TextEnvRunner, spec: GroupSpec, ranks: dict[int, int]) -
     runner.weight_group_token = spec.token
 
 
+def runner_leave(runner: TextEnvRunner) -> None:
+    """Leave (shut down) the runner's weight group: the algorithm stops."""
+    runner.sampler.leave_weight_group()
+    runner.weight_group_token = None
+
+
 def runner_prepare(runner: TextEnvRunner, manifest: Manifest, slots: SlotsSpec | None
                    ) -> str | None:
     """Check the names (LoRA payloads are checked where they are merged) and map the

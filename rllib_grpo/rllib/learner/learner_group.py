@@ -3,21 +3,25 @@
 It hands every learner whole prompt groups (each learner's k-th mini-batch is its
 share of the global k-th mini-batch) and runs state gathers and checkpoint saves on
 *all* learners: RLlib's own group asks learner 0 alone, which would hang in the
-collective gather of a sharded model.
+collective gather of a sharded model.  Its learners' process group gets the backend the
+config needs (`rllib_grpo.rllib.learner.distributed.learners_backend`).
 """
 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 from ray.rllib.core import COMPONENT_LEARNER, DEFAULT_MODULE_ID
+from ray.rllib.core.learner import learner_group as rllib_learner_group
 from ray.rllib.core.learner.learner_group import LearnerGroup
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.annotations import override
 
-from rllib_grpo.rllib.learner.distributed import rank
+from rllib_grpo.rllib.learner.distributed import learners_backend, rank
 
 
 # --------------------------------------------------------------------------- learner group
@@ -47,9 +51,39 @@ def shard_rows(group_index: np.ndarray, num_shards: int, groups_per_minibatch: i
     return rows
 
 
+@contextlib.contextmanager
+def torch_backend(backend: str | None) -> Iterator[None]:
+    """While RLlib builds a learner group, its Ray Train ``TorchConfig`` gets ``backend``
+    (None: RLlib's as it is).  RLlib makes that config in a module function
+    (``_get_backend_config``) that takes no backend: it is wrapped for the construction."""
+    if backend is None:
+        yield
+        return
+    original = rllib_learner_group._get_backend_config
+
+    def with_backend(learner_class: type) -> Any:
+        backend_config = original(learner_class)
+        backend_config.backend = backend
+        return backend_config
+
+    rllib_learner_group._get_backend_config = with_backend
+    try:
+        yield
+    finally:
+        rllib_learner_group._get_backend_config = original
+
+
 class GRPOLearnerGroup(LearnerGroup):
-    """Learner group for >= 2 GRPO learners (FSDP2 or DDP): group-wise sharding, and
-    state gathers / checkpoint saves that run on every learner."""
+    """Learner group for >= 2 GRPO learners (FSDP2 or DDP): group-wise sharding, state
+    gathers / checkpoint saves that run on every learner, and the process group's backend
+    from the config."""
+
+    @override(LearnerGroup)
+    def __init__(self, *, config: Any, module_spec: Any = None,
+                 placement_group: Any = None) -> None:
+        with torch_backend(learners_backend(config)):
+            super().__init__(config=config, module_spec=module_spec,
+                             placement_group=placement_group)
 
     @override(LearnerGroup)
     def update(self, *, batch: MultiAgentBatch | None = None, **kwargs: Any) -> Any:

@@ -9,7 +9,12 @@ learner ever holds the whole gathered model.
 
 What is sent: the policy's HF state dict as it lives on the learner's device (no host
 copy, no clone; the wire cast happens while packing), or with LoRA the module's sync
-payload (`rllib_grpo.models.lora.LoRAPayload`, flattened to named tensors).
+payload (`rllib_grpo.models.lora.LoRAPayload`, flattened to named tensors; host copies,
+so the plan never offers it to CUDA IPC: ``Endpoint.host_payload``).
+
+CUDA IPC with FSDP (a runner on learner 0's GPU): every learner takes part in gathering
+each full tensor, and rank 0 shares the gathered tensors; it holds them (the whole model,
+once more) until the next sync or `WeightSender.done`.
 """
 
 from __future__ import annotations
@@ -74,6 +79,7 @@ class WeightSender:
         self.manifest: Manifest | None = None
         self._planned_for: tuple | None = None
         self._tensors: dict[str, torch.Tensor] = {}
+        self._shared: dict[str, torch.Tensor] = {}  # what rank 0 shares by CUDA IPC
 
     @property
     def module(self) -> Any:
@@ -92,7 +98,8 @@ class WeightSender:
         device = next(self.module.lm.parameters()).device
         gpus = (str(torch.cuda.get_device_properties(device).uuid),) if device.type == "cuda" \
             else ()
-        return Endpoint(node_id(), os.getpid(), device.type, gpus, sharded=self.sharded)
+        return Endpoint(node_id(), os.getpid(), device.type, gpus, sharded=self.sharded,
+                        host_payload=self.module.lora is not None)
 
     def state_nbytes(self) -> int:
         """Bytes of the policy's distinct tensors as the learner holds them."""
@@ -139,9 +146,18 @@ class WeightSender:
                                   "ipc": None, "seq_no": self.weights_seq_no()}
         if rank() == 0 and VIA_SHM in vias:
             staged["slots"] = self.buckets.ensure_slots(max(1, manifest.max_bucket_bytes))
-        if rank() == 0 and VIA_IPC in vias:
-            staged["ipc"] = share_cuda_tensors(self._tensors)
+        if VIA_IPC in vias:
+            staged["ipc"] = self._share(tensors)
         return staged
+
+    def _share(self, tensors: dict[str, torch.Tensor]) -> dict | None:
+        """CUDA IPC handles of the full tensors on rank 0 (None elsewhere).  FSDP shards are
+        gathered first, a collective every learner joins in the same order."""
+        full = {name: _gathered(t) for name, t in tensors.items()} if self.sharded else tensors
+        if rank() != 0:
+            return None
+        self._shared = full  # alive until the receivers have copied (next stage or done)
+        return share_cuda_tensors(full)
 
     def _manifest(self) -> Manifest:
         if self.manifest is None:
@@ -182,7 +198,7 @@ class WeightSender:
 
     def done(self) -> None:
         """The sync is over: drop the references to this step's tensors (IPC kept them)."""
-        self._tensors = {}
+        self._tensors, self._shared = {}, {}
 
     def close(self) -> None:
         self.buckets.close()
@@ -232,6 +248,11 @@ def learner_local_state(learner: SendingLearner) -> tuple[Any, int]:
     in this process."""
     sender = learner.weight_sender
     return sender.local_state(), sender.weights_seq_no()
+
+
+def learner_done(learner: SendingLearner) -> None:
+    """The runners have copied this sync (IPC): drop the shared tensors (FSDP: the gather)."""
+    learner.weight_sender.done()
 
 
 def learner_close(learner: SendingLearner) -> None:

@@ -1,0 +1,54 @@
+"""The vLLM worker extension's receive path and vLLM API check, with fakes (no engine)."""
+
+from __future__ import annotations
+
+import re
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from rllib_grpo.samplers.vllm_worker import MIN_VLLM, WeightSyncExtension, require_layerwise_reload
+from rllib_grpo.weights import transport
+from rllib_grpo.weights.layout import plan_manifest
+
+
+def _fake_vllm(monkeypatch, reload_weights) -> None:
+    runner_module = types.ModuleType("vllm.v1.worker.gpu_model_runner")
+    runner_module.GPUModelRunner = type("GPUModelRunner", (), {"reload_weights": reload_weights})
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__="0.12.0"))
+    monkeypatch.setitem(sys.modules, "vllm.v1.worker.gpu_model_runner", runner_module)
+
+
+def test_a_vllm_without_iterator_reloads_is_refused_at_start_up(monkeypatch):
+    _fake_vllm(monkeypatch, lambda self: None)  # vLLM < 0.16: reload_weights(self)
+    with pytest.raises(RuntimeError, match=rf"vLLM 0.12.0 has no reload_weights.*vllm>={MIN_VLLM}"):
+        require_layerwise_reload()
+    _fake_vllm(monkeypatch, lambda self, weights_iterator=None, weights_path=None: None)
+    require_layerwise_reload()
+
+
+def test_the_vllm_extra_pins_the_release_the_check_names():
+    pyproject = (Path(__file__).parents[2] / "pyproject.toml").read_text()
+    assert re.search(rf'^vllm = \["vllm>={re.escape(MIN_VLLM)}"\]', pyproject, re.M)
+
+
+def test_an_ipc_receive_synchronizes_after_the_layerwise_reload(monkeypatch):
+    """vLLM's layerwise reload copies some tensors only after the stream ended: the worker
+    synchronizes after ``reload_weights`` returns, before its receive returns."""
+    events: list[str] = []
+
+    class Worker(WeightSyncExtension):
+        def reload_weights(self, weights_iterator):
+            for _name, _tensor in weights_iterator:
+                pass
+            events.append("reloaded")
+
+    tensors = {"w": torch.ones(4)}
+    monkeypatch.setattr(transport, "open_cuda_tensors", lambda shared: shared)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append("sync"))
+    Worker().grpo_receive_weights(plan_manifest(tensors), "ipc", ipc=tensors)
+    assert events == ["reloaded", "sync"]
