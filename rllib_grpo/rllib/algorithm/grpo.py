@@ -229,7 +229,7 @@ class GRPO(ResilientAlgorithm):
         )[COMPONENT_LEARNER][COMPONENT_RL_MODULE][DEFAULT_MODULE_ID]
         c = self.config
         return export_module_state(state, c.model_path, path, dtype=dtype, lora_mode=lora_mode,
-                                   base_dtype=c.model_dtype, overwrite=overwrite).path
+                                   base_dtype=c.compute_dtype, overwrite=overwrite).path
 
     # ------------------------------------------------------------------ sampling
     def _sample_step(self) -> RolloutBatch:
