@@ -73,8 +73,8 @@ class GRPO(ResilientAlgorithm):
         # max_staleness >= 1: the next step's groups are sampled while the learner trains.
         services = self._sampling_services()
         self._sampling: SamplingStrategy = (
-            PipelinedSampling(services, self.config.max_staleness)
-            if self.config.max_staleness else SynchronousSampling(services))
+            PipelinedSampling(services, self.config.max_staleness) if self.config.max_staleness
+            else SynchronousSampling(services, sleep_samplers=self.config.sampler_sleeps))
 
     def _sampling_services(self) -> SamplingServices:
         """What the sampling strategy may use of this algorithm.  The operations look the

@@ -88,8 +88,9 @@ class GRPOSettings(AlgorithmSettings):
         "by the learner). A no-op on CPU.", _ACTOR + "fsdp_config.optimizer_offload")
     sampler_memory_fraction: float | None = knob(
         None, "fraction of GPU memory", "GPU memory the vLLM engine may take (weights + KV "
-        "cache), vLLM's gpu_memory_utilization; None = sampler_config's value, else 0.9 x the "
-        "env runner's GPU share when fractional, else vLLM's default.",
+        "cache), vLLM's gpu_memory_utilization; None = sampler_config's value, else 0.5 when "
+        "the engine shares the local learner's GPU (it sleeps during the update), else 0.9 x "
+        "the env runner's GPU share when fractional, else vLLM's default (0.9).",
         _ROLLOUT + "gpu_memory_utilization")
 
     # --- weight sync ----------------------------------------------------------------
@@ -168,6 +169,15 @@ class GRPOSettings(AlgorithmSettings):
         else the compute dtype; weight syncs are cast to it on the learner."""
         dtype = canonical_dtype(dict(self.sampler_config).get("dtype") or "auto")
         return self.compute_dtype if dtype == "auto" else dtype
+
+    @property
+    def sampler_sleeps(self) -> bool:
+        """The vLLM engine shares its GPU with the learner (one process: the local env
+        runner samples, the local learner holds a GPU), so it sleeps during each update
+        (KV cache and weights released) and wakes before the weight sync."""
+        return (self.sampler != "hf" and getattr(self, "num_env_runners", 0) == 0
+                and getattr(self, "num_learners", 0) == 0
+                and (getattr(self, "num_gpus_per_learner", 0) or 0) > 0)
 
     @property
     def needs_reference(self) -> bool:
