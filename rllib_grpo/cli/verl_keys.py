@@ -151,6 +151,8 @@ VERL_DEFAULTS: dict[str, tuple[Any, str]] = {
     "val_before_train": (True, "trainer.val_before_train"),
     "val_do_sample": (False, _AR + "rollout.val_kwargs.do_sample"),
     "sampler_memory_fraction": (0.5, _AR + "rollout.gpu_memory_utilization"),
+    # bf16 compute over fp32 master weights (fsdp_config.model_dtype, verl's fp32 default).
+    "model_dtype": ("bfloat16", _AR + "actor.fsdp_config.mixed_precision.param_dtype"),
 }
 VERL_DEFAULT_EPOCHS = 30  # trainer.total_epochs, when no stop is given
 # verl defaults not taken, and why (explain prints them with the defaults above).

@@ -117,6 +117,15 @@ def combined_seed(seeds: Sequence[int]) -> int:
     return value % 2**31
 
 
+def runner_device() -> torch.device:
+    """The device a sampler takes when none is given: the GPU this process holds, else the
+    CPU.  Ray hides the GPUs an actor did not reserve (``CUDA_VISIBLE_DEVICES``), so a
+    CUDA device here is the env runner's own."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def state_dict_bytes(state_dict: Mapping[str, torch.Tensor]) -> int:
     """Bytes held by the tensors of a state dict."""
     return sum(t.numel() * t.element_size() for t in state_dict.values())

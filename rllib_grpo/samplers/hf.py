@@ -9,7 +9,12 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers.generation.logits_process import (
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from rllib_grpo.models.loading import load_causal_lm
 from rllib_grpo.models.tokenizers import load_tokenizer
@@ -18,6 +23,7 @@ from rllib_grpo.samplers.base import (
     Sample,
     SamplingParams,
     combined_seed,
+    runner_device,
     state_dict_bytes,
 )
 from rllib_grpo.weights.layout import Manifest
@@ -31,7 +37,9 @@ class HFSampler:
 
     All prompts x ``n`` samples go through one left-padded ``generate`` call
     (or chunks of ``max_batch_size`` rows).  Log-probs come from the processed
-    scores (temperature, top-k, top-p applied), i.e. the sampling distribution.
+    scores (temperature, top-k, top-p applied), i.e. the sampling distribution,
+    gathered at the drawn token step by step (`ChosenTokenLogProbs`).  ``device=None``
+    is the GPU this process holds, else the CPU (`rllib_grpo.samplers.base.runner_device`).
     """
 
     def __init__(
@@ -41,11 +49,11 @@ class HFSampler:
         tokenizer_path: str | None = None,
         dtype: str = "float32",
         seed: int = 0,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         max_batch_size: int | None = None,
         config_overrides: dict | None = None,
     ) -> None:
-        self.device = torch.device(device)
+        self.device = torch.device(device) if device is not None else runner_device()
         self.model = load_causal_lm(model_path, dtype=dtype,
                                     config_overrides=config_overrides).to(self.device)
         self.eos_token_ids = _eos_token_ids(self.model, tokenizer_path or model_path)
@@ -79,13 +87,12 @@ class HFSampler:
             raise ValueError(f"n must be >= 1, got {n}")
         rows = [list(prompt) for prompt in prompts for _ in range(n)]
         stop_ids = self.eos_token_ids | set(params.stop_token_ids or ())
-        config = self._generation_config(params, stop_ids)
         chunk = self.max_batch_size or max(len(rows), 1)
         samples: list[Sample] = []
         call_seed = combined_seed(seeds) if seeds is not None else self.seeds.next(params)
         with _seeded_rng(call_seed, self.device):
             for start in range(0, len(rows), chunk):
-                samples += self._generate_rows(rows[start : start + chunk], config, stop_ids)
+                samples += self._generate_rows(rows[start : start + chunk], params, stop_ids)
         return [samples[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     def load_weights(
@@ -214,43 +221,88 @@ class HFSampler:
     # ------------------------------------------------------------------ internals
 
     def _generation_config(self, params: SamplingParams, stop_ids: set[int]) -> GenerationConfig:
+        """Sampling or greedy, with no warper of transformers' own: `_warpers` applies
+        temperature, top-k and top-p before the log-probs are taken."""
         sampling = params.temperature > 0
         # Greedy: no sampling option at all (transformers warns about any that is set).
         return GenerationConfig(
             do_sample=sampling,
-            temperature=params.temperature if sampling else None,
-            top_p=params.top_p if sampling else None,
-            top_k=(params.top_k if params.top_k > 0 else 0) if sampling else None,  # 0: off
+            temperature=1.0 if sampling else None,
+            top_p=1.0 if sampling else None,
+            top_k=0 if sampling else None,  # 0: off (transformers' default is 50)
             max_new_tokens=params.max_tokens,
             eos_token_id=sorted(stop_ids),
             pad_token_id=self.pad_token_id,
-            output_scores=True,
-            return_dict_in_generate=True,
         )
 
     @torch.no_grad()
     def _generate_rows(
-        self, rows: list[list[int]], config: GenerationConfig, stop_ids: set[int]
+        self, rows: list[list[int]], params: SamplingParams, stop_ids: set[int]
     ) -> list[Sample]:
         input_ids, attention_mask = _left_padded(rows, self.pad_token_id, self.device)
-        out = self.model.generate(
-            input_ids=input_ids, attention_mask=attention_mask, generation_config=config
+        log_probs = ChosenTokenLogProbs()
+        sequences = self.model.generate(
+            input_ids=input_ids, attention_mask=attention_mask,
+            generation_config=self._generation_config(params, stop_ids),
+            logits_processor=LogitsProcessorList([*_warpers(params), log_probs]),
         )
-        new_token_ids = out.sequences[:, input_ids.shape[1] :]
-        # One step at a time: stacking all scores would hold rows x steps x vocab floats.
-        new_token_log_probs = torch.stack(
-            [
-                step_scores.float().log_softmax(-1).gather(-1, new_token_ids[:, t, None])[:, 0]
-                for t, step_scores in enumerate(out.scores)
-            ],
-            dim=1,
-        )
+        new_token_ids = sequences[:, input_ids.shape[1] :]
+        new_token_log_probs = log_probs.finish(sequences[:, -1])[:, : new_token_ids.shape[1]]
         return [
-            _trimmed_sample(ids, log_probs, stop_ids)
-            for ids, log_probs in zip(
-                new_token_ids.tolist(), new_token_log_probs.tolist(), strict=True
-            )
+            _trimmed_sample(ids, lps, stop_ids)
+            for ids, lps in zip(new_token_ids.tolist(), new_token_log_probs.tolist(), strict=True)
         ]
+
+
+class ChosenTokenLogProbs(LogitsProcessor):
+    """The last logits processor of a ``generate`` call: the processed log-prob of each
+    drawn token, without keeping any step's full-vocabulary scores.
+
+    A step's scores are held until the next step shows the token drawn from them (the last
+    column of ``input_ids``), then reduced to that token's ``log_softmax``: one
+    rows x vocab tensor at a time instead of ``output_scores``' rows x steps x vocab.
+    """
+
+    def __init__(self) -> None:
+        self.pending: torch.Tensor | None = None  # the last step's processed scores
+        self.per_step: list[torch.Tensor] = []  # [rows] log-probs, one per finished step
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor
+                 ) -> torch.FloatTensor:
+        if self.pending is not None:
+            self._gather(input_ids[:, -1])
+        self.pending = scores
+        return scores
+
+    def finish(self, last_token_ids: torch.Tensor) -> torch.Tensor:
+        """[rows, steps] log-probs, the last step's taken at ``last_token_ids``.  (A
+        decoding step transformers undoes at the end adds one trailing column.)"""
+        if self.pending is not None:
+            self._gather(last_token_ids)
+        if not self.per_step:
+            return torch.zeros(len(last_token_ids), 0)
+        return torch.stack(self.per_step, dim=1)
+
+    def _gather(self, token_ids: torch.Tensor) -> None:
+        assert self.pending is not None
+        log_probs = self.pending.float().log_softmax(-1)
+        self.per_step.append(log_probs.gather(-1, token_ids[:, None])[:, 0])
+        self.pending = None
+
+
+def _warpers(params: SamplingParams) -> list[LogitsProcessor]:
+    """Temperature, top-k and top-p: transformers' own warpers in its own order, so that
+    `ChosenTokenLogProbs` after them sees the sampling distribution."""
+    if params.temperature <= 0:
+        return []
+    warpers: list[LogitsProcessor] = []
+    if params.temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(params.temperature))
+    if params.top_k > 0:
+        warpers.append(TopKLogitsWarper(top_k=params.top_k, min_tokens_to_keep=1))
+    if params.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p=params.top_p, min_tokens_to_keep=1))
+    return warpers
 
 
 def _eos_token_ids(model: Any, tokenizer_path: str) -> set[int]:

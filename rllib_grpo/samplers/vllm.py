@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import glob
 import logging
 import os
 import random
@@ -23,9 +22,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from rllib_grpo.logs import is_quiet
 from rllib_grpo.samplers.base import CallSeeds, Sample, SamplingParams, state_dict_bytes
-from rllib_grpo.samplers.vllm_worker import EXTENSION_QUALNAME, require_layerwise_reload
+from rllib_grpo.samplers.vllm_engine import (
+    checkpoint_keys,
+    free_engine_memory,
+    platform_engine_args,
+    with_version_args,
+)
+from rllib_grpo.samplers.vllm_worker import require_layerwise_reload
 from rllib_grpo.weights.layout import Manifest
 from rllib_grpo.weights.names import fused_closure, module_of
 from rllib_grpo.weights.transport import GroupSpec, SlotsSpec
@@ -67,16 +71,24 @@ class VLLMSampler:
         tokenizer_path: str | None = None,
         dtype: str | None = None,
         seed: int = 0,
-        gpu_memory_utilization: float = 0.5,
+        gpu_memory_utilization: float | None = None,
         max_model_len: int | None = None,
-        enforce_eager: bool = True,
+        enforce_eager: bool | None = None,
+        enable_sleep_mode: bool = False,
+        seed_requests: bool = True,
         tensor_parallel_size: int = 1,
         kv_cache_space_gb: int = 1,
         **engine_kwargs: Any,
     ) -> None:
-        """``dtype=None`` means float32 on CPU (bf16 is ~4x slower there), ``"auto"`` on GPU.
+        """The engine's platform configuration is `platform_engine_args`'s: ``dtype=None``
+        is float32 on CPU and the model's on GPU, ``enforce_eager=None`` eager on CPU and
+        CUDA graphs on GPU, ``gpu_memory_utilization=None`` vLLM's default;
+        ``enable_sleep_mode`` only for an engine whose ``sleep`` is called.
 
-        ``kv_cache_space_gb`` sets ``VLLM_CPU_KVCACHE_SPACE`` (CPU only);
+        ``seed_requests=False`` leaves requests unseeded unless a call asks (``params.seed``
+        or ``seeds``): vLLM's GPU sampler draws seeded requests one by one on every decode
+        step.  ``max_model_len``: the longest sequence the engine plans for (None: the
+        model's context).  ``kv_cache_space_gb`` sets ``VLLM_CPU_KVCACHE_SPACE`` (CPU only);
         ``engine_kwargs`` go to ``vllm.LLM`` unchanged.  With
         ``tensor_parallel_size > 1`` the workers are separate processes, which
         cannot receive tensors: weights then travel through a safetensors file.
@@ -93,26 +105,27 @@ class VLLMSampler:
 
         self._vllm = vllm
         self.on_cpu = current_platform.is_cpu()
-        self._checkpoint_keys = _checkpoint_keys(model_path)
+        self._checkpoint_keys = checkpoint_keys(model_path)
         start = time.perf_counter()
         with _global_rng_kept():  # vLLM in-process reseeds random, numpy and torch
             self.llm = vllm.LLM(
-                **_engine_args(
+                **with_version_args(
                     vllm,
                     model=model_path,
                     tokenizer=tokenizer_path or model_path,
-                    dtype=dtype or ("float32" if self.on_cpu else "auto"),
                     seed=seed,
                     max_model_len=max_model_len,
-                    enforce_eager=enforce_eager,
                     tensor_parallel_size=tensor_parallel_size,
                     distributed_executor_backend="uni" if tensor_parallel_size == 1 else "mp",
-                    **({} if self.on_cpu else {"gpu_memory_utilization": gpu_memory_utilization}),
-                    **({} if self.on_cpu else {"enable_sleep_mode": True}),
+                    **platform_engine_args(
+                        self.on_cpu, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
+                        enforce_eager=enforce_eager, enable_sleep_mode=enable_sleep_mode),
                     **engine_kwargs,
                 )
             )
         self.seeds = CallSeeds(seed)
+        self.seed_requests = seed_requests
+        self.sleeps = enable_sleep_mode and not self.on_cpu
         self.last_num_cached_tokens = 0
         self.weights_through_files = tensor_parallel_size > 1
         self.engine_start_seconds = time.perf_counter() - start
@@ -125,10 +138,11 @@ class VLLMSampler:
     ) -> list[list[Sample]]:
         """``n`` samples per prompt; reproducible for a given ``params.seed``.
 
-        Every request is seeded (prompt ``i`` of a call with seed ``s`` uses
-        ``s + i*n``, or ``seeds[i]`` when given, and vLLM adds the sample's
-        index), so results do not depend on the engine's shared RNG or on how
-        requests are batched.  A multi-turn episode's next turn is a request
+        With ``seed_requests`` (or ``params.seed``) every request is seeded (prompt ``i``
+        of a call with seed ``s`` uses ``s + i*n``, or ``seeds[i]`` when given, and vLLM
+        adds the sample's index), so results do not depend on the engine's shared RNG or
+        on how requests are batched; otherwise requests draw from the engine's RNG.  A
+        multi-turn episode's next turn is a request
         for its whole conversation so far: vLLM's prefix cache (on by default
         in the V1 engine) finds the earlier turns' KV blocks, so only the new
         tokens are prefilled.
@@ -137,13 +151,14 @@ class VLLMSampler:
             raise ValueError(f"n must be >= 1, got {n}")
         if not prompts:
             return []
-        call_seed = self.seeds.next(params) if seeds is None else 0
+        seeded = seeds is not None or self.seed_requests or params.seed is not None
+        call_seed = self.seeds.next(params) if seeds is None and seeded else 0
         # vLLM refuses n > 1 for greedy requests: sample once, copy.
         copies, n = (n, 1) if params.temperature == 0 else (1, n)
         requests = [{"prompt_token_ids": list(prompt)} for prompt in prompts]
         per_prompt_params = [
-            self._request_params(params, n, seed=call_seed + i * n if seeds is None
-                                 else int(seeds[i]))
+            self._request_params(params, n, seed=None if not seeded
+                                 else call_seed + i * n if seeds is None else int(seeds[i]))
             for i in range(len(prompts))
         ]
         with self._eager_on_cpu():
@@ -249,17 +264,17 @@ class VLLMSampler:
         return manifest
 
     def sleep(self, level: int = 1) -> None:
-        """Free GPU memory (weights offloaded at level 1); a no-op on CPU."""
-        if self.on_cpu:
-            logger.debug("vLLM sleep mode does not exist on CPU; nothing to free")
+        """Free GPU memory (KV cache dropped, weights offloaded to host at level 1); a no-op
+        on CPU and for an engine made without ``enable_sleep_mode``."""
+        if not self.sleeps:
+            logger.debug("this engine does not sleep (CPU, or no enable_sleep_mode)")
             return
         self.llm.sleep(level=level)
 
     def wake_up(self) -> None:
-        """Reallocate what ``sleep`` freed; a no-op on CPU."""
-        if self.on_cpu:
-            return
-        self.llm.wake_up()
+        """Reallocate what ``sleep`` freed; a no-op where ``sleep`` is."""
+        if self.sleeps:
+            self.llm.wake_up()
 
     def close(self) -> None:
         """Shut the engine down so that another one can start in this process."""
@@ -275,10 +290,11 @@ class VLLMSampler:
 
         destroy_model_parallel()
         destroy_distributed_environment()
+        free_engine_memory()
 
     # ------------------------------------------------------------------ internals
 
-    def _request_params(self, params: SamplingParams, n: int, seed: int) -> Any:
+    def _request_params(self, params: SamplingParams, n: int, seed: int | None) -> Any:
         return self._vllm.SamplingParams(
             n=n,
             temperature=params.temperature,
@@ -343,32 +359,6 @@ def _global_rng_kept() -> Iterator[None]:
         yield
     random.setstate(python_state)
     np.random.set_state(numpy_state)
-
-
-def _engine_args(vllm: Any, **kwargs: Any) -> dict[str, Any]:
-    """Add ``logprobs_mode="processed_logprobs"`` where this vLLM knows it; no load
-    progress bar on a quiet console (it is for checkpoints that take minutes)."""
-    fields = {field.name for field in dataclasses.fields(vllm.EngineArgs)}
-    if "use_tqdm_on_load" in fields and is_quiet():
-        kwargs.setdefault("use_tqdm_on_load", False)
-    if "worker_extension_cls" in fields:  # weight syncs stream into the workers
-        kwargs.setdefault("worker_extension_cls", EXTENSION_QUALNAME)
-    if "logprobs_mode" in fields:
-        kwargs.setdefault("logprobs_mode", "processed_logprobs")
-    else:
-        logger.warning("this vLLM has no logprobs_mode: log-probs ignore temperature/top-k/top-p")
-    return kwargs
-
-
-def _checkpoint_keys(model_path: str) -> set[str]:
-    """Tensor names in the folder's safetensors files (empty for a hub id)."""
-    from safetensors import safe_open
-
-    keys: set[str] = set()
-    for file in glob.glob(os.path.join(model_path, "*.safetensors")):
-        with safe_open(file, framework="pt") as shard:
-            keys |= set(shard.keys())
-    return keys
 
 
 def _samples(request_output: Any, copies: int = 1) -> list[Sample]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import string
 import subprocess
@@ -155,3 +156,81 @@ def test_importing_samplers_imports_neither_vllm_nor_transformers():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0, max_tokens=12),
+                                    SamplingParams(temperature=0.7, top_k=5, top_p=0.9,
+                                                   max_tokens=12),
+                                    SamplingParams(temperature=0.0, max_tokens=12)],
+                         ids=["t1", "topk-topp", "greedy"])
+def test_log_probs_are_those_of_every_steps_full_scores(model_path, sampler, prompts, params):
+    """The per-step gather gives bit for bit what ``output_scores=True`` with transformers'
+    own warpers gave (the samples too, for one seed)."""
+    from transformers import GenerationConfig
+
+    from rllib_grpo.samplers.hf import _left_padded
+
+    rows = [list(p) for p in prompts for _ in range(3)]
+    stop_ids = sampler.eos_token_ids
+    sampling = params.temperature > 0
+    reference_config = GenerationConfig(
+        do_sample=sampling, temperature=params.temperature if sampling else None,
+        top_p=params.top_p if sampling else None,
+        top_k=(params.top_k if params.top_k > 0 else 0) if sampling else None,
+        max_new_tokens=params.max_tokens, eos_token_id=sorted(stop_ids),
+        pad_token_id=sampler.pad_token_id, output_scores=True, return_dict_in_generate=True)
+    input_ids, attention_mask = _left_padded(rows, sampler.pad_token_id, sampler.device)
+    torch.manual_seed(7)
+    out = sampler.model.generate(input_ids=input_ids, attention_mask=attention_mask,
+                                 generation_config=reference_config)
+    new_ids = out.sequences[:, input_ids.shape[1]:]
+    expected = torch.stack([s.float().log_softmax(-1).gather(-1, new_ids[:, t, None])[:, 0]
+                            for t, s in enumerate(out.scores)], dim=1)
+    groups = sampler.generate(prompts, 3, dataclasses.replace(params, seed=7))
+    samples = [sample for group in groups for sample in group]
+    for sample, ids, log_probs in zip(samples, new_ids.tolist(), expected, strict=True):
+        assert sample.token_ids == ids[:len(sample.token_ids)]
+        assert sample.log_probs == log_probs[:len(sample.token_ids)].tolist()  # exact
+
+
+def test_no_step_keeps_its_full_vocabulary_scores(sampler, prompts, monkeypatch):
+    """``output_scores`` would keep rows x steps x vocab floats (~10 GB for 128 x 128
+    tokens at a 152k vocabulary); the log-probs are gathered step by step instead."""
+    calls = []
+    generate = sampler.model.generate
+
+    def spy(**kwargs):
+        out = generate(**kwargs)
+        calls.append((kwargs["generation_config"], out))
+        return out
+
+    monkeypatch.setattr(sampler.model, "generate", spy)
+    sampler.generate(prompts, 2, SamplingParams(temperature=0.8, max_tokens=8))
+    (config, out), = calls
+    assert not config.output_scores and not config.output_logits
+    assert torch.is_tensor(out)  # the sequences alone, no per-step scores
+
+
+def test_default_device_is_the_gpu_the_runner_holds(model_path, monkeypatch):
+    """No device given: the runner's GPU when it holds one (also behind sampler='auto'
+    when vLLM does not import), else the CPU."""
+    from rllib_grpo.samplers import hf
+
+    class Placed(Exception):
+        pass
+
+    class FakeModel:
+        def to(self, device):
+            raise Placed(str(device))
+
+    monkeypatch.setattr(hf, "load_causal_lm", lambda *a, **k: FakeModel())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setitem(sys.modules, "vllm", None)  # "import vllm" raises ImportError
+    with pytest.raises(Placed, match="cuda:0"):
+        make_sampler("auto", model_path=model_path)
+    with pytest.raises(Placed, match="^cpu$"):
+        HFSampler(model_path, device="cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(Placed, match="^cpu$"):
+        HFSampler(model_path)

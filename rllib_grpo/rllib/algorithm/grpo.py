@@ -72,8 +72,8 @@ class GRPO(EvaluatingAlgorithm):
         # max_staleness >= 1: the next step's groups are sampled while the learner trains.
         services = self._sampling_services()
         self._sampling: SamplingStrategy = (
-            PipelinedSampling(services, self.config.max_staleness)
-            if self.config.max_staleness else SynchronousSampling(services))
+            PipelinedSampling(services, self.config.max_staleness) if self.config.max_staleness
+            else SynchronousSampling(services, sleep_samplers=self.config.sampler_sleeps))
 
     def _sampling_services(self) -> SamplingServices:
         """What the sampling strategy may use of this algorithm.  The operations look the
@@ -222,7 +222,7 @@ class GRPO(EvaluatingAlgorithm):
         )[COMPONENT_LEARNER][COMPONENT_RL_MODULE][DEFAULT_MODULE_ID]
         c = self.config
         return export_module_state(state, c.model_path, path, dtype=dtype, lora_mode=lora_mode,
-                                   base_dtype=c.model_dtype, overwrite=overwrite).path
+                                   base_dtype=c.compute_dtype, overwrite=overwrite).path
 
     # ------------------------------------------------------------------ sampling
     def _sample_step(self) -> RolloutBatch:

@@ -97,10 +97,17 @@ class SamplingStrategy(ABC):
 
 
 class SynchronousSampling(SamplingStrategy):
-    """``max_staleness`` = 0: sample with the current weights, update, then sync."""
+    """``max_staleness`` = 0: sample with the current weights, update, then sync.
 
-    def __init__(self, services: SamplingServices) -> None:
+    ``sleep_samplers`` (an engine sharing the learner's GPU, ``config.sampler_sleeps``): the
+    samplers sleep during the update, giving their KV cache and weights' memory to the
+    learner, and wake before the new weights arrive.
+    """
+
+    def __init__(self, services: SamplingServices, sleep_samplers: bool = False) -> None:
         self.services = services
+        self.sleep_samplers = sleep_samplers
+        self._asleep = False
 
     def fill(self, num_prompts: int) -> RolloutBatch:
         return self.services.sample_groups(num_prompts)
@@ -109,11 +116,14 @@ class SynchronousSampling(SamplingStrategy):
         return self.services.sample_groups(num_prompts)
 
     def before_update(self, rollout: RolloutBatch, next_prompts: int) -> None:
-        """Nothing: the env runners wait for the new weights."""
+        """The env runners wait for the new weights (their samplers asleep, if they sleep)."""
+        if self.sleep_samplers:
+            self._set_samplers_awake(False)
 
     def after_update(self) -> None:
-        """Sync the new weights, so that the next step samples with them."""
+        """Sync the new weights (to woken samplers), so that the next step samples with them."""
         t0 = time.perf_counter()
+        self._set_samplers_awake(True)
         self.services.sync_weights()
         self.services.log_value("timing_s/update_weights", time.perf_counter() - t0)
 
@@ -121,11 +131,20 @@ class SynchronousSampling(SamplingStrategy):
         """Nothing: the env runners are idle and hold the newest weights after each step."""
 
     def reset(self) -> None:
-        """Nothing: no sample outlives its step."""
+        """No sample outlives its step; samplers left asleep by a failed update wake."""
+        self._set_samplers_awake(True)
 
     @property
     def in_flight_prompts(self) -> int:
         return 0
+
+    def _set_samplers_awake(self, awake: bool) -> None:
+        if self._asleep != awake:
+            return
+        self.services.env_runner_group.foreach_env_runner(
+            (lambda runner: runner.sampler.wake_up()) if awake
+            else (lambda runner: runner.sampler.sleep()), local_env_runner=True)
+        self._asleep = not awake
 
 def dynamic_sampling(draw: Callable[[int], RolloutBatch],
                      config: GRPOConfig) -> tuple[RolloutBatch, dict[str, float]]:

@@ -86,7 +86,9 @@ class AlgorithmSettings:
         "model nor in the local Hugging Face cache, as a hub id every worker downloads; off, "
         "such a path is refused before anything starts.")
     model_dtype: str = knob(
-        "float32", "dtype", "Compute and sampling dtype: float32 | bfloat16 (| float16). With "
+        "auto", "dtype", "Compute and sampling dtype: auto | float32 | bfloat16 (| float16). "
+        "auto = bfloat16 when the learners hold GPUs (num_gpus_per_learner > 0), float32 on "
+        "CPUs (a configuration in verl's keys starts from bfloat16, verl's default). With "
         "bfloat16 the learner keeps fp32 master weights and AdamW states "
         "(master_weights_dtype) and runs forward/backward in bf16 (autocast on one learner, "
         "FSDP2 MixedPrecisionPolicy with fp32 gradient reduction when sharded); the reference "
@@ -107,7 +109,10 @@ class AlgorithmSettings:
 
     # --- sampling -------------------------------------------------------------------
     sampler: str = knob(
-        "auto", "name", "Sampler: auto (vLLM where it imports, else transformers) | vllm | hf.",
+        "auto", "name", "Sampler: auto (vLLM where it imports, else transformers) | vllm | hf. "
+        "Samples are reproducible when the config has a seed (.debugging(seed=...)): every "
+        "vLLM request is then seeded; without one vLLM's requests draw from the engine's RNG "
+        "(seeded requests make vLLM's GPU sampler draw request by request).",
         _ROLLOUT + "name")
     sampler_config: dict = knob(
         {}, "dict", "Engine options for the sampler (dtype, gpu_memory_utilization, "

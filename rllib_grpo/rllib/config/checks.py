@@ -180,14 +180,14 @@ FSDP_DTYPES = {"fsdp_param_dtype": ("auto", "model", *COMPUTE_DTYPES),
 
 def _check_precision(c: GRPOSettings) -> list[str]:
     errors = []
-    allowed = {"model_dtype": COMPUTE_DTYPES, "master_weights_dtype": MASTER_DTYPES,
+    allowed = {"model_dtype": ("auto", *COMPUTE_DTYPES), "master_weights_dtype": MASTER_DTYPES,
                **FSDP_DTYPES}
     for field, known in allowed.items():
         value = getattr(c, field)
         if value not in known:
             errors.append(f"{field}={value!r} is not a dtype here; use one of: "
                           f"{', '.join(known)} (verl's bf16/fp32 spellings are accepted).")
-    if not errors and c.master_weights_dtype == "bfloat16" and c.model_dtype == "float32":
+    if not errors and c.master_weights_dtype == "bfloat16" and c.compute_dtype == "float32":
         errors.append("master_weights_dtype='bfloat16' with model_dtype='float32': the weights "
                       "would be stored less precisely than they are computed with. Use "
                       "model_dtype='bfloat16' (bf16 compute) with master_weights_dtype='float32'.")
@@ -260,7 +260,7 @@ def _precision_pitfalls(c: GRPOSettings) -> list[str]:
             "below bf16's spacing of 2^-8 of the weight, so most updates round away and "
             "training silently stalls. Keep master_weights_dtype='float32' (fp32 master "
             "weights, bf16 compute: verl, TRL and OpenRLHF do this).")
-    if c.model_dtype == "float16":
+    if c.compute_dtype == "float16":
         pitfalls.append("model_dtype='float16': fp16 compute without loss scaling can underflow "
                         "small gradients to zero; prefer model_dtype='bfloat16'.")
     return pitfalls

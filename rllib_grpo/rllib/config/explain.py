@@ -21,17 +21,17 @@ def _lora_line(c: GRPOSettings) -> str:
 def _precision_line(c: GRPOSettings) -> str:
     """Where each dtype lives: master weights, compute, reference, samplers."""
     if c.lora_rank > 0:
-        master = f"LoRA adapter in float32, frozen base in {c.model_dtype}"
+        master = f"LoRA adapter in float32, frozen base in {c.compute_dtype}"
     else:
         master = f"{c.master_weights_dtype} master weights, gradients and AdamW states"
         if c.master_weights_dtype == "bfloat16":
             master += " (pure bf16, see PITFALLS)"
-    compute = c.model_dtype
-    if c.model_dtype != "float32" and (c.master_weights_dtype == "float32" or c.lora_rank > 0):
+    compute = c.compute_dtype
+    if c.compute_dtype != "float32" and (c.master_weights_dtype == "float32" or c.lora_rank > 0):
         compute += " (autocast on one learner; FSDP2 MixedPrecisionPolicy when sharded, " \
                    f"gradients reduced in {c.fsdp_reduce_dtype})"
     return (f"precision:                     {master}; compute in {compute}; reference in "
-            f"{c.model_dtype}; samplers get {c.sampler_dtype} weights")
+            f"{c.compute_dtype}; samplers get {c.sampler_dtype} weights")
 def _weight_sync_line(c: GRPOSettings) -> str:
     transport, why = predict_transport(c)
     return (f"weight sync:                   {c.weight_sync_transport} -> {transport} ({why}); "
@@ -124,7 +124,7 @@ def explain_config(c: GRPOSettings) -> str:
     """A human-readable plan of what one training step does, with errors and pitfalls."""
     plan = c.batch_plan()
     lines = [
-        f"model: {c.model_path} ({c.model_dtype})   sampler: {c.sampler}   "
+        f"model: {c.model_path} ({c.compute_dtype})   sampler: {c.sampler}   "
         f"temperature {c.temperature}, top_p {c.top_p}, top_k {c.top_k}",
         f"prompts per step:              {plan.prompts_per_step}",
         f"trajectories per step:         {plan.trajectories_per_step} "

@@ -143,7 +143,7 @@ class GRPOConfig(AlgorithmConfig, GRPOSettings):
         """What the causal-LM RLModule needs to build itself."""
         return {
             "model": self.model_path,
-            "dtype": self.model_dtype,  # compute dtype (and the reference's weights)
+            "dtype": self.compute_dtype,  # compute dtype (and the reference's weights)
             "master_weights_dtype": self.master_weights_dtype,
             "sync_dtype": self.sampler_dtype,  # weights are cast to it for the samplers
             "gradient_checkpointing": self.gradient_checkpointing,

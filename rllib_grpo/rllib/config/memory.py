@@ -129,7 +129,7 @@ def micro_batch_tokens(c: GRPOSettings) -> int:
 def compute_copy_bytes(c: GRPOSettings, shape: ModelShape, shards: int) -> float:
     """Bytes of the weights' compute-dtype copy when it differs from the master dtype: all
     of them on one learner (autocast's cache), the root and ~2 layers under FSDP2."""
-    compute, master = DTYPE_BYTES[c.model_dtype], DTYPE_BYTES[c.master_weights_dtype]
+    compute, master = DTYPE_BYTES[c.compute_dtype], DTYPE_BYTES[c.master_weights_dtype]
     if c.lora_rank > 0 or compute >= master:
         return 0.0
     if shards == 1:
@@ -141,7 +141,7 @@ def compute_copy_bytes(c: GRPOSettings, shape: ModelShape, shards: int) -> float
 
 def learner_memory(c: GRPOSettings, shape: ModelShape) -> tuple[dict[str, float], list[str]]:
     """Device bytes of one learner, by row, and notes."""
-    dtype_bytes = DTYPE_BYTES[c.model_dtype]  # compute: reference, activations, LoRA base
+    dtype_bytes = DTYPE_BYTES[c.compute_dtype]  # compute: reference, activations, LoRA base
     learners = c.batch_plan().num_learners
     shards = learners if (c.fsdp and learners >= 2) else 1
     host_shards = shards > 1 and c.fsdp_cpu_offload
@@ -160,9 +160,9 @@ def learner_memory(c: GRPOSettings, shape: ModelShape) -> tuple[dict[str, float]
     }
     copy = compute_copy_bytes(c, shape, shards)
     if copy:
-        rows[f"compute copy ({c.model_dtype})"] = copy
+        rows[f"compute copy ({c.compute_dtype})"] = copy
         notes.append(f"{c.master_weights_dtype} master weights and AdamW states, "
-                     f"{c.model_dtype} compute")
+                     f"{c.compute_dtype} compute")
     if host_shards:
         rows.update({"weights": 0.0, "gradients": 0.0, "optimizer (AdamW)": 0.0})
         notes.append("fsdp_cpu_offload: weights, gradients and AdamW states in host memory")
@@ -227,8 +227,8 @@ def format_estimate(est: MemoryEstimate, c: GRPOSettings) -> list[str]:
     """The estimate as a small table (lines)."""
     s = est.shape
     lora = f", LoRA r={c.lora_rank}: {s.lora_params / 1e6:.3g}M trainable" if c.lora_rank else ""
-    dtypes = c.model_dtype if c.master_weights_dtype == c.model_dtype or c.lora_rank else \
-        f"{c.master_weights_dtype} master / {c.model_dtype} compute"
+    dtypes = c.compute_dtype if c.master_weights_dtype == c.compute_dtype or c.lora_rank else \
+        f"{c.master_weights_dtype} master / {c.compute_dtype} compute"
     lines = [f"memory estimate: {s.num_params / 1e6:.3g}M params ({s.num_layers} layers x "
              f"{s.hidden_size} hidden, vocab {s.vocab_size}), {dtypes}{lora}",
              f"  per learner ({c.batch_plan().num_learners} learner(s))"]

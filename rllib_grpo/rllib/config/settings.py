@@ -47,8 +47,9 @@ class GRPOSettings(AlgorithmSettings):
         "(per decoder layer); False = RLlib's DDP (a full replica per learner). LoRA runs "
         "(lora_rank > 0) always use DDP.")
     fsdp_param_dtype: str = knob(
-        "auto", "dtype", "FSDP2 compute/all-gather dtype of the parameters: auto (= model_dtype, "
-        "the compute dtype) | model (the master weights' dtype) | bfloat16 | float16 | float32.")
+        "auto", "dtype", "FSDP2 compute/all-gather dtype of the parameters: auto (= the compute "
+        "dtype, model_dtype resolved) | model (the master weights' dtype) | bfloat16 | float16 | "
+        "float32.")
     fsdp_reduce_dtype: str = knob(
         "float32", "dtype", "FSDP2 gradient reduce-scatter dtype: float32 | bfloat16 | model.",
         _ACTOR + "fsdp_config.mixed_precision.reduce_dtype")
@@ -87,8 +88,9 @@ class GRPOSettings(AlgorithmSettings):
         "by the learner). A no-op on CPU.", _ACTOR + "fsdp_config.optimizer_offload")
     sampler_memory_fraction: float | None = knob(
         None, "fraction of GPU memory", "GPU memory the vLLM engine may take (weights + KV "
-        "cache), vLLM's gpu_memory_utilization; None = sampler_config's value, else 0.9 x the "
-        "env runner's GPU share when fractional, else vLLM's default.",
+        "cache), vLLM's gpu_memory_utilization; None = sampler_config's value, else 0.5 when "
+        "the engine shares the local learner's GPU (it sleeps during the update), else 0.9 x "
+        "the env runner's GPU share when fractional, else vLLM's default (0.9).",
         _ROLLOUT + "gpu_memory_utilization")
 
     # --- weight sync ----------------------------------------------------------------
@@ -154,11 +156,28 @@ class GRPOSettings(AlgorithmSettings):
 
     # ---------------------------------------------------------------- derived values
     @property
+    def compute_dtype(self) -> str:
+        """``model_dtype`` resolved: ``auto`` is bfloat16 (over fp32 master weights, as verl)
+        when the learners hold GPUs, float32 on CPUs (bf16 matmuls are slow there)."""
+        if self.model_dtype != "auto":
+            return self.model_dtype
+        return "bfloat16" if (getattr(self, "num_gpus_per_learner", 0) or 0) > 0 else "float32"
+
+    @property
     def sampler_dtype(self) -> str:
         """The samplers' weight dtype: ``sampler_config["dtype"]`` if set (and not "auto"),
-        else ``model_dtype``; weight syncs are cast to it on the learner."""
+        else the compute dtype; weight syncs are cast to it on the learner."""
         dtype = canonical_dtype(dict(self.sampler_config).get("dtype") or "auto")
-        return self.model_dtype if dtype == "auto" else dtype
+        return self.compute_dtype if dtype == "auto" else dtype
+
+    @property
+    def sampler_sleeps(self) -> bool:
+        """The vLLM engine shares its GPU with the learner (one process: the local env
+        runner samples, the local learner holds a GPU), so it sleeps during each update
+        (KV cache and weights released) and wakes before the weight sync."""
+        return (self.sampler != "hf" and getattr(self, "num_env_runners", 0) == 0
+                and getattr(self, "num_learners", 0) == 0
+                and (getattr(self, "num_gpus_per_learner", 0) or 0) > 0)
 
     @property
     def needs_reference(self) -> bool:

@@ -36,6 +36,7 @@ from rllib_grpo.data.rollout import RolloutBatch, build_rollout_batch
 from rllib_grpo.models.lora import AdapterMerger, is_lora_payload
 from rllib_grpo.models.registry import resolve_model
 from rllib_grpo.models.tokenizers import load_tokenizer
+from rllib_grpo.rllib.env_runner.engine import engine_options
 from rllib_grpo.rllib.env_runner.multiturn import (
     EpisodeSampler,
     check_multi_turn_config,
@@ -74,24 +75,6 @@ def data_seed(config: Any) -> int:
     return config.data_seed if config.data_seed is not None else (config.seed or 0)
 
 
-def engine_options(config: Any) -> dict[str, Any]:
-    """Sampler options: ``sampler_config``, with a vLLM engine's GPU memory share from
-    ``sampler_memory_fraction``, else (colocated) the GPU fraction this env runner
-    reserved from Ray; HF config overrides (``model_override_config``) as vLLM's
-    ``hf_overrides`` or the transformers sampler's ``config_overrides``."""
-    options = dict(config.sampler_config)
-    options.pop("dtype", None)  # the sampler's dtype is config.sampler_dtype
-    if config.model_override_config:
-        key = "config_overrides" if config.sampler == "hf" else "hf_overrides"
-        options[key] = dict(config.model_override_config)
-    if config.sampler != "hf" and config.sampler_memory_fraction is not None:
-        options["gpu_memory_utilization"] = config.sampler_memory_fraction
-    gpus = config.num_gpus_per_env_runner
-    if config.sampler != "hf" and 0 < gpus < 1:
-        options.setdefault("gpu_memory_utilization", round(0.9 * gpus, 3))
-    return options
-
-
 def _seek(env: gym.Env, start: int | None) -> None:
     """Move ``env`` to position ``start`` of its epoch-by-epoch prompt order."""
     if start is None:
@@ -119,7 +102,7 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         self._val_env: gym.Env | None = None
         self.sampler = make_sampler(
             c.sampler, model_path=model_path, dtype=c.sampler_dtype, seed=seed,
-            **engine_options(c),
+            **engine_options(c, model_path),
         )
         self._weights_seq_no = 0
         self._group_counter = 0

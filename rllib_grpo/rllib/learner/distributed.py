@@ -63,10 +63,10 @@ def mixed_precision_policy(config: Any, device: torch.device) -> MixedPrecisionP
     reduce_dtype=fp32)`` for ``model_dtype="bfloat16"``: the shards (master weights) and
     AdamW states stay in ``master_weights_dtype``, each unit is all-gathered and computed in
     the compute dtype, and gradients are reduce-scattered in fp32.  ``fsdp_param_dtype``
-    ``auto`` is ``model_dtype`` on every device."""
+    ``auto`` is the compute dtype (``model_dtype`` resolved) on every device."""
     param = config.fsdp_param_dtype
     if param == "auto":
-        param = config.model_dtype
+        param = config.compute_dtype
     return MixedPrecisionPolicy(param_dtype=_dtype(param),
                                 reduce_dtype=_dtype(config.fsdp_reduce_dtype))
 

@@ -99,7 +99,7 @@ class GRPOLearner(TorchLearner):
         for rl_module in self.module.values():  # GPU: flash-attention's varlen kernel if present
             for lm in (rl_module.unwrapped().lm, getattr(rl_module.unwrapped(), "ref_lm", None)):
                 if lm is not None and c.use_remove_padding:
-                    prefer_varlen_attention(lm, self._device, c.model_dtype)
+                    prefer_varlen_attention(lm, self._device, c.compute_dtype)
 
     @cached_property
     def weight_sender(self) -> WeightSender:

@@ -115,7 +115,6 @@ def test_pipelined_sampling_syncs_and_launches_the_next_step_before_the_update()
     assert driver.calls == ["collect", "log_fault_counts", "state_1", "runner_metrics",
                             "sync_weights", "claim_prompts(4)", "launch"]
     assert driver.logged["async/staleness_max"] == 1
-    assert len(strategy.learner_metric_keys()) == 4  # the gap at staleness 0 and 1
     strategy.reset()
     assert strategy.in_flight_prompts == 0
 
@@ -165,9 +164,6 @@ def test_training_step_runs_the_strategy_it_is_given_in_the_papers_order(ray_ses
         def in_flight_prompts(self):
             return 0
 
-        def learner_metric_keys(self):
-            return ()
-
     try:
         update = algo.learner_group.update
         algo.learner_group.update = lambda **kw: calls.append("update") or update(**kw)
@@ -176,3 +172,33 @@ def test_training_step_runs_the_strategy_it_is_given_in_the_papers_order(ray_ses
         assert calls == ["fill", "before_update", "update", "after_update", "settle"]
     finally:
         algo.stop()
+
+
+class _SleepingRunners:
+    """The local env runner of a colocated run: its sampler's sleep/wake calls, in order."""
+
+    def __init__(self, driver: _Driver) -> None:
+        self.driver = driver
+        self.runner = type("Runner", (), {})()
+        self.runner.sampler = type("Sampler", (), {
+            "sleep": lambda _: driver.calls.append("sleep"),
+            "wake_up": lambda _: driver.calls.append("wake_up")})()
+
+    def foreach_env_runner(self, func, local_env_runner):
+        assert local_env_runner
+        return [func(self.runner)]
+
+
+def test_colocated_samplers_sleep_through_the_update_and_wake_before_the_sync():
+    from rllib_grpo.rllib.algorithm.sampling import SynchronousSampling
+
+    driver = _Driver(versions=[0])
+    strategy = SynchronousSampling(driver.services(_SleepingRunners(driver)),
+                                   sleep_samplers=True)
+    strategy.before_update(strategy.fill(4), next_prompts=4)
+    strategy.after_update()
+    strategy.reset()  # awake already: nothing to do
+    assert driver.calls == ["sample_groups(4)", "sleep", "wake_up", "sync_weights"]
+    strategy.before_update(strategy.fill(4), next_prompts=4)
+    strategy.reset()  # an update that failed: the samplers wake for the next step
+    assert driver.calls[-2:] == ["sleep", "wake_up"]

@@ -90,3 +90,46 @@ def test_tensor_parallel_layouts_that_cannot_run_are_errors():
     assert any("num_gpus_per_env_runner=2" in e for e in find_errors(wrong_bundle))
     hf = tiny_config(sampler="hf", sampler_config={"tensor_parallel_size": 2})
     assert any("needs the vLLM sampler" in e for e in find_errors(hf))
+
+
+def test_engine_plans_for_the_prompt_and_response_budget():
+    """vLLM sized for the model's whole context refuses to start in a small memory share:
+    it gets the prompt + response budget (a multi-turn episode's too), capped by the
+    model's context."""
+    from rllib_grpo.models import resolve_model
+    from rllib_grpo.rllib.env_runner.env_runner import engine_options
+
+    config = tiny_config(sampler="vllm", max_prompt_length=16, max_response_length=12)
+    assert engine_options(config)["max_model_len"] == 28
+    assert engine_options(config, resolve_model("builtin:tiny"))["max_model_len"] == 28
+    long = tiny_config(sampler="vllm", max_prompt_length=100, max_response_length=100)
+    assert engine_options(long, resolve_model("builtin:tiny"))["max_model_len"] == 128
+    stretched = tiny_config(sampler="vllm", max_prompt_length=100, max_response_length=100,
+                            model_override_config={"max_position_embeddings": 512})
+    assert engine_options(stretched, resolve_model("builtin:tiny"))["max_model_len"] == 200
+    asked = tiny_config(sampler="vllm", sampler_config={"max_model_len": 64})
+    assert engine_options(asked)["max_model_len"] == 64
+    assert "max_model_len" not in engine_options(tiny_config(sampler="hf"))
+
+
+def test_gpu_engines_get_the_share_the_runner_holds_and_sleep_only_when_colocated():
+    from rllib_grpo.rllib.env_runner.env_runner import engine_options
+
+    whole = tiny_config(sampler="vllm")
+    whole.env_runners(num_env_runners=1, num_gpus_per_env_runner=1)
+    whole.learners(num_gpus_per_learner=1)
+    options = engine_options(whole)
+    assert "gpu_memory_utilization" not in options  # vLLM's default, not 0.5
+    assert "enable_sleep_mode" not in options and not whole.sampler_sleeps
+    colocated = tiny_config(sampler="vllm").learners(num_gpus_per_learner=1)
+    assert colocated.sampler_sleeps
+    options = engine_options(colocated)
+    assert options["enable_sleep_mode"] and options["gpu_memory_utilization"] == 0.5
+    assert not tiny_config(sampler="vllm").sampler_sleeps  # a CPU learner: nothing to share
+
+
+def test_requests_are_seeded_only_when_the_config_has_a_seed():
+    from rllib_grpo.rllib.env_runner.env_runner import engine_options
+
+    assert engine_options(tiny_config(sampler="vllm"))["seed_requests"]  # tiny_config: seed=0
+    assert not engine_options(tiny_config(sampler="vllm").debugging(seed=None))["seed_requests"]

@@ -137,6 +137,28 @@ def test_verl_precision_keys_map_with_verl_spellings():
         assemble(overrides=[f"{actor}mixed_precision.buffer_dtype=bf16"])
 
 
+def test_compute_dtype_defaults_to_bf16_on_gpu_learners_and_for_verl_keys():
+    """GPU learners and verl-key configurations compute in bf16 over fp32 master weights
+    (verl's default); CPU runs keep float32 unless asked."""
+    from rllib_grpo.cli.build import assemble, build_config
+
+    def precision(config):
+        line = next(x for x in config.explain().splitlines() if x.startswith("precision:"))
+        return config.module_config()["dtype"], config.master_weights_dtype, line
+
+    dtype, master, line = precision(tiny_config())
+    assert (dtype, master) == ("float32", "float32") and "compute in float32" in line
+    dtype, master, line = precision(tiny_config().learners(num_gpus_per_learner=1))
+    assert (dtype, master) == ("bfloat16", "float32") and "compute in bfloat16" in line
+    assert tiny_config().learners(num_gpus_per_learner=1).sampler_dtype == "bfloat16"
+    asked = tiny_config(model_dtype="float32").learners(num_gpus_per_learner=1)
+    assert precision(asked)[0] == "float32"  # asked: kept
+    verl = build_config(assemble(overrides=["actor_rollout_ref.rollout.n=4",
+                                            "data.train_batch_size=8"]))
+    dtype, master, line = precision(verl)
+    assert (dtype, master) == ("bfloat16", "float32") and "compute in float32" not in line
+
+
 def test_memory_estimate_counts_fp32_master_weights_and_bf16_compute():
     from rllib_grpo.rllib.config.memory import ModelShape, estimate_memory
 

