@@ -40,6 +40,7 @@ from rllib_grpo.cli.verl_keys import (  # noqa: F401  (the tables are part of th
     VERL_TO_RUN,
     VERL_TO_SUB_KEY,
     VERL_TOP_LEVEL,
+    known_verl_keys,
     prefix_match,
 )
 from rllib_grpo.rllib.config.settings import (
@@ -48,6 +49,7 @@ from rllib_grpo.rllib.config.settings import (
     VERL_ALIASES,
     canonical_dtype,
     derived_field_error,
+    did_you_mean,
     is_dtype_setting,
 )
 
@@ -273,7 +275,8 @@ def translate(raw: Mapping[str, Any], algo: str, source: str) -> Translated:
         elif key in property_keys(algo):
             _set(out, property_keys(algo)[key], value, key, source)
         else:
-            raise ConfigError(f"{source}: unknown config key {key!r} for {algo}")
+            raise ConfigError(f"{source}: unknown config key {key!r} for {algo}."
+                              + did_you_mean(key, [*known, *VERL_ALIASES]))
     _resources_from_verl(out, source)
     return out
 
@@ -312,7 +315,8 @@ def _translate_verl_key(out: Translated, key: str, value: Any, known: frozenset[
         _set(out, field, {entry: value}, key, source)
         out.mapped.append(f"{key} -> {field}.{entry}")
     else:
-        raise ConfigError(f"{source}: verl key {key!r} has no rllib-grpo equivalent yet")
+        raise ConfigError(f"{source}: verl key {key!r} has no rllib-grpo equivalent yet."
+                          + did_you_mean(key, known_verl_keys()))
 
 
 def _ignore_at(out: Translated, key: str, value: Any, source: str) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rllib_grpo.rllib.config.settings import VERL_ALIASES
+
 _AR = "actor_rollout_ref."
 _LOGPROB_CHUNKS = ("chunking of a no-grad log-prob forward pass: the values do not depend on it "
                    "(the learner chunks it by micro_batch_size_per_learner)")
@@ -166,6 +168,15 @@ VERL_DEFAULTS_NOT_TAKEN: dict[str, str] = {
     "validation on the whole data.val_files set": "validation scores the first "
                                                   "val_num_prompts held-out prompts",
 }
+
+
+def known_verl_keys() -> list[str]:
+    """Every verl key taken by name (the aliases of settings.py and the tables here): the
+    candidates for a misspelt verl key's nearest names."""
+    tables: list[Any] = [VERL_ALIASES, VERL_IGNORED, VERL_IGNORED_AT, VERL_REFUSED_LAYOUTS,
+                         VERL_TO_RUN, VERL_RECORDED, VERL_TO_SUB_KEY, VERL_MUST_MATCH,
+                         VERL_TOP_LEVEL]
+    return sorted({key for table in tables for key in table})
 
 
 def prefix_match(key: str, table: dict[str, Any]) -> str | None:

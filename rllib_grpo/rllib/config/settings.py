@@ -10,6 +10,8 @@ size), the system's here; `SETTINGS_FIELDS` is the one table of both.  No Ray he
 from __future__ import annotations
 
 import dataclasses
+import difflib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -261,6 +263,13 @@ def derived_field_error(name: str) -> str:
     """The message refusing the derived field ``name``."""
     return (f"{name!r} is derived for GRPO ({DERIVED_FIELDS[name]}); set prompts_per_step, "
             "prompts_per_minibatch or group_size instead.")
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """`` Did you mean 'group_size'?`` for a misspelt ``name`` (difflib's nearest among
+    ``known``, up to three), or ``""`` when none is near."""
+    near = difflib.get_close_matches(name, sorted(set(known)), n=3, cutoff=0.75)
+    return f" Did you mean {' or '.join(map(repr, near))}?" if near else ""
 
 
 def settings_table() -> str:
