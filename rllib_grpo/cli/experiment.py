@@ -28,6 +28,8 @@ from rllib_grpo.cli.algorithms import default_config
 from rllib_grpo.cli.errors import ConfigError
 from rllib_grpo.cli.verl_keys import (  # noqa: F401  (the tables are part of this API)
     REWARD_MANAGERS,
+    VERL_CUSTOM_REWARD_ENTRIES,
+    VERL_CUSTOM_REWARD_PREFIXES,
     VERL_DEFAULTS,
     VERL_IGNORED,
     VERL_IGNORED_AT,
@@ -97,6 +99,7 @@ class Experiment:
     recorded: dict[str, Any] = dataclasses.field(default_factory=dict)
     must_match: dict[str, Any] = dataclasses.field(default_factory=dict)
     verl_defaults: bool = False  # the configuration is given in verl's keys
+    custom_reward: dict[str, Any] = dataclasses.field(default_factory=dict)  # verl's entries
 
 
 # ----------------------------------------------------------------------------- parsing
@@ -249,6 +252,7 @@ class Translated:
     origin: dict[str, str] = dataclasses.field(default_factory=dict)
     recorded: dict[str, Any] = dataclasses.field(default_factory=dict)
     must_match: dict[str, Any] = dataclasses.field(default_factory=dict)
+    custom_reward: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def translate(raw: Mapping[str, Any], algo: str, source: str) -> Translated:
@@ -290,7 +294,11 @@ def _translate_verl_key(out: Translated, key: str, value: Any, known: frozenset[
         raise ConfigError(f"{source}: verl key {key}={value!r} is refused: {why}. "
                           f"Nearest setting that runs: {nearest}.")
     dict_prefix = prefix_match(key, VERL_PREFIX_TO_DICT)
-    if key in VERL_IGNORED or key in VERL_REFUSED_LAYOUTS or prefix_match(
+    custom = next((p for p in VERL_CUSTOM_REWARD_PREFIXES if key.startswith(p)), None)
+    entry = key[len(custom):] if custom else ""
+    if custom and entry.partition(".")[0] in VERL_CUSTOM_REWARD_ENTRIES:
+        out.custom_reward[entry] = value  # resolved once all sources are merged (build.py)
+    elif key in VERL_IGNORED or key in VERL_REFUSED_LAYOUTS or prefix_match(
             key, VERL_IGNORED_PREFIXES):
         out.ignored.append(key)
     elif key in VERL_IGNORED_AT:

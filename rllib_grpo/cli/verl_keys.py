@@ -115,6 +115,12 @@ VERL_RECORDED: dict[str, str] = {
                                    "overlong shaping follows reward_model.overlong_buffer.*",
 }
 REWARD_MANAGERS = ("naive", "dapo", "prime")
+# verl's own way to plug a reward function (newer verl nests it under ``reward.``):
+# ``path`` (a .py file), ``name`` (default below) and ``reward_kwargs.*`` become
+# ``env_config.reward_fn = "path:name"`` and ``env_config.reward_kwargs``.
+VERL_CUSTOM_REWARD_PREFIXES = ("custom_reward_function.", "reward.custom_reward_function.")
+VERL_CUSTOM_REWARD_ENTRIES = ("path", "name", "reward_kwargs")
+VERL_CUSTOM_REWARD_NAME = "compute_score"
 # verl keys that set one entry of a dict-valued config field: key -> (field, entry).
 VERL_TO_SUB_KEY: dict[str, tuple[str, str]] = {
     "data.train_files": ("env_config", "path"),
@@ -176,7 +182,8 @@ def known_verl_keys() -> list[str]:
     tables: list[Any] = [VERL_ALIASES, VERL_IGNORED, VERL_IGNORED_AT, VERL_REFUSED_LAYOUTS,
                          VERL_TO_RUN, VERL_RECORDED, VERL_TO_SUB_KEY, VERL_MUST_MATCH,
                          VERL_TOP_LEVEL]
-    return sorted({key for table in tables for key in table})
+    custom = [p + e for p in VERL_CUSTOM_REWARD_PREFIXES for e in VERL_CUSTOM_REWARD_ENTRIES]
+    return sorted({key for table in tables for key in table} | set(custom))
 
 
 def prefix_match(key: str, table: dict[str, Any]) -> str | None:
