@@ -27,8 +27,6 @@ _MEGATRON_FIX = ("drop model_engine=megatron and the *.megatron.* keys: FSDP2 sh
 
 # verl keys accepted at any value because they change nothing here: key -> why.
 VERL_IGNORED: dict[str, str] = {
-    "trainer.logger": "picks verl's loggers (console/wandb); Tune always writes TensorBoard, "
-                      "JSON and CSV",
     "trainer.project_name": "the wandb project name; names nothing here",
     "trainer.balance_batch": "verl reorders trajectories for equal GPU work: it changes which "
                              "trajectories share a mini-batch, not the objective, advantages or "

@@ -118,7 +118,7 @@ def test_verl_trainer_keys_set_how_the_experiment_runs():
     assert (exp.checkpoint_freq, exp.name) == (3, "run1")
     assert exp.config["num_learners"] == 8 and exp.config["num_gpus_per_learner"] == 1
     assert exp.config["sampler_config"] == {"enforce_eager": True}
-    assert exp.ignored == ["trainer.logger"]
+    assert exp.config["loggers"] == ("console", "wandb") and exp.ignored == []
 
 
 def test_total_epochs_counts_the_prompts_like_verl():

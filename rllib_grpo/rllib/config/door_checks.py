@@ -7,10 +7,11 @@ them, so `GRPOConfig.validate`, `explain` and `rllib train` refuse the same inpu
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from pathlib import Path
 from typing import Any
 
-from rllib_grpo.rllib.config.settings import GRPOSettings, did_you_mean
+from rllib_grpo.rllib.config.settings import LOGGER_PACKAGES, GRPOSettings, did_you_mean
 
 # Process and device counts (RLlib's own fields): a negative one is accepted by RLlib.
 COUNT_FIELDS = ("num_env_runners", "num_envs_per_env_runner", "num_learners",
@@ -119,3 +120,17 @@ def _first_row_sample(settings: dict) -> tuple[str, str, Any, dict | None]:
     except Exception:  # noqa: BLE001  (the data's own checks report it)
         return "", "", "", None
     return first.data_source, str(first.ground_truth), first.ground_truth, first.extra_info
+
+
+def logger_errors(c: GRPOSettings) -> list[str]:
+    """Every name in ``loggers`` is known, and its package is installed."""
+    loggers = getattr(c, "loggers", ())
+    names = [loggers] if isinstance(loggers, str) else list(loggers or ())
+    errors = []
+    for name in names:
+        if name not in LOGGER_PACKAGES:
+            errors.append(f"loggers: {name!r} is unknown; use any of "
+                          f"{', '.join(LOGGER_PACKAGES)}." + did_you_mean(name, LOGGER_PACKAGES))
+        elif (package := LOGGER_PACKAGES[name]) and importlib.util.find_spec(package) is None:
+            errors.append(f"loggers: {name!r} needs the {package} package: pip install {package}.")
+    return errors

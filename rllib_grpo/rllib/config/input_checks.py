@@ -12,7 +12,12 @@ from typing import Any
 
 from rllib_grpo.data.prompt_files import prompt_file_error
 from rllib_grpo.models.registry import model_path_error
-from rllib_grpo.rllib.config.door_checks import count_errors, env_id_error, reward_fn_errors
+from rllib_grpo.rllib.config.door_checks import (
+    count_errors,
+    env_id_error,
+    logger_errors,
+    reward_fn_errors,
+)
 from rllib_grpo.rllib.config.settings import GRPOSettings
 
 # (field, predicate, requirement) for scalar settings; None values are skipped ("off").
@@ -129,4 +134,4 @@ def input_errors(c: GRPOSettings) -> list[str]:
     the env id and one call of the reward function."""
     env_error = env_id_error(getattr(c, "env", None))
     return (range_errors(c) + count_errors(c) + ([env_error] if env_error else [])
-            + resource_errors(c) + reward_fn_errors(c))
+            + resource_errors(c) + reward_fn_errors(c) + logger_errors(c))
