@@ -30,7 +30,12 @@ from rllib_grpo.cli.experiment import (
     parse_overrides,
     translate,
 )
-from rllib_grpo.cli.verl_keys import VERL_DEFAULT_EPOCHS, VERL_DEFAULTS, VERL_MUST_MATCH
+from rllib_grpo.cli.verl_keys import (
+    VERL_CUSTOM_REWARD_NAME,
+    VERL_DEFAULT_EPOCHS,
+    VERL_DEFAULTS,
+    VERL_MUST_MATCH,
+)
 
 if TYPE_CHECKING:  # annotations only
     from rllib_grpo.rllib.config.grpo_config import GRPOConfig
@@ -127,6 +132,7 @@ def _merge(exp: Experiment, t: Translated) -> None:
     exp.mapped += t.mapped
     exp.recorded.update(t.recorded)
     exp.must_match.update(t.must_match)
+    exp.custom_reward.update(t.custom_reward)
     run = t.run
     if "trainer.total_training_steps" in run:
         exp.stop["training_iteration"] = _run_int(run, "trainer.total_training_steps")
@@ -152,6 +158,7 @@ def _verl_run_checks(exp: Experiment) -> None:
         exp.total_epochs = VERL_DEFAULT_EPOCHS
         exp.mapped.append(f"trainer.total_epochs={VERL_DEFAULT_EPOCHS} (verl's default) -> "
                           f"{VERL_TO_RUN['trainer.total_epochs']}")
+    _custom_reward_function(exp)
     for key, value in exp.must_match.items():
         field = VERL_MUST_MATCH[key]
         setting = exp.config.get(field, _default_of(exp, field))
@@ -163,6 +170,31 @@ def _verl_run_checks(exp: Experiment) -> None:
     if manager == "naive" and overlong:
         raise ConfigError("reward_model.reward_manager=naive has no overlong buffer in verl: set "
                           "reward_model.reward_manager=dapo or overlong_buffer.enable=False")
+
+
+def _custom_reward_function(exp: Experiment) -> None:
+    """verl's ``custom_reward_function.path/name/reward_kwargs`` -> ``env_config.reward_fn``
+    (``"path:name"``) and ``env_config.reward_kwargs``, as verl selects its reward."""
+    given = exp.custom_reward
+    if given.get("path") is None:
+        if given.get("name") is not None or any(k.startswith("reward_kwargs") for k in given):
+            raise ConfigError("custom_reward_function.name / reward_kwargs need "
+                              "custom_reward_function.path (the .py file of the function)")
+        return
+    spec = f"{given['path']}:{given.get('name') or VERL_CUSTOM_REWARD_NAME}"
+    env_config = dict(exp.config.get("env_config") or {})
+    if env_config.get("reward_fn") not in (None, spec):
+        raise ConfigError(f"custom_reward_function selects {spec!r} but env_config.reward_fn is "
+                          f"{env_config['reward_fn']!r}; give one of them")
+    kwargs = dict(given.get("reward_kwargs") or {})
+    kwargs.update({k.partition(".")[2]: v for k, v in given.items()
+                   if k.startswith("reward_kwargs.")})
+    env_config["reward_fn"] = spec
+    if kwargs:
+        env_config["reward_kwargs"] = {**(env_config.get("reward_kwargs") or {}), **kwargs}
+    exp.config["env_config"] = env_config
+    exp.mapped.append(f"custom_reward_function.path/name -> env_config.reward_fn={spec!r}"
+                      + (f", reward_kwargs={kwargs!r}" if kwargs else ""))
 
 
 def _default_of(exp: Experiment, field: str) -> Any:

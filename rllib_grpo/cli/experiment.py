@@ -28,6 +28,8 @@ from rllib_grpo.cli.algorithms import default_config
 from rllib_grpo.cli.errors import ConfigError
 from rllib_grpo.cli.verl_keys import (  # noqa: F401  (the tables are part of this API)
     REWARD_MANAGERS,
+    VERL_CUSTOM_REWARD_ENTRIES,
+    VERL_CUSTOM_REWARD_PREFIXES,
     VERL_DEFAULTS,
     VERL_IGNORED,
     VERL_IGNORED_AT,
@@ -40,6 +42,7 @@ from rllib_grpo.cli.verl_keys import (  # noqa: F401  (the tables are part of th
     VERL_TO_RUN,
     VERL_TO_SUB_KEY,
     VERL_TOP_LEVEL,
+    known_verl_keys,
     prefix_match,
 )
 from rllib_grpo.rllib.config.settings import (
@@ -48,6 +51,7 @@ from rllib_grpo.rllib.config.settings import (
     VERL_ALIASES,
     canonical_dtype,
     derived_field_error,
+    did_you_mean,
     is_dtype_setting,
 )
 
@@ -95,6 +99,7 @@ class Experiment:
     recorded: dict[str, Any] = dataclasses.field(default_factory=dict)
     must_match: dict[str, Any] = dataclasses.field(default_factory=dict)
     verl_defaults: bool = False  # the configuration is given in verl's keys
+    custom_reward: dict[str, Any] = dataclasses.field(default_factory=dict)  # verl's entries
 
 
 # ----------------------------------------------------------------------------- parsing
@@ -247,6 +252,7 @@ class Translated:
     origin: dict[str, str] = dataclasses.field(default_factory=dict)
     recorded: dict[str, Any] = dataclasses.field(default_factory=dict)
     must_match: dict[str, Any] = dataclasses.field(default_factory=dict)
+    custom_reward: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def translate(raw: Mapping[str, Any], algo: str, source: str) -> Translated:
@@ -273,7 +279,8 @@ def translate(raw: Mapping[str, Any], algo: str, source: str) -> Translated:
         elif key in property_keys(algo):
             _set(out, property_keys(algo)[key], value, key, source)
         else:
-            raise ConfigError(f"{source}: unknown config key {key!r} for {algo}")
+            raise ConfigError(f"{source}: unknown config key {key!r} for {algo}."
+                              + did_you_mean(key, [*known, *VERL_ALIASES]))
     _resources_from_verl(out, source)
     return out
 
@@ -287,7 +294,11 @@ def _translate_verl_key(out: Translated, key: str, value: Any, known: frozenset[
         raise ConfigError(f"{source}: verl key {key}={value!r} is refused: {why}. "
                           f"Nearest setting that runs: {nearest}.")
     dict_prefix = prefix_match(key, VERL_PREFIX_TO_DICT)
-    if key in VERL_IGNORED or key in VERL_REFUSED_LAYOUTS or prefix_match(
+    custom = next((p for p in VERL_CUSTOM_REWARD_PREFIXES if key.startswith(p)), None)
+    entry = key[len(custom):] if custom else ""
+    if custom and entry.partition(".")[0] in VERL_CUSTOM_REWARD_ENTRIES:
+        out.custom_reward[entry] = value  # resolved once all sources are merged (build.py)
+    elif key in VERL_IGNORED or key in VERL_REFUSED_LAYOUTS or prefix_match(
             key, VERL_IGNORED_PREFIXES):
         out.ignored.append(key)
     elif key in VERL_IGNORED_AT:
@@ -312,7 +323,8 @@ def _translate_verl_key(out: Translated, key: str, value: Any, known: frozenset[
         _set(out, field, {entry: value}, key, source)
         out.mapped.append(f"{key} -> {field}.{entry}")
     else:
-        raise ConfigError(f"{source}: verl key {key!r} has no rllib-grpo equivalent yet")
+        raise ConfigError(f"{source}: verl key {key!r} has no rllib-grpo equivalent yet."
+                          + did_you_mean(key, known_verl_keys()))
 
 
 def _ignore_at(out: Translated, key: str, value: Any, source: str) -> None:

@@ -224,7 +224,8 @@ def train(args: argparse.Namespace, file: str | None, overrides: list[str]) -> i
     exp = assemble_from_args(args, file, overrides)
     errors = config_errors(exp)  # bad input (data files, ranges, ...) before counting prompts
     if errors:
-        raise ConfigError("invalid config: " + " | ".join(errors))
+        raise ConfigError("invalid config: " + errors[0] if len(errors) == 1 else
+                          f"invalid config ({len(errors)} problems):\n" + "\n".join(errors))
     storage_error = storage_path_error(exp.storage_path)
     if storage_error:
         raise ConfigError(storage_error)

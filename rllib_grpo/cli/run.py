@@ -27,9 +27,15 @@ def run_tune(exp: Experiment, config: GRPOConfig, stop: dict[str, Any],
 
     from rllib_grpo.cli.algorithms import resolve_algo
     from rllib_grpo.cli.resume import InterruptScheduler
-    from rllib_grpo.cli.tune import CompletionsTBXCallback, ProgressPrinter, install_completions
+    from rllib_grpo.cli.tune import (
+        CompletionsTBXCallback,
+        ProgressPrinter,
+        install_completions,
+        logger_callbacks,
+    )
 
-    callbacks: list[Any] = [ProgressPrinter()]
+    callbacks: list[Any] = [ProgressPrinter(), *logger_callbacks(
+        getattr(config, "loggers", ()), exp.name)]
     if getattr(config, "log_completions_every", 0):
         install_completions(config)
         callbacks.append(CompletionsTBXCallback())

@@ -68,6 +68,25 @@ def install_completions(config: GRPOConfig) -> Any:
     return config
 
 
+def logger_callbacks(loggers: tuple[str, ...] | list[str] | str,
+                     experiment: str | None = None) -> list[Any]:
+    """Tune's logger callbacks for the ``loggers`` setting (verl's ``trainer.logger``):
+    ``wandb`` -> `WandbLoggerCallback`, ``mlflow`` -> `MLflowLoggerCallback`, both named
+    after the experiment; ``console`` (`ProgressPrinter`) and ``tensorboard`` (Tune's own
+    TBX logger) are always on.  Their packages are checked before Ray starts (the door)."""
+    names = [loggers] if isinstance(loggers, str) else list(loggers)
+    callbacks: list[Any] = []
+    if "wandb" in names:
+        from ray.air.integrations.wandb import WandbLoggerCallback
+
+        callbacks.append(WandbLoggerCallback(project=experiment or "rllib-grpo"))
+    if "mlflow" in names:
+        from ray.air.integrations.mlflow import MLflowLoggerCallback
+
+        callbacks.append(MLflowLoggerCallback(experiment_name=experiment or "rllib-grpo"))
+    return callbacks
+
+
 class CompletionsTBXCallback(tune.Callback):
     """Writes ``result["completions"]`` as TensorBoard text into each trial's folder."""
 

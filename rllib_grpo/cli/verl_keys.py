@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rllib_grpo.rllib.config.settings import VERL_ALIASES
+
 _AR = "actor_rollout_ref."
 _LOGPROB_CHUNKS = ("chunking of a no-grad log-prob forward pass: the values do not depend on it "
                    "(the learner chunks it by micro_batch_size_per_learner)")
@@ -25,8 +27,6 @@ _MEGATRON_FIX = ("drop model_engine=megatron and the *.megatron.* keys: FSDP2 sh
 
 # verl keys accepted at any value because they change nothing here: key -> why.
 VERL_IGNORED: dict[str, str] = {
-    "trainer.logger": "picks verl's loggers (console/wandb); Tune always writes TensorBoard, "
-                      "JSON and CSV",
     "trainer.project_name": "the wandb project name; names nothing here",
     "trainer.balance_batch": "verl reorders trajectories for equal GPU work: it changes which "
                              "trajectories share a mini-batch, not the objective, advantages or "
@@ -113,6 +113,12 @@ VERL_RECORDED: dict[str, str] = {
                                    "overlong shaping follows reward_model.overlong_buffer.*",
 }
 REWARD_MANAGERS = ("naive", "dapo", "prime")
+# verl's own way to plug a reward function (newer verl nests it under ``reward.``):
+# ``path`` (a .py file), ``name`` (default below) and ``reward_kwargs.*`` become
+# ``env_config.reward_fn = "path:name"`` and ``env_config.reward_kwargs``.
+VERL_CUSTOM_REWARD_PREFIXES = ("custom_reward_function.", "reward.custom_reward_function.")
+VERL_CUSTOM_REWARD_ENTRIES = ("path", "name", "reward_kwargs")
+VERL_CUSTOM_REWARD_NAME = "compute_score"
 # verl keys that set one entry of a dict-valued config field: key -> (field, entry).
 VERL_TO_SUB_KEY: dict[str, tuple[str, str]] = {
     "data.train_files": ("env_config", "path"),
@@ -166,6 +172,16 @@ VERL_DEFAULTS_NOT_TAKEN: dict[str, str] = {
     "data.train_files=~/data/rlhf/gsm8k/train.parquet": "the env's own data is used unless "
                                                         "data.train_files is given",
 }
+
+
+def known_verl_keys() -> list[str]:
+    """Every verl key taken by name (the aliases of settings.py and the tables here): the
+    candidates for a misspelt verl key's nearest names."""
+    tables: list[Any] = [VERL_ALIASES, VERL_IGNORED, VERL_IGNORED_AT, VERL_REFUSED_LAYOUTS,
+                         VERL_TO_RUN, VERL_RECORDED, VERL_TO_SUB_KEY, VERL_MUST_MATCH,
+                         VERL_TOP_LEVEL]
+    custom = [p + e for p in VERL_CUSTOM_REWARD_PREFIXES for e in VERL_CUSTOM_REWARD_ENTRIES]
+    return sorted({key for table in tables for key in table} | set(custom))
 
 
 def prefix_match(key: str, table: dict[str, Any]) -> str | None:

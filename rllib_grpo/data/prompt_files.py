@@ -84,8 +84,8 @@ def prompt_file_error(path: str | os.PathLike) -> str | None:
         if path.suffix == ".parquet":
             import pyarrow.parquet as pq
 
-            pq.read_schema(path)
-            return None
+            rows = pq.read_metadata(path).num_rows  # the schema is read with it
+            return None if rows else f"{path}: no rows (an empty dataset)"
         with path.open("rb") as f:
             head = f.read(_PROBE_BYTES)
     except Exception as err:  # noqa: BLE001  (pyarrow's and the OS's errors: say which)

@@ -107,20 +107,32 @@ def needs_build(name_or_path: str, *, cache_dir: str | os.PathLike | None = None
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
+# What a saved model folder must hold besides config.json (any one pattern of each).
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.pt")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
 def model_path_error(name_or_path: str, *, allow_hub_download: bool = False) -> str | None:
     """Why ``name_or_path`` will not load as a model, or None.  Checked before anything
     starts: a built-in name, a folder holding a saved model (``config.json``), a Hugging
-    Face hub id already in the local cache, or any hub id with ``allow_hub_download``."""
+    Face hub id already in the local cache, or any hub id with ``allow_hub_download``.  A
+    folder must hold config.json, weights and a tokenizer (`WEIGHT_FILES`, `TOKENIZER_FILES`)."""
     if not isinstance(name_or_path, str) or not name_or_path:
         return f"model_path={name_or_path!r} must be a folder, a built-in name or a hub id"
     if name_or_path in builtin_model_names():
         return None
     folder = Path(name_or_path).expanduser()
     if folder.is_dir():
-        if (folder / "config.json").is_file():
-            return None
-        return (f"model_path={name_or_path!r} is a folder without config.json: not a "
-                "saved Hugging Face model (save_pretrained writes one)")
+        if not (folder / "config.json").is_file():
+            return (f"model_path={name_or_path!r} is a folder without config.json: not a "
+                    "saved Hugging Face model (save_pretrained writes one)")
+        missing = [f"no {what} ({', '.join(patterns)})" for what, patterns in (
+            ("weights", WEIGHT_FILES), ("tokenizer", TOKENIZER_FILES))
+                   if not any(any(folder.glob(p)) for p in patterns)]
+        if missing:
+            return (f"model_path={name_or_path!r} has config.json but {' and '.join(missing)}: "
+                    "save both the model and its tokenizer with save_pretrained")
+        return None
     builtins = ", ".join(builtin_model_names())
     if not HUB_ID.fullmatch(name_or_path) or name_or_path.startswith((".", "~", "/")):
         return (f"model_path={name_or_path!r}: no such folder, and not a built-in model "

@@ -27,12 +27,14 @@ from rllib_grpo.rewards.registry import (
 )
 from rllib_grpo.rewards.scorer import (
     DEFAULT_REWARD_TIMEOUT_S,
+    RewardContractError,
     RewardScorer,
     normalize_reward_result,
 )
 
 __all__ = [
     "DEFAULT_REWARD_TIMEOUT_S",
+    "RewardContractError",
     "RewardFn",
     "RewardScorer",
     "compute_score",

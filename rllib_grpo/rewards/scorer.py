@@ -11,10 +11,15 @@ the built-in scorers on threads.  `score_many` scores a whole batch at once.
 
 A score is checked in the dtype scores are trained in (float32): 1e39 is finite as a
 Python float but infinite there, so it is an error-scored sample, not a NaN advantage.
+Any real scalar is a score: a Python number, a numpy scalar, a 0-d numpy array or torch
+tensor.  ``None`` and a dict without ``"score"`` are not a bad sample but a broken
+function: `RewardContractError` stops at the first, naming the function and the value.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import math
 import numbers
@@ -107,6 +112,8 @@ class RewardScorer:
         self.num_calls += len(calls)
         results = []
         for ok, value in self.pool.map(calls):
+            if ok and is_contract_violation(value):  # the function is wrong, not the sample
+                raise RewardContractError(self.reward_fn, value)
             try:  # a reward bug must not stop training
                 if not ok:
                     raise value
@@ -156,16 +163,51 @@ class RewardScorer:
         }
 
 
+class RewardContractError(TypeError):
+    """A reward function returned ``None`` or a dict without ``"score"``: a programming
+    error in the function (every sample would silently score 0), so the run stops."""
+
+    def __init__(self, fn: RewardFn, value: Any) -> None:
+        super().__init__(f"reward function {describe_function(fn)} returned "
+                         f"{type(value).__name__} {value!r:.80}; it must return a number or a "
+                         "dict with 'score'")
+
+
+def describe_function(fn: RewardFn) -> str:
+    """``name (file:line)`` of a reward function, as far as it can be told."""
+    target = fn.func if isinstance(fn, functools.partial) else fn
+    name = getattr(target, "__qualname__", None) or repr(target)
+    code = getattr(inspect.unwrap(target), "__code__", None)
+    return f"{name} ({code.co_filename}:{code.co_firstlineno})" if code else name
+
+
+def is_contract_violation(value: Any) -> bool:
+    """``None`` or a dict without ``"score"``: see `RewardContractError`."""
+    return value is None or (isinstance(value, Mapping) and "score" not in value)
+
+
+def as_real(value: Any) -> float | None:
+    """``value`` as a float when it is a real scalar (a Python or numpy number, a 0-d
+    numpy array or torch tensor; a bool counts as 0/1), else None."""
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if getattr(value, "shape", None) == () and callable(getattr(value, "item", None)):
+        item = value.item()  # a 0-d array or tensor
+        return float(item) if isinstance(item, numbers.Real) else None
+    return None
+
+
 def normalize_reward_result(value: Any) -> dict:
     """verl's return contract -> ``{"score", "acc", "pred", "reward_error", ...}``.
 
-    A number is the score (and, as in verl's DAPO manager, also ``acc``); a dict
-    must hold ``"score"``. Raises TypeError/ValueError for anything else and for
-    non-finite scores.
+    A real scalar (`as_real`) is the score (and, as in verl's DAPO manager, also
+    ``acc``); a dict must hold ``"score"``. Raises TypeError/ValueError for anything
+    else and for non-finite scores.
     """
-    if isinstance(value, numbers.Real):
+    real = as_real(value)
+    if real is not None:
         extras: dict = {}
-        score = float(value)
+        score: Any = real
     elif isinstance(value, Mapping) and "score" in value:
         extras = dict(value)
         score = _finite_float(extras.pop("score"))
@@ -188,9 +230,11 @@ def normalize_reward_result(value: Any) -> dict:
 
 
 def _finite_float(value: Any) -> float:
-    if not isinstance(value, numbers.Real):
+    real = as_real(value)
+    if real is None:
         raise TypeError(f"reward score must be a number, got {type(value).__name__}")
-    if not math.isfinite(float(value)):
+    value = real
+    if not math.isfinite(value):
         raise ValueError(f"reward score must be finite, got {value}")
     with np.errstate(over="ignore"):
         trained = SCORE_DTYPE(value)

@@ -118,7 +118,7 @@ def test_verl_trainer_keys_set_how_the_experiment_runs():
     assert (exp.checkpoint_freq, exp.name) == (3, "run1")
     assert exp.config["num_learners"] == 8 and exp.config["num_gpus_per_learner"] == 1
     assert exp.config["sampler_config"] == {"enforce_eager": True}
-    assert exp.ignored == ["trainer.logger"]
+    assert exp.config["loggers"] == ("console", "wandb") and exp.ignored == []
 
 
 def test_total_epochs_counts_the_prompts_like_verl():
@@ -297,8 +297,8 @@ def test_train_from_yaml_with_verl_overrides(trainings):
     checkpoint = _checkpoint(out)
     trial = checkpoint.parent
     assert trial.parent == root / "verl" / "verl_run"  # trainer.experiment_name
-    assert "verl keys ignored" in out and "trainer.logger" in out
     params = json.loads((trial / "params.json").read_text())
+    assert params["loggers"] == ["console"]  # trainer.logger is a setting, no longer ignored
     assert (params["group_size"], params["prompts_per_step"], params["model_path"]) == (
         4, 4, "builtin:tiny")  # the overrides won over the file
     assert len((trial / "result.json").read_text().splitlines()) == 1  # one iteration

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from rllib_grpo.rewards import (
+    RewardContractError,
     RewardScorer,
     compute_score,
     known_data_sources,
@@ -67,12 +68,46 @@ def test_timeout_works_off_the_main_thread():
 
 
 @pytest.mark.parametrize(
-    "bad_value", [None, "1.0", [1.0], {"acc": True}, {"score": "high"}, math.nan, math.inf]
+    "bad_value", ["1.0", [1.0], {"score": "high"}, math.nan, math.inf, np.zeros(2)]
 )
 def test_bad_return_values_score_zero(bad_value):
     scorer = RewardScorer(lambda *args, **kwargs: bad_value, timeout_s=None)
     result = scorer("any", "x", "y")
     assert (result["score"], result["reward_error"], scorer.num_errors) == (0.0, True, 1)
+
+
+def none_fn(data_source, solution_str, ground_truth, extra_info=None):
+    return None
+
+
+def no_score_fn(data_source, solution_str, ground_truth, extra_info=None):
+    return {"acc": True}
+
+
+@pytest.mark.parametrize("fn, shown", [(none_fn, "NoneType None"),
+                                       (no_score_fn, "dict {'acc': True}")])
+@pytest.mark.parametrize("isolation", ["process", "inline"])
+def test_none_or_a_dict_without_score_stops_naming_the_function(fn, shown, isolation):
+    """A broken function, not a bad sample: it would score every sample 0 and train on
+    nothing; the first call stops the run, naming the function, its file and the value."""
+    scorer = RewardScorer(fn, timeout_s=5.0 if isolation == "process" else None,
+                          isolation=isolation)
+    with pytest.raises(RewardContractError) as caught:
+        scorer.score_many([("any", "x", "y", None)] * 3)
+    message = str(caught.value)
+    assert fn.__name__ in message and __file__ in message and shown in message
+    scorer.close()
+
+
+@pytest.mark.parametrize("make", [lambda: np.array(0.5), lambda: np.float64(0.5),
+                                  lambda: __import__("torch").tensor(0.5)])
+@pytest.mark.parametrize("as_dict", [False, True])
+def test_a_0d_array_or_tensor_is_a_number(make, as_dict):
+    value = make()
+    scorer = RewardScorer(lambda *args, **kwargs: {"score": value} if as_dict else value,
+                          timeout_s=None)
+    result = scorer("any", "x", "y")
+    assert (result["score"], result["reward_error"], scorer.num_errors) == (0.5, False, 0)
 
 
 def test_system_exit_in_reward_fn_does_not_stop_the_run():

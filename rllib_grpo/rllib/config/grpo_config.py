@@ -14,6 +14,7 @@ them from `.training(...)`, resolves the batch plan, and validates it.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import gymnasium as gym
@@ -32,6 +33,7 @@ from rllib_grpo.rllib.config.settings import (
     canonical_dtype,
     defaults,
     derived_field_error,
+    did_you_mean,
     is_dtype_setting,
 )
 
@@ -44,6 +46,8 @@ RL_MODULE = "rllib_grpo.rllib.learner.module.CausalLMRLModule"
 ENV_RUNNER = "rllib_grpo.rllib.env_runner.env_runner.TextEnvRunner"
 # `evaluation_duration` meaning "every held-out prompt, once" (RLlib validates an int > 0).
 WHOLE_HELD_OUT_SET = 2**31 - 1
+# RLlib's own `training()` arguments (a typo among them gets the nearest names).
+_RLLIB_TRAINING_KEYS = frozenset(inspect.signature(AlgorithmConfig.training).parameters) - {"self"}
 TEXT_SPACE = gym.spaces.Text(max_length=1 << 16, charset="".join(map(chr, range(32, 127))) + "\n")
 
 
@@ -95,6 +99,9 @@ class GRPOConfig(AlgorithmConfig, GRPOSettings):
                 grpo_kwargs[name] = canonical_dtype(value) if is_dtype_setting(name) else value
             elif name != key:
                 kwargs[name] = kwargs.pop(key)
+            elif name not in _RLLIB_TRAINING_KEYS:
+                raise TypeError(f"training() got an unknown setting {key!r}." + did_you_mean(
+                    key, [*SETTINGS_FIELDS, *VERL_ALIASES, *_RLLIB_TRAINING_KEYS]))
         super().training(**{k: v for k, v in kwargs.items() if v is not NotProvided})
         for name, value in grpo_kwargs.items():
             if value is not NotProvided:

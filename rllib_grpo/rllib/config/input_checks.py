@@ -12,6 +12,12 @@ from typing import Any
 
 from rllib_grpo.data.prompt_files import prompt_file_error
 from rllib_grpo.models.registry import model_path_error
+from rllib_grpo.rllib.config.door_checks import (
+    count_errors,
+    env_id_error,
+    logger_errors,
+    reward_fn_errors,
+)
 from rllib_grpo.rllib.config.settings import GRPOSettings
 
 # (field, predicate, requirement) for scalar settings; None values are skipped ("off").
@@ -89,6 +95,7 @@ def _data_paths(c: GRPOSettings) -> list[tuple[str, Any]]:
             given = settings["path"]
             if isinstance(given, list | tuple):
                 paths += [(f"{field}.path[{i}]", path) for i, path in enumerate(given)]
+                paths += [] if given else [(f"{field}.path", None)]  # no file: no data
             else:
                 paths.append((f"{field}.path", given))
     return paths
@@ -113,15 +120,18 @@ def resource_errors(c: GRPOSettings) -> list[str]:
     if model_error:
         errors.append(model_error)
     for field, path in _data_paths(c):
-        if not isinstance(path, str | Path):
+        if path is None:
+            errors.append(f"{field} is an empty list of files: an empty dataset.")
+        elif not isinstance(path, str | Path):
             errors.append(f"{field}={path!r} must be a file path.")
-            continue
-        problem = prompt_file_error(Path(path).expanduser())
-        if problem:
+        elif problem := prompt_file_error(Path(path).expanduser()):
             errors.append(f"{field}: {problem}.")
     return errors + _reward_file_errors(c)
 
 
 def input_errors(c: GRPOSettings) -> list[str]:
-    """`range_errors` and `resource_errors`."""
-    return range_errors(c) + resource_errors(c)
+    """`range_errors`, `resource_errors` and the door's checks (`door_checks`): counts,
+    the env id and one call of the reward function."""
+    env_error = env_id_error(getattr(c, "env", None))
+    return (range_errors(c) + count_errors(c) + ([env_error] if env_error else [])
+            + resource_errors(c) + reward_fn_errors(c) + logger_errors(c))

@@ -10,6 +10,8 @@ size), the system's here; `SETTINGS_FIELDS` is the one table of both.  No Ray he
 from __future__ import annotations
 
 import dataclasses
+import difflib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -121,6 +123,10 @@ class GRPOSettings(AlgorithmSettings):
         None, "TFLOP/s per learner device", "Peak of one learner device for perf/mfu/actor "
         "(6 x parameters x training tokens/s / peak); None = the bf16 dense peak of known GPUs "
         "by name (rllib_grpo.rllib.learner.perf), and no MFU on CPUs or unknown devices.")
+    loggers: tuple = knob(
+        ("console", "tensorboard"), "names", "Where `rllib train` logs metrics: console, "
+        "tensorboard, wandb, mlflow (Tune's logger callbacks; wandb and mlflow need their "
+        "package installed).", "trainer.logger")
     log_completions_every: int = knob(
         0, "training steps", "Write sampled completions to TensorBoard every N steps (0 = off).")
     warn_no_signal_after: int = knob(
@@ -280,6 +286,18 @@ def derived_field_error(name: str) -> str:
     """The message refusing the derived field ``name``."""
     return (f"{name!r} is derived for GRPO ({DERIVED_FIELDS[name]}); set prompts_per_step, "
             "prompts_per_minibatch or group_size instead.")
+
+
+# `loggers` names -> the package each needs (console and TensorBoard come with Ray).
+LOGGER_PACKAGES: dict[str, str | None] = {"console": None, "tensorboard": None,
+                                          "wandb": "wandb", "mlflow": "mlflow"}
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """`` Did you mean 'group_size'?`` for a misspelt ``name`` (difflib's nearest among
+    ``known``, up to three), or ``""`` when none is near."""
+    near = difflib.get_close_matches(name, sorted(set(known)), n=3, cutoff=0.75)
+    return f" Did you mean {' or '.join(map(repr, near))}?" if near else ""
 
 
 def settings_table() -> str:

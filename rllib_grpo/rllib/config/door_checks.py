@@ -1,0 +1,136 @@
+"""The door's checks that load something small before any process starts: the env id
+exists, counts are >= 0, and the reward function imports and returns a number on a sample
+built from the first row.  `rllib_grpo.rllib.config.input_checks.input_errors` includes
+them, so `GRPOConfig.validate`, `explain` and `rllib train` refuse the same inputs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from rllib_grpo.rllib.config.settings import LOGGER_PACKAGES, GRPOSettings, did_you_mean
+
+# Process and device counts (RLlib's own fields): a negative one is accepted by RLlib.
+COUNT_FIELDS = ("num_env_runners", "num_envs_per_env_runner", "num_learners",
+                "num_gpus_per_learner", "num_cpus_per_learner", "num_gpus_per_env_runner",
+                "num_cpus_per_env_runner", "evaluation_num_env_runners", "num_epochs")
+# Seconds the door waits for the reward function's one call (a hang scores 0 at run time).
+SAMPLE_CALL_TIMEOUT_S = 10.0
+
+
+def count_errors(c: GRPOSettings) -> list[str]:
+    """Every count is >= 0 (``"auto"`` and other non-numbers are RLlib's to judge)."""
+    errors = []
+    for field in COUNT_FIELDS:
+        value = getattr(c, field, None)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
+            errors.append(f"{field}={value!r} must be >= 0.")
+    return errors
+
+
+def env_id_error(env: Any) -> str | None:
+    """An env given by name must be a gymnasium id, a Tune-registered name or an
+    importable ``module.Class``; the nearest gymnasium ids are suggested."""
+    if not isinstance(env, str):
+        return None
+    import gymnasium
+
+    if env in gymnasium.registry or _tune_registered(env) or _importable(env):
+        return None
+    return f"env={env!r} is no registered gymnasium id nor env class." + did_you_mean(
+        env, gymnasium.registry)
+
+
+def _tune_registered(name: str) -> bool:
+    from ray.tune.registry import ENV_CREATOR, _global_registry
+
+    return bool(_global_registry.contains(ENV_CREATOR, name))
+
+
+def _importable(path: str) -> bool:
+    module, _, name = path.replace(":", ".").rpartition(".")
+    try:
+        return module != "" and isinstance(getattr(importlib.import_module(module), name, None),
+                                           type)
+    except Exception:  # noqa: BLE001  (not a module path: not an env class)
+        return False
+
+
+def reward_fn_errors(c: GRPOSettings) -> list[str]:
+    """``env_config.reward_fn`` (and ``val_env_config``'s) imports, and one call on a sample
+    built from the first row of the data returns a number or a dict with ``"score"``.
+    A syntax error names the file and line; a non-number names the function's file and
+    line.  A call that raises is left to run time (that sample scores 0 there)."""
+    from rllib_grpo.rewards import resolve_reward_fn
+    from rllib_grpo.rewards.pool import RewardPool
+    from rllib_grpo.rewards.scorer import (
+        RewardContractError,
+        describe_function,
+        is_contract_violation,
+        normalize_reward_result,
+    )
+
+    errors = []
+    for field in ("env_config", "val_env_config"):
+        settings = getattr(c, field, None) or {}
+        spec = settings.get("reward_fn")
+        if not isinstance(spec, str) or ":" not in spec:
+            continue  # a registered name, None (data_source dispatch) or a callable
+        file = spec.rpartition(":")[0]
+        if file.endswith(".py") and not Path(file).expanduser().is_file():
+            continue  # input_checks names the missing file
+        try:
+            fn = resolve_reward_fn(spec)
+        except SyntaxError as err:
+            errors.append(f"{field}.reward_fn={spec!r}: {err.filename}:{err.lineno}: "
+                          f"SyntaxError: {err.msg}.")
+            continue
+        except Exception as err:  # noqa: BLE001  (any import failure: say which)
+            errors.append(f"{field}.reward_fn={spec!r} does not import "
+                          f"({type(err).__name__}: {err}).")
+            continue
+        pool = RewardPool(fn, mode="thread", max_workers=1, timeout_s=SAMPLE_CALL_TIMEOUT_S)
+        ok, value = pool.map([(_first_row_sample(settings), settings.get("reward_kwargs") or {})])[0]
+        pool.close()
+        if not ok:
+            continue  # it raised or hung on this sample: scored 0 and counted at run time
+        try:
+            if is_contract_violation(value):
+                raise RewardContractError(fn, value)
+            normalize_reward_result(value)
+        except (TypeError, ValueError) as err:
+            errors.append(f"{field}.reward_fn: {describe_function(fn)} on the first row: {err}.")
+    return errors
+
+
+def _first_row_sample(settings: dict) -> tuple[str, str, Any, dict | None]:
+    """``(data_source, solution_str, ground_truth, extra_info)`` from the first row of the
+    data file (the ground truth as the response), or an empty sample without a file."""
+    path = settings.get("path")
+    path = path[0] if isinstance(path, list | tuple) and path else path
+    if not isinstance(path, str):
+        return "", "", "", None
+    from rllib_grpo.data.datasets import load_prompts
+
+    try:
+        first = load_prompts(path, prompt_key=settings.get("prompt_key", "prompt"))[0]
+    except Exception:  # noqa: BLE001  (the data's own checks report it)
+        return "", "", "", None
+    return first.data_source, str(first.ground_truth), first.ground_truth, first.extra_info
+
+
+def logger_errors(c: GRPOSettings) -> list[str]:
+    """Every name in ``loggers`` is known, and its package is installed."""
+    loggers = getattr(c, "loggers", ())
+    names = [loggers] if isinstance(loggers, str) else list(loggers or ())
+    errors = []
+    for name in names:
+        if name not in LOGGER_PACKAGES:
+            errors.append(f"loggers: {name!r} is unknown; use any of "
+                          f"{', '.join(LOGGER_PACKAGES)}." + did_you_mean(name, LOGGER_PACKAGES))
+        elif (package := LOGGER_PACKAGES[name]) and importlib.util.find_spec(package) is None:
+            errors.append(f"loggers: {name!r} needs the {package} package: pip install {package}.")
+    return errors
