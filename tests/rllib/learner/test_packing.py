@@ -326,3 +326,20 @@ def test_every_update_logs_throughput(learner):
     with times.phase("update_policy", tokens=100.0):
         pass
     assert "perf/mfu/actor" not in step_metrics(times, 10, peak_flops(cpu))  # CPU: no MFU
+
+
+@pytest.mark.parametrize("name, tflops", [
+    ("NVIDIA H100 PCIe", 756.0), ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 NVL", 835.0),
+    ("NVIDIA H200", 989.0), ("NVIDIA H200 NVL", 835.0), ("NVIDIA GH200 480GB", 989.0),
+    ("NVIDIA H800 PCIe", 756.0), ("NVIDIA H800", 989.0), ("NVIDIA H20", 148.0),
+    ("NVIDIA A100-PCIE-40GB", 312.0), ("NVIDIA A100-SXM4-80GB", 312.0),
+    ("NVIDIA L40S", 362.0), ("NVIDIA L40", 181.0), ("NVIDIA L4", 121.0),
+    ("NVIDIA A10", 125.0), ("NVIDIA GeForce RTX 4090", 165.0), ("Tesla T4", None)])
+def test_mfu_peak_by_device_name(name, tflops, monkeypatch):
+    """The MFU denominator is the board's own dense bf16 peak: an H100 PCIe (756) is not
+    an H100 SXM (989, whose name is "H100 80GB HBM3"); unknown boards get no MFU."""
+    from rllib_grpo.rllib.learner.perf import peak_flops
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    peak = peak_flops(torch.device("cuda", 0))
+    assert peak == (None if tflops is None else tflops * 1e12)
