@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
+from contextlib import nullcontext
 from collections import defaultdict
 from functools import cached_property
 from typing import Any
@@ -208,25 +209,27 @@ class GRPOLearner(TorchLearner):
         old_pass = not old_log_probs_from_update(c)
         lengths = sequence_lengths(batch)
         module.eval()
-        for rows in step_micro_batches(batch, c, self._device):
-            micro = _select({k: batch[k] for k in FORWARD_COLUMNS}, rows or [0])
-            tokens = float(lengths[rows].sum()) if rows else 0.0
-            if old_pass:
-                with self.phase_times.phase("old_log_prob", tokens), module.autocast():
-                    out = response_log_probs(module.lm, micro, c.temperature, with_entropy=True,
-                                             packed=c.use_remove_padding)
-            ref_out = None
-            if ref is not None:
-                with self.phase_times.phase("ref", tokens):
-                    ref_out = module.reference_log_probs(micro, packed=c.use_remove_padding)
-            if not rows:  # an empty token-budget bin: the pass only keeps ranks in step
-                continue
-            index = torch.as_tensor(rows, device=mask.device)
-            if old_pass:
-                old[index] = out["log_probs"]
-                entropy[index] = out["entropy"]
-            if ref is not None and ref_out is not None:
-                ref[index] = ref_out
+        # A host-offloaded reference visits the device once for the whole pass.
+        with module.reference_on(self._device) if ref is not None else nullcontext():
+            for rows in step_micro_batches(batch, c, self._device):
+                micro = _select({k: batch[k] for k in FORWARD_COLUMNS}, rows or [0])
+                tokens = float(lengths[rows].sum()) if rows else 0.0
+                if old_pass:
+                    with self.phase_times.phase("old_log_prob", tokens), module.autocast():
+                        out = response_log_probs(module.lm, micro, c.temperature, with_entropy=True,
+                                                 packed=c.use_remove_padding)
+                ref_out = None
+                if ref is not None:
+                    with self.phase_times.phase("ref", tokens):
+                        ref_out = module.reference_log_probs(micro, packed=c.use_remove_padding)
+                if not rows:  # an empty token-budget bin: the pass only keeps ranks in step
+                    continue
+                index = torch.as_tensor(rows, device=mask.device)
+                if old_pass:
+                    old[index] = out["log_probs"]
+                    entropy[index] = out["entropy"]
+                if ref is not None and ref_out is not None:
+                    ref[index] = ref_out
         passes = {} if ref is None else {"ref_log_probs": ref}
         if old_pass:
             passes.update(old_log_probs=old, entropy=entropy)
