@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import logging
 import math
-from contextlib import nullcontext
 from collections import defaultdict
+from contextlib import nullcontext
 from functools import cached_property
 from typing import Any
 
@@ -45,6 +45,7 @@ from rllib_grpo.rllib.config.staleness import old_log_probs_from_update
 from rllib_grpo.rllib.learner.advantage_step import step_advantages
 from rllib_grpo.rllib.learner.distributed import (
     all_reduce,
+    gradient_sync,
     load_optimizer_states,
     optimizer_states,
     rank,
@@ -280,19 +281,21 @@ class GRPOLearner(TorchLearner):
             k: torch.zeros_like(minibatch["response_mask"], dtype=torch.float32)
             for k in ("old_log_probs", "entropy")}
         with self.phase_times.phase("update_policy", float(sequence_lengths(minibatch).sum())):
-            for rows in self._micro_batches(minibatch):
+            micro_rows = self._micro_batches(minibatch)
+            for i, rows in enumerate(micro_rows):
                 micro = _select(minibatch, rows) if rows else _select(minibatch, [0])
                 if not rows:  # an empty token-budget bin: a zero-weight pass keeps ranks in step
                     micro["response_mask"] = torch.zeros_like(micro["response_mask"])
                     if "loss_mask" in micro:
                         micro["loss_mask"] = torch.zeros_like(micro["loss_mask"])
-                fwd = module.forward_train(
-                    {k: micro[k] for k in FORWARD_COLUMNS},
-                    with_entropy=self.config.entropy_coeff != 0 or seen is not None,
-                    detach_entropy=self.config.entropy_coeff == 0,
-                    packed=self.config.use_remove_padding)
-                loss, metrics = self._micro_batch_loss(micro, fwd, totals)
-                loss.backward()
+                with gradient_sync(module, sync=i == len(micro_rows) - 1):  # DDP: no_sync
+                    fwd = module.forward_train(
+                        {k: micro[k] for k in FORWARD_COLUMNS},
+                        with_entropy=self.config.entropy_coeff != 0 or seen is not None,
+                        detach_entropy=self.config.entropy_coeff == 0,
+                        packed=self.config.use_remove_padding)
+                    loss, metrics = self._micro_batch_loss(micro, fwd, totals)
+                    loss.backward()
                 total = total + loss.detach()
                 for key, value in metrics.items():
                     sums[key] += value
