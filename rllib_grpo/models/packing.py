@@ -25,6 +25,7 @@ unchanged.  No Ray here.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import numpy as np
@@ -203,19 +204,38 @@ def packed_response_log_probs(
     return out
 
 
+@functools.cache
+def flash_attention_runs(device: torch.device) -> bool:
+    """Whether ``flash_attn`` imports and its varlen kernel runs a tiny causal call on
+    ``device`` (probed once per device, then cached).
+
+    ``find_spec`` is not enough: a wheel built for another torch or CUDA is found, then
+    fails at import (undefined symbol) or at its first kernel launch, which would be the
+    first training forward.  Any failure here means: keep the current attention.
+    """
+    try:
+        from flash_attn import flash_attn_varlen_func
+
+        q = torch.ones(3, 1, 64, device=device, dtype=torch.bfloat16)  # (tokens, heads, dim)
+        seq_starts = torch.tensor([0, 1, 3], device=device, dtype=torch.int32)  # 2 sequences
+        out = flash_attn_varlen_func(q, q, q, seq_starts, seq_starts, 2, 2, causal=True)
+        return bool(torch.isfinite(out).all().item())
+    except Exception:  # noqa: BLE001  (ImportError, OSError, RuntimeError, CUDA errors)
+        return False
+
+
 def prefer_varlen_attention(lm: torch.nn.Module, device: torch.device, compute_dtype: str) -> bool:
     """Switch ``lm`` to ``flash_attention_2`` where packed rows can use its varlen kernel.
 
-    Only on CUDA, with the ``flash_attn`` package installed and a 16-bit compute dtype
-    (the kernel takes no float32).  Returns whether ``lm`` now attends with a varlen
-    kernel; elsewhere it keeps its implementation (``sdpa``: a block-diagonal mask).
+    Only on CUDA, with a ``flash_attn`` that imports and runs (`flash_attention_runs`) and
+    a 16-bit compute dtype (the kernel takes no float32).  Returns whether ``lm`` now
+    attends with a varlen kernel; elsewhere it keeps its implementation (``sdpa``: a
+    block-diagonal mask).
     """
-    import importlib.util
-
     if uses_varlen_attention(lm):
         return True
     if (device.type != "cuda" or compute_dtype not in ("bfloat16", "float16")
-            or importlib.util.find_spec("flash_attn") is None):
+            or not flash_attention_runs(device)):
         return False
     base: Any = lm.get_base_model() if hasattr(lm, "get_base_model") else lm  # type: ignore[operator]
     base.set_attn_implementation("flash_attention_2")

@@ -49,10 +49,6 @@ QWEN25_05B_SHAPE = dict(hidden_size=896, intermediate_size=4864, num_hidden_laye
                         num_attention_heads=14, num_key_value_heads=2, vocab_size=151_936,
                         max_position_embeddings=4096, rope_theta=1_000_000.0,
                         tie_word_embeddings=True)
-# Dense bf16 peak FLOP/s by GPU name (vendor data sheets, SXM parts where there are two).
-BF16_PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "H800": 989e12, "A100": 312e12,
-                   "A800": 312e12, "L40S": 362e12, "L40": 181e12, "L4": 121e12, "A10": 125e12,
-                   "RTX 4090": 165e12}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -228,8 +224,9 @@ def peak_flops(args: argparse.Namespace, gpu: bool) -> float | None:
         return args.peak_tflops * 1e12
     if not gpu:
         return None
-    name = torch.cuda.get_device_name()
-    return next((v for k, v in BF16_PEAK_FLOPS.items() if k in name), None)
+    from rllib_grpo.rllib.learner.perf import peak_flops as device_peak_flops
+
+    return device_peak_flops(torch.device("cuda"))  # the learner's table (perf/mfu/actor)
 
 
 # ----------------------------------------------------------------------------- phases

@@ -80,8 +80,9 @@ class GRPOSettings(AlgorithmSettings):
         "(the A and B matrices; each env runner merges W + B@A*alpha/r into its own copy) or "
         "'merged' (the learner sends the merged weights of the adapted layers).")
     ref_param_offload: bool = knob(
-        False, "flag", "Keep the reference model in host memory and move it to the learner's "
-        "device for each forward (a no-op on CPU learners and with LoRA).",
+        False, "flag", "Keep the reference model in host memory (pinned on GPU machines) and "
+        "move it to the learner's device once per reference pass (a no-op on CPU learners and "
+        "with LoRA).",
         "actor_rollout_ref.ref.fsdp_config.param_offload")
     optimizer_offload: bool = knob(
         False, "flag", "Keep AdamW's states in host memory between optimizer steps "

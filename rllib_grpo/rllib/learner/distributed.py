@@ -5,6 +5,7 @@ shards.  Every function works with one process (no group) as with many."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -38,6 +39,18 @@ def all_reduce(t: torch.Tensor, op: Any = None) -> torch.Tensor:
     if world_size() > 1:
         dist.all_reduce(t, op=op or dist.ReduceOp.SUM)
     return t
+
+
+def gradient_sync(module: torch.nn.Module, sync: bool) -> contextlib.AbstractContextManager[Any]:
+    """The context of one micro-batch's forward and backward: with DDP (RLlib's wrapper,
+    ``fsdp=False`` or LoRA) ``sync=False`` accumulates the gradients locally (``no_sync``),
+    so a mini-batch all-reduces once, on its last micro-batch (DDP would all-reduce every
+    backward).  Every learner runs the same number of micro-batches, so the last is the
+    same on all.  Nothing to do for one learner or FSDP2 (which reduce-scatters per
+    backward: skipping it would keep unsharded gradients)."""
+    if sync or not isinstance(module, torch.nn.parallel.DistributedDataParallel):
+        return contextlib.nullcontext()
+    return module.no_sync()
 
 
 # Gather to rank 0, on the CPU: the other ranks get an empty dict (no copy of the model each).

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import defaultdict
+from contextlib import nullcontext
 from functools import cached_property
 from typing import Any
 
@@ -44,6 +45,7 @@ from rllib_grpo.rllib.config.staleness import old_log_probs_from_update
 from rllib_grpo.rllib.learner.advantage_step import step_advantages
 from rllib_grpo.rllib.learner.distributed import (
     all_reduce,
+    gradient_sync,
     load_optimizer_states,
     optimizer_states,
     rank,
@@ -208,25 +210,27 @@ class GRPOLearner(TorchLearner):
         old_pass = not old_log_probs_from_update(c)
         lengths = sequence_lengths(batch)
         module.eval()
-        for rows in step_micro_batches(batch, c, self._device):
-            micro = _select({k: batch[k] for k in FORWARD_COLUMNS}, rows or [0])
-            tokens = float(lengths[rows].sum()) if rows else 0.0
-            if old_pass:
-                with self.phase_times.phase("old_log_prob", tokens), module.autocast():
-                    out = response_log_probs(module.lm, micro, c.temperature, with_entropy=True,
-                                             packed=c.use_remove_padding)
-            ref_out = None
-            if ref is not None:
-                with self.phase_times.phase("ref", tokens):
-                    ref_out = module.reference_log_probs(micro, packed=c.use_remove_padding)
-            if not rows:  # an empty token-budget bin: the pass only keeps ranks in step
-                continue
-            index = torch.as_tensor(rows, device=mask.device)
-            if old_pass:
-                old[index] = out["log_probs"]
-                entropy[index] = out["entropy"]
-            if ref is not None and ref_out is not None:
-                ref[index] = ref_out
+        # A host-offloaded reference visits the device once for the whole pass.
+        with module.reference_on(self._device) if ref is not None else nullcontext():
+            for rows in step_micro_batches(batch, c, self._device):
+                micro = _select({k: batch[k] for k in FORWARD_COLUMNS}, rows or [0])
+                tokens = float(lengths[rows].sum()) if rows else 0.0
+                if old_pass:
+                    with self.phase_times.phase("old_log_prob", tokens), module.autocast():
+                        out = response_log_probs(module.lm, micro, c.temperature, with_entropy=True,
+                                                 packed=c.use_remove_padding)
+                ref_out = None
+                if ref is not None:
+                    with self.phase_times.phase("ref", tokens):
+                        ref_out = module.reference_log_probs(micro, packed=c.use_remove_padding)
+                if not rows:  # an empty token-budget bin: the pass only keeps ranks in step
+                    continue
+                index = torch.as_tensor(rows, device=mask.device)
+                if old_pass:
+                    old[index] = out["log_probs"]
+                    entropy[index] = out["entropy"]
+                if ref is not None and ref_out is not None:
+                    ref[index] = ref_out
         passes = {} if ref is None else {"ref_log_probs": ref}
         if old_pass:
             passes.update(old_log_probs=old, entropy=entropy)
@@ -277,19 +281,21 @@ class GRPOLearner(TorchLearner):
             k: torch.zeros_like(minibatch["response_mask"], dtype=torch.float32)
             for k in ("old_log_probs", "entropy")}
         with self.phase_times.phase("update_policy", float(sequence_lengths(minibatch).sum())):
-            for rows in self._micro_batches(minibatch):
+            micro_rows = self._micro_batches(minibatch)
+            for i, rows in enumerate(micro_rows):
                 micro = _select(minibatch, rows) if rows else _select(minibatch, [0])
                 if not rows:  # an empty token-budget bin: a zero-weight pass keeps ranks in step
                     micro["response_mask"] = torch.zeros_like(micro["response_mask"])
                     if "loss_mask" in micro:
                         micro["loss_mask"] = torch.zeros_like(micro["loss_mask"])
-                fwd = module.forward_train(
-                    {k: micro[k] for k in FORWARD_COLUMNS},
-                    with_entropy=self.config.entropy_coeff != 0 or seen is not None,
-                    detach_entropy=self.config.entropy_coeff == 0,
-                    packed=self.config.use_remove_padding)
-                loss, metrics = self._micro_batch_loss(micro, fwd, totals)
-                loss.backward()
+                with gradient_sync(module, sync=i == len(micro_rows) - 1):  # DDP: no_sync
+                    fwd = module.forward_train(
+                        {k: micro[k] for k in FORWARD_COLUMNS},
+                        with_entropy=self.config.entropy_coeff != 0 or seen is not None,
+                        detach_entropy=self.config.entropy_coeff == 0,
+                        packed=self.config.use_remove_padding)
+                    loss, metrics = self._micro_batch_loss(micro, fwd, totals)
+                    loss.backward()
                 total = total + loss.detach()
                 for key, value in metrics.items():
                     sums[key] += value

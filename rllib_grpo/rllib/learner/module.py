@@ -155,6 +155,12 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
             return response_log_probs(self.lm, batch, self.temperature, with_entropy=True,
                                       packed=self.packed)
 
+    def reference_on(self, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+        """Hold a host-offloaded reference (``ref_param_offload``) on ``device`` for a whole
+        pass: one move in and one out for all its micro-batches' `reference_log_probs`
+        (nothing to do for a reference that lives on the device or in the policy)."""
+        return self._host_ref.on(device) if self._host_ref is not None else contextlib.nullcontext()
+
     @torch.no_grad()
     def reference_log_probs(self, batch: dict[str, Any], packed: bool | None = None
                             ) -> torch.Tensor:

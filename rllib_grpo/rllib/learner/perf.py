@@ -22,9 +22,14 @@ import numpy as np
 import torch
 
 # Dense bf16 tensor-core peak (TFLOP/s) by a substring of torch.cuda.get_device_name();
-# the first match wins, so the more specific names come first.
+# the first match wins, so the more specific names come first.  Hopper's PCIe and NVL
+# boards run lower clocks and power than the SXM board (whose name carries no form factor:
+# "NVIDIA H100 80GB HBM3"); A100 and A800 are 312 in both form factors.
 PEAK_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
-    ("GB200", 2500.0), ("B200", 2250.0), ("H200", 989.0), ("H100", 989.0), ("H800", 989.0),
+    ("GB200", 2500.0), ("B200", 2250.0),
+    ("H200 NVL", 835.0), ("H200", 989.0),
+    ("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0),
+    ("H800 PCIe", 756.0), ("H800", 989.0),
     ("H20", 148.0), ("A100", 312.0), ("A800", 312.0), ("L40S", 362.0), ("L40", 181.0),
     ("L20", 119.5), ("L4", 121.0), ("A10", 125.0), ("RTX 4090", 165.0), ("RTX 3090", 71.0),
 )

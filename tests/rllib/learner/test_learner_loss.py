@@ -103,3 +103,48 @@ def test_learner_update_matches_hand_built_step(agg_mode):
     assert max((a - b).abs().max().item() for a, b in pairs) < 1e-4
     logged = results[DEFAULT_MODULE_ID]["actor/loss"]
     assert abs(float(getattr(logged, "peek", lambda: logged)()) - expected_loss) < 1e-5
+
+
+def test_offloaded_reference_visits_the_device_once_per_pass(monkeypatch):
+    """``ref_param_offload``: the reference pass over 4 micro-batches moves the reference
+    in once and out once (it moved per micro-batch), and gives the same log-probs as the
+    reference over the whole batch."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    from rllib_grpo.models.offload import HostOffloaded
+    from rllib_grpo.rllib.config.grpo_config import TEXT_SPACE
+    from rllib_grpo.rllib.learner.module import response_log_probs
+
+    config = tiny_config(prompts_per_step=2, group_size=4, micro_batch_size_per_learner=2,
+                         max_prompt_length=5, max_response_length=4, use_kl_loss=True,
+                         ref_param_offload=True)
+    learner = config.build_learner(spaces={DEFAULT_MODULE_ID: (TEXT_SPACE, TEXT_SPACE)})
+    module = learner.module[DEFAULT_MODULE_ID].unwrapped()
+    assert module._host_ref is not None and module.ref_lm is None
+    moves: list[str] = []
+    load, unload = HostOffloaded._load, HostOffloaded._unload
+
+    def spy_load(self, device):
+        moves.append("in")
+        load(self, device)
+
+    def spy_unload(self):
+        moves.append("out")
+        unload(self)
+
+    # The learner is on the CPU: treat it as a device the reference must visit.
+    monkeypatch.setattr(HostOffloaded, "_stays", staticmethod(lambda device: False))
+    monkeypatch.setattr(HostOffloaded, "_load", spy_load)
+    monkeypatch.setattr(HostOffloaded, "_unload", spy_unload)
+    forwards = []
+    reference_log_probs = module.reference_log_probs
+    monkeypatch.setattr(module, "reference_log_probs",
+                        lambda *a, **kw: forwards.append(1) or reference_log_probs(*a, **kw))
+    columns = _fixed_batch(module.lm.config.vocab_size, pad=0)
+    batch = {k: torch.as_tensor(v) for k, v in columns.items()}
+    passes = learner._old_and_reference_log_probs(batch)
+    assert len(forwards) == 4 and moves == ["in", "out"]
+    with torch.no_grad():
+        whole = response_log_probs(module._host_ref.model, batch, module.temperature)
+    mask = batch["response_mask"].bool()
+    assert torch.allclose(passes["ref_log_probs"][mask], whole["log_probs"][mask], atol=1e-5)

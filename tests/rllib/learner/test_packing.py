@@ -326,3 +326,101 @@ def test_every_update_logs_throughput(learner):
     with times.phase("update_policy", tokens=100.0):
         pass
     assert "perf/mfu/actor" not in step_metrics(times, 10, peak_flops(cpu))  # CPU: no MFU
+
+
+@pytest.mark.parametrize("name, tflops", [
+    ("NVIDIA H100 PCIe", 756.0), ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 NVL", 835.0),
+    ("NVIDIA H200", 989.0), ("NVIDIA H200 NVL", 835.0), ("NVIDIA GH200 480GB", 989.0),
+    ("NVIDIA H800 PCIe", 756.0), ("NVIDIA H800", 989.0), ("NVIDIA H20", 148.0),
+    ("NVIDIA A100-PCIE-40GB", 312.0), ("NVIDIA A100-SXM4-80GB", 312.0),
+    ("NVIDIA L40S", 362.0), ("NVIDIA L40", 181.0), ("NVIDIA L4", 121.0),
+    ("NVIDIA A10", 125.0), ("NVIDIA GeForce RTX 4090", 165.0), ("Tesla T4", None)])
+def test_mfu_peak_by_device_name(name, tflops, monkeypatch):
+    """The MFU denominator is the board's own dense bf16 peak: an H100 PCIe (756) is not
+    an H100 SXM (989, whose name is "H100 80GB HBM3"); unknown boards get no MFU."""
+    from rllib_grpo.rllib.learner.perf import peak_flops
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    peak = peak_flops(torch.device("cuda", 0))
+    assert peak == (None if tflops is None else tflops * 1e12)
+
+
+class _FakeLM(torch.nn.Module):
+    """Just what `prefer_varlen_attention` touches of a transformers model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = type("Config", (), {"_attn_implementation": "sdpa"})()
+
+    def set_attn_implementation(self, name: str) -> None:
+        self.config._attn_implementation = name
+
+
+@pytest.fixture
+def flash_probe():
+    from rllib_grpo.models.packing import flash_attention_runs
+
+    flash_attention_runs.cache_clear()
+    yield flash_attention_runs
+    flash_attention_runs.cache_clear()
+
+
+def test_flash_attention_that_fails_to_import_is_not_used(tmp_path, monkeypatch, flash_probe):
+    """An installed flash_attn built for another torch is found by ``find_spec`` but fails
+    at import (undefined symbol): the model keeps sdpa instead of crashing at the first
+    forward."""
+    import importlib
+    import importlib.util
+    import sys
+
+    package = tmp_path / "flash_attn"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        "raise ImportError('flash_attn_2_cuda.so: undefined symbol: _ZN3c10')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "flash_attn", raising=False)
+    importlib.invalidate_caches()
+    assert importlib.util.find_spec("flash_attn") is not None  # what the old switch trusted
+
+    from rllib_grpo.models.packing import attention_implementation, prefer_varlen_attention
+
+    lm = _FakeLM()
+    assert not prefer_varlen_attention(lm, torch.device("cuda", 0), "bfloat16")
+    assert attention_implementation(lm) == "sdpa"
+
+
+def test_flash_attention_probe_runs_a_call_once(monkeypatch, flash_probe):
+    """A flash_attn that imports but fails at its first kernel call is refused; one that
+    runs is used; either verdict is probed once per device."""
+    import sys
+    import types
+
+    calls = []
+
+    def fake_module(works: bool) -> types.ModuleType:
+        def flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=False):
+            calls.append((tuple(q.shape), cu_q.tolist(), max_q, causal))
+            if not works:
+                raise RuntimeError("CUDA error: no kernel image is available for execution")
+            return q.clone()
+        module = types.ModuleType("flash_attn")
+        module.flash_attn_varlen_func = flash_attn_varlen_func  # type: ignore[attr-defined]
+        return module
+
+    cpu = torch.device("cpu")  # the probe's call is device-agnostic; cuda is checked before it
+    monkeypatch.setitem(sys.modules, "flash_attn", fake_module(works=False))
+    assert not flash_probe(cpu) and not flash_probe(cpu)
+    assert len(calls) == 1 and calls[0][-1] is True
+
+    flash_probe.cache_clear()
+    monkeypatch.setitem(sys.modules, "flash_attn", fake_module(works=True))
+    assert flash_probe(cpu) and flash_probe(cpu)
+    assert len(calls) == 2
+
+    from rllib_grpo.models.packing import attention_implementation, prefer_varlen_attention
+
+    monkeypatch.setattr("rllib_grpo.models.packing.flash_attention_runs", lambda device: True)
+    lm = _FakeLM()
+    assert prefer_varlen_attention(lm, torch.device("cuda", 0), "bfloat16")
+    assert attention_implementation(lm) == "flash_attention_2"
+    assert not prefer_varlen_attention(_FakeLM(), torch.device("cuda", 0), "float32")
