@@ -180,16 +180,22 @@ def trim_results(trial_dir: Path, last_iteration: int) -> int:
 class TrimResultsOnRetry(Callback):
     """When Tune retries a failed trial, it continues from the trial's newest complete
     checkpoint (`rllib_grpo.rllib.algorithm.resilience`): drop the results after that
-    checkpoint from its ``result.json`` and ``progress.csv``, both the driver's copy and
-    the one in storage (which Tune copies back when the trial restarts), so the rows
-    produced again replace them."""
+    checkpoint from the driver's ``result.json`` and ``progress.csv`` (the complete ones),
+    and put those in storage too, which Tune copies back when the trial restarts (its own
+    copy there is synced every few seconds: stale), so the rows produced again replace
+    them."""
 
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        storage = Path(trial.path) if "://" not in str(trial.path) else None
+        local = Path(trial.local_path)
+        storage = None if "://" in str(trial.path) else Path(trial.path)
         newest = newest_complete_checkpoint(storage) if storage and storage.is_dir() else None
-        for folder in {Path(trial.local_path), *([storage] if storage else [])}:
-            if folder.is_dir():
-                trim_results(folder, newest[1] if newest else 0)
+        if local.is_dir():
+            trim_results(local, newest[1] if newest else 0)
+        if storage is None or not storage.is_dir() or storage.resolve() == local.resolve():
+            return
+        for name in ("result.json", "progress.csv"):
+            if (local / name).is_file():
+                _replace_text(storage / name, (local / name).read_text())
 
 
 def _replace_text(path: Path, text: str) -> None:
