@@ -100,6 +100,10 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
                         "printed) from each trial's newest complete checkpoint; takes no "
                         "config, only the Ray options")
     p.add_argument("--num-samples", type=int, metavar="N", help="trials to run (default 1)")
+    p.add_argument("--max-failures", type=int, metavar="N",
+                   help="restart a failed trial (a lost learner, env runner or node) from its "
+                        "newest complete checkpoint up to N times (default 3; 0: never; "
+                        "-1: always)")
     p.add_argument("--ray-address", metavar="ADDR",
                    help="connect to this Ray cluster ('auto': $RAY_ADDRESS or the one `ray "
                         "start` launched here); default: start a new local Ray")

@@ -8,7 +8,12 @@
   continues each unfinished trial from its newest complete checkpoint
   (`rllib_grpo.rllib.algorithm.resilience.ResilientAlgorithm.load_checkpoint`), after trimming
   from its ``result.json`` and ``progress.csv`` the iterations after that checkpoint, so
-  that no iteration is recorded twice.
+  that no iteration is recorded twice.  It works after ``kill -9`` of the driver too:
+  the algorithm is read from Tune's experiment state, and a trial whose snapshot names
+  no checkpoint yet restores its newest one itself.
+* A trial Tune retries after a failure (``--max-failures``) continues from its newest
+  complete checkpoint as well; `TrimResultsOnRetry` trims its results to that checkpoint
+  first, so the rows after it are replaced, never duplicated.
 
 From Python: ``prepare_resume(path)`` then
 ``tune.Tuner.restore(path, trainable="GRPO", resume_unfinished=True, resume_errored=True)``.
@@ -26,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ray.tune import Callback
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from rllib_grpo.cli.errors import ConfigError
@@ -99,16 +105,25 @@ class InterruptScheduler(FIFOScheduler):
 
 # ----------------------------------------------------------------------------- resume
 def trial_dirs(run_dir: Path) -> list[Path]:
-    """The trial folders of a Tune experiment folder."""
-    return sorted(p for p in run_dir.iterdir() if p.is_dir() and (p / "params.json").is_file())
+    """The trial folders of a Tune experiment folder: those with Tune's ``params.json`` or a
+    checkpoint (after ``kill -9`` of the driver a folder may hold checkpoints only, as
+    Tune copies its logs there every few seconds)."""
+    return sorted(p for p in run_dir.iterdir() if p.is_dir() and (
+        (p / "params.json").is_file() or any(p.glob("checkpoint_*"))))
 
 
 def trainable_name(run_dir: Path) -> str:
-    """The algorithm a run trained (Tune names trial folders ``<Trainable>_<id>_...``)."""
-    names = {p.name.split("_")[0] for p in trial_dirs(run_dir)}
+    """The algorithm a run trained, as Tune's newest experiment state records it."""
+    states = sorted(run_dir.glob("experiment_state-*.json"))  # Tune resumes the newest
+    try:
+        trials = json.loads(states[-1].read_text())["trial_data"] if states else []
+        names = {json.loads(trial)["trainable_name"] for trial, _ in trials}
+    except (ValueError, KeyError, TypeError) as error:
+        raise ConfigError(f"--resume {run_dir}: unreadable experiment state {states[-1]}: "
+                          f"{error}") from error
     if len(names) != 1:
         raise ConfigError(f"--resume {run_dir}: cannot tell which algorithm its trials ran "
-                          f"({sorted(names) or 'no trial folders'})")
+                          f"({sorted(names) or 'no trials in its experiment state'})")
     return names.pop()
 
 
@@ -160,6 +175,27 @@ def trim_results(trial_dir: Path, last_iteration: int) -> int:
             csv.writer(out, lineterminator="\n").writerows([rows[0], *body])
             _replace_text(progress, out.getvalue())
     return dropped
+
+
+class TrimResultsOnRetry(Callback):
+    """When Tune retries a failed trial, it continues from the trial's newest complete
+    checkpoint (`rllib_grpo.rllib.algorithm.resilience`): drop the results after that
+    checkpoint from the driver's ``result.json`` and ``progress.csv`` (the complete ones),
+    and put those in storage too, which Tune copies back when the trial restarts (its own
+    copy there is synced every few seconds: stale), so the rows produced again replace
+    them."""
+
+    def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        local = Path(trial.local_path)
+        storage = None if "://" in str(trial.path) else Path(trial.path)
+        newest = newest_complete_checkpoint(storage) if storage and storage.is_dir() else None
+        if local.is_dir():
+            trim_results(local, newest[1] if newest else 0)
+        if storage is None or not storage.is_dir() or storage.resolve() == local.resolve():
+            return
+        for name in ("result.json", "progress.csv"):
+            if (local / name).is_file():
+                _replace_text(storage / name, (local / name).read_text())
 
 
 def _replace_text(path: Path, text: str) -> None:

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 from rllib_grpo.cli.experiment import ConfigError, Experiment
 from rllib_grpo.logs import console_env, quiet_console
 
+DEFAULT_MAX_FAILURES = 3  # restarts of a failed trial from its newest complete checkpoint
+
 if TYPE_CHECKING:  # annotations only
     from rllib_grpo.rllib.config.grpo_config import GRPOConfig
 
@@ -26,7 +28,7 @@ def run_tune(exp: Experiment, config: GRPOConfig, stop: dict[str, Any],
     from ray import tune
 
     from rllib_grpo.cli.algorithms import resolve_algo
-    from rllib_grpo.cli.resume import InterruptScheduler
+    from rllib_grpo.cli.resume import InterruptScheduler, TrimResultsOnRetry
     from rllib_grpo.cli.tune import (
         CompletionsTBXCallback,
         ProgressPrinter,
@@ -34,7 +36,7 @@ def run_tune(exp: Experiment, config: GRPOConfig, stop: dict[str, Any],
         logger_callbacks,
     )
 
-    callbacks: list[Any] = [ProgressPrinter(), *logger_callbacks(
+    callbacks: list[Any] = [ProgressPrinter(), TrimResultsOnRetry(), *logger_callbacks(
         getattr(config, "loggers", ()), exp.name)]
     if getattr(config, "log_completions_every", 0):
         install_completions(config)
@@ -51,6 +53,8 @@ def run_tune(exp: Experiment, config: GRPOConfig, stop: dict[str, Any],
             run_config=tune.RunConfig(
                 name=exp.name, storage_path=_storage_path(exp.storage_path), stop=stop,
                 callbacks=callbacks, verbose=args.verbose,
+                failure_config=tune.FailureConfig(max_failures=DEFAULT_MAX_FAILURES if (
+                    args.max_failures is None) else args.max_failures),
                 checkpoint_config=tune.CheckpointConfig(
                     checkpoint_frequency=exp.checkpoint_freq,
                     checkpoint_at_end=exp.checkpoint_at_end,
@@ -91,7 +95,8 @@ def resume(args: argparse.Namespace, file: str | None, overrides: list[str]) -> 
                                       ("--algo", args.algo), ("--stop", args.stop),
                                       ("--checkpoint-freq", args.checkpoint_freq),
                                       ("--storage-path", args.storage_path),
-                                      ("--name", args.name), ("--num-samples", args.num_samples))
+                                      ("--name", args.name), ("--num-samples", args.num_samples),
+                                      ("--max-failures", args.max_failures))
              if value]
     if given:
         raise ConfigError(f"--resume continues a run as it was configured; drop {given[0]}")

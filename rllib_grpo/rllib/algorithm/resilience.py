@@ -5,7 +5,11 @@
   (`rllib_grpo.rllib.algorithm.checkpoints`); ``keep_checkpoints`` prunes old ones.
 * A restore restores the checkpoint named; only a Tune trial resuming itself continues
   from the newest complete checkpoint of its folder, whatever checkpoint Tune's
-  (lagging) experiment snapshot names.
+  (lagging) experiment snapshot names, or when it names none (the driver was killed
+  before its snapshot recorded a checkpoint): such a trial restores itself before its
+  first step.
+* A learner actor that dies fails the step with `LearnerDiedError`, naming the learner
+  and what to do (Ray's own error names an actor id only).
 * A run that learns nothing for ``max_skipped_steps`` steps in a row (every optimizer
   step skipped, or every reward call failed) stops with a message instead of running on.
 * A lost remote env runner does not fail the step (`sample_on_runners`): its share is
@@ -40,6 +44,7 @@ from ray.rllib.core import (
 from ray.rllib.env.env_runner_group import EnvRunnerGroup
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.metrics import LEARNER_RESULTS, WEIGHTS_SEQ_NO
+from ray.rllib.utils.typing import ResultDict
 
 from rllib_grpo.rllib.algorithm.checkpoints import (
     atomic_save,
@@ -50,6 +55,10 @@ from rllib_grpo.rllib.algorithm.checkpoints import (
 
 logger = logging.getLogger(__name__)
 TUNE_CHECKPOINT_NAME = re.compile(r"checkpoint_\d+")
+
+
+class LearnerDiedError(RuntimeError):
+    """A learner actor died during a training step (its Ray error is the ``__cause__``)."""
 
 
 class ResilientAlgorithm(Algorithm):
@@ -65,6 +74,56 @@ class ResilientAlgorithm(Algorithm):
         self.runner_states: dict[int, dict] = {}
         self._num_runner_restarts = 0
         self._num_resampled_shares = 0
+        self._first_step_done = False
+
+    @override(Algorithm)
+    def step(self) -> ResultDict:
+        """RLlib's step; before the first one a Tune trial that was not restored resumes
+        itself from its folder's newest complete checkpoint, if it has one; a learner
+        actor's death is re-raised naming the learner."""
+        if not self._first_step_done:
+            self._first_step_done = True
+            if not self._restored:
+                self._resume_own_trial()
+        try:
+            return super().step()
+        except ray.exceptions.RayActorError as error:
+            died = self._learner_died(error)
+            if died is None:
+                raise
+            raise died from error
+
+    def _resume_own_trial(self) -> None:
+        """Restore the newest complete checkpoint of this Tune trial's folder, if any.
+
+        Tune's folders are new per trial, so checkpoints there mean a trial started again:
+        resumed (``Tuner.restore`` after ``kill -9`` of the driver, when Tune's snapshot
+        was written before the trial's first checkpoint) or retried."""
+        trial_dir = getattr(getattr(self, "_storage", None), "trial_fs_path", None)
+        newest = newest_complete_checkpoint(Path(trial_dir)) if trial_dir and Path(
+            trial_dir).is_dir() else None
+        if newest is not None:
+            logger.warning("Resuming from %s (iteration %d), the newest complete checkpoint "
+                           "of this trial (Tune named none).", newest[0], newest[1])
+            self.restore(str(newest[0]))
+
+    def _learner_died(self, error: ray.exceptions.RayActorError) -> LearnerDiedError | None:
+        """`LearnerDiedError` naming the learner when ``error`` is a learner actor's death;
+        None when the actor is no learner (an env runner's death is handled elsewhere)."""
+        manager = getattr(self.learner_group, "_worker_manager", None)
+        actors = manager.actors() if manager is not None else {}
+        index = next((i for i, actor in actors.items()
+                      if actor._actor_id.hex() == getattr(error, "actor_id", None)), None)
+        if index is None:
+            return None
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        return LearnerDiedError(
+            f"learner {index} of {len(actors)} (Ray actor {error.actor_id}) died during "
+            f"training step {self.iteration + 1}: {lines[-1] if lines else error}. Check "
+            "its node's memory and the learner's log (`ray logs`); under `rllib train` the "
+            "trial restarts from its newest complete checkpoint (--max-failures); from "
+            "Python, build the algorithm again from the newest checkpoint "
+            "(GRPO.from_checkpoint).")
 
     # ------------------------------------------------------------------ env runner faults
     def sample_on_runners(self, func: Callable[[Any, Any], Any], shares: list[Any]) -> list:

@@ -6,6 +6,7 @@ Tune's folder)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -30,11 +31,17 @@ SETTINGS = ["--env", "rllib_grpo/GSM8K-v0", "data.train_files=data/train.jsonl",
             '{"training_iteration": 4}']
 
 
-def _start(args: list[str], cwd: Path) -> subprocess.Popen:
+def _start(args: list[str], cwd: Path, **popen: object) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "rllib_grpo.cli.main", "train", *args, *RAY_LIMITS]
     env = {**os.environ, "RAY_DEDUP_LOGS": "0", "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, **popen)  # type: ignore[call-overload]
+
+
+def _write_data(folder: Path) -> None:
+    (folder / "data").mkdir()
+    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(8) for b in range(8)]
+    (folder / "data" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def _weights(checkpoint: Path) -> dict[str, torch.Tensor]:
@@ -53,9 +60,7 @@ def _final_checkpoint(output: str) -> Path:
 
 @pytest.mark.slow
 def test_sigint_then_resume_matches_an_uninterrupted_run(tmp_path):
-    (tmp_path / "data").mkdir()
-    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(8) for b in range(8)]
-    (tmp_path / "data" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _write_data(tmp_path)
 
     whole = _start([*SETTINGS, "--storage-path", "runs", "--name", "whole"], tmp_path)
     cut = _start([*SETTINGS, "--storage-path", "runs", "--name", "cut", "--checkpoint-freq",
@@ -89,6 +94,44 @@ def test_sigint_then_resume_matches_an_uninterrupted_run(tmp_path):
     expected, got = _weights(_final_checkpoint(whole_output)), _weights(final)
     for key, value in expected.items():
         assert torch.equal(torch.as_tensor(got[key]), torch.as_tensor(value)), key
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_driver_then_resume(tmp_path):
+    """``kill -9`` leaves no time to save or to copy Tune's logs: the run continues from
+    the newest complete checkpoint (Tune's snapshot may name none yet), and records no
+    iteration twice."""
+    _write_data(tmp_path)
+    # Its own session, so that the Ray it started can be cleaned up after the kill.
+    cut = _start([*SETTINGS, "--storage-path", "runs", "--name", "cut", "--checkpoint-freq",
+                  "1"], tmp_path, start_new_session=True)
+    try:
+        seen, deadline = [], time.monotonic() + 400
+        for line in cut.stdout:  # type: ignore[union-attr]
+            seen.append(line)
+            if line.startswith("iter 2 "):
+                cut.kill()  # SIGKILL
+                break
+            assert time.monotonic() < deadline, "".join(seen)
+        cut.wait(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(cut.pid, signal.SIGKILL)  # the Ray processes it left
+    assert cut.returncode == -signal.SIGKILL, "".join(seen)[-3000:]
+
+    resumed = _start(["--resume", "runs/cut"], tmp_path)
+    output = resumed.communicate(timeout=400)[0]
+    assert resumed.returncode == 0, output[-3000:]
+    found = re.search(r"resume GRPO_\S+: from checkpoint checkpoint_\d+ \(iteration (\d)\)",
+                      output)
+    assert found and int(found.group(1)) >= 1, output[-3000:]
+    (trial,) = [p for p in (tmp_path / "runs" / "cut").iterdir()
+                if (p / "result.json").is_file()]
+    iterations = [json.loads(line)["training_iteration"]
+                  for line in (trial / "result.json").read_text().splitlines()]
+    # Rows Tune had not yet copied from the killed driver are lost; none is recorded twice.
+    assert iterations == sorted(set(iterations)) and iterations[-1] == 4, iterations
+    assert iterations[0] <= int(found.group(1)) + 1, iterations
 
 
 def test_trim_results_drops_the_iterations_after_the_checkpoint(tmp_path):
