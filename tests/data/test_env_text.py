@@ -185,12 +185,25 @@ def test_inconsistent_length_options(kwargs):
 
 
 def test_reward_errors_do_not_stop_the_env():
-    env = TextEnv(ROWS, reward_fn=lambda *args, **kwargs: None, seed=0)
+    def raises(*args, **kwargs):
+        raise ValueError("the reward crashed")
+
+    env = TextEnv(ROWS, reward_fn=raises, seed=0)
     rewards = []
     for _ in range(5):
         env.reset()
         rewards.append(env.step("1")[1])
     assert rewards == [0.0] * 5 and env.get_state()["scorer"]["num_errors"] == 5
+
+
+def test_a_reward_that_returns_none_stops_the_env():
+    """None is a programming error (issue: no reward applies to the sample), not a 0."""
+    from rllib_grpo.rewards.scorer import RewardContractError
+
+    env = TextEnv(ROWS, reward_fn=lambda *args, **kwargs: None, seed=0)
+    env.reset()
+    with pytest.raises(RewardContractError, match="returned NoneType None"):
+        env.step("1")
 
 
 class TwoTurnEnv(TextEnv):
