@@ -85,18 +85,23 @@ def learner_to_float64(learner) -> None:
     assert all(p.dtype == torch.float64 for p in params)
 
 
-def adam_step_bound(grad_diff: float, optimizer, weight_scale: float) -> float:
-    """Largest weight difference after one AdamW step (float64) from equal weights whose
-    gradients differ by at most ``grad_diff``.
+def adam_step_bound(grad_diff: float, optimizer, weight_scale: float, steps: int = 1) -> float:
+    """Largest weight difference after ``steps`` AdamW steps (float64) from equal weights
+    whose gradients differ by at most ``grad_diff`` at every step.
 
     The first step moves a weight by lr·g/(|g| + ε) (bias-corrected moments m̂ = g, v̂ = g²),
     and d/dg [g/(|g| + ε)] = ε/(|g| + ε)² <= 1/ε: Adam amplifies a gradient difference by up
     to lr/ε on near-zero gradients (1e6 at lr 1e-2, ε 1e-8; why float32 noise of 1e-7 on a
-    gradient can move a weight by 1e-4).  The step's own float64 arithmetic
-    (w·(1 - lr·wd) - step) adds a few eps64 of |w| + lr."""
+    gradient can move a weight by 1e-4).  Step k moves it by lr·m̂/(√v̂ + ε), m̂ and v̂ means
+    of the g_i and g_i² with weights a_i, b_i summing to 1; its derivatives sum to
+    <= 1/(√v̂ + ε) + |m̂|·Σ b_i|g_i|/(√v̂(√v̂ + ε)²) <= (1 + 1/(4·sqrt(min b_i)))/ε <= 2/ε
+    while min b_i >= 1/16 (k <= 15 at β2 = 0.999).  Differences add up over the steps, and
+    each step's own float64 arithmetic (w·(1 - lr·wd) - step) adds a few eps64 of |w| + lr."""
+    assert 1 <= steps <= 15
     group = optimizer.param_groups[0]
     lr, eps = group["lr"], group["eps"]
-    return lr * grad_diff / eps + 4 * EPS64 * (weight_scale + lr)
+    lipschitz = 1.0 if steps == 1 else 2.0
+    return steps * (lipschitz * lr * grad_diff / eps + 4 * EPS64 * (weight_scale + lr))
 
 
 def float32_sum_bound(n_terms: int, abs_sum: float) -> float:
