@@ -45,3 +45,71 @@ def tiny_config(**training):
         .training(**settings)
         .debugging(seed=0)
     )
+
+
+# ------------------------------------------------------------------ exactness
+# Equality claims between two computations (a hand-built step, packed vs padded rows, one
+# learner vs two) are checked where rounding cannot decide them: the models in float64,
+# with bounds derived below from the dtype and the values' scale.  One float32 stage
+# stays: `response_log_probs` rounds the logits to float32 (`.float()`) for log-softmax and
+# entropy, so log-probs, losses and logged metrics are float32 even for a float64 model.
+# Both computations round float64 logits that agree to ~1e-15 there, so they see the same
+# float32 values (a logit rounding the other way is a ~2^-29 event per logit), and the
+# gradients w.r.t. the float64 weights differ by float64 rounding only.
+EPS32 = 2.0 ** -23  # torch.finfo(torch.float32).eps, 1.19e-7
+EPS64 = 2.0 ** -52  # torch.finfo(torch.float64).eps, 2.22e-16
+# The gradients of one loss computed two ways in float64 (other batch shapes, micro-batch
+# partial sums, other ranks): every entry is a sum over n <= 100 token positions (8 rows x
+# <= 13 tokens here) of per-token terms, and two summations of the same n terms differ by
+# <= n·eps·Σ|terms| (recursive summation is within (n-1)·eps/2·Σ|terms| of the exact sum,
+# Higham, "Accuracy and Stability of Numerical Algorithms", §4.2).  Allowing Σ|terms| up to
+# 40x the largest gradient (cancellation): 100 · 40 · eps64 = 4000 · eps64 ≈ 8.9e-13 of the
+# largest gradient.  Measured: <= 1 eps64 (2e-16).  A float32 step on one side only would
+# show at ~1e-8, a real difference (a loss coefficient, a lost token) at >= 1e-4.
+GRAD_REL64 = 4000 * EPS64
+
+
+def learner_to_float64(learner) -> None:
+    """Cast a local learner's policy and reference LMs to float64 in place, before any step.
+
+    ``Module.double()`` swaps each Parameter's data and keeps the Parameter objects, so the
+    optimizer (built on them) steps the float64 weights; its state must still be empty
+    (Adam's moments are created, in the parameters' dtype, at the first step)."""
+    import torch
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    module = learner.module[DEFAULT_MODULE_ID].unwrapped()
+    for lm in (module.lm, getattr(module, "ref_lm", None)):
+        if lm is not None:
+            lm.double()
+    optimizers = list(learner._named_optimizers.values())
+    assert optimizers and all(not optim.state for optim in optimizers)
+    params = [p for optim in optimizers for group in optim.param_groups for p in group["params"]]
+    assert {id(p) for p in params} == {id(p) for p in module.lm.parameters() if p.requires_grad}
+    assert all(p.dtype == torch.float64 for p in params)
+
+
+def adam_step_bound(grad_diff: float, optimizer, weight_scale: float, steps: int = 1) -> float:
+    """Largest weight difference after ``steps`` AdamW steps (float64) from equal weights
+    whose gradients differ by at most ``grad_diff`` at every step.
+
+    The first step moves a weight by lr·g/(|g| + ε) (bias-corrected moments m̂ = g, v̂ = g²),
+    and d/dg [g/(|g| + ε)] = ε/(|g| + ε)² <= 1/ε: Adam amplifies a gradient difference by up
+    to lr/ε on near-zero gradients (1e6 at lr 1e-2, ε 1e-8; why float32 noise of 1e-7 on a
+    gradient can move a weight by 1e-4).  Step k moves it by lr·m̂/(√v̂ + ε), m̂ and v̂ means
+    of the g_i and g_i² with weights a_i, b_i summing to 1; its derivatives sum to
+    <= 1/(√v̂ + ε) + |m̂|·Σ b_i|g_i|/(√v̂(√v̂ + ε)²) <= (1 + 1/(4·sqrt(min b_i)))/ε <= 2/ε
+    while min b_i >= 1/16 (k <= 15 at β2 = 0.999).  Differences add up over the steps, and
+    each step's own float64 arithmetic (w·(1 - lr·wd) - step) adds a few eps64 of |w| + lr."""
+    assert 1 <= steps <= 15
+    group = optimizer.param_groups[0]
+    lr, eps = group["lr"], group["eps"]
+    lipschitz = 1.0 if steps == 1 else 2.0
+    return steps * (lipschitz * lr * grad_diff / eps + 4 * EPS64 * (weight_scale + lr))
+
+
+def float32_sum_bound(n_terms: int, abs_sum: float) -> float:
+    """Largest difference of two float32 evaluations of a sum of the same ``n_terms`` terms
+    in any order or grouping: each is within (n-1)·eps/2·Σ|terms| of the exact sum
+    (Higham §4.2, to first order), so they differ by <= n·eps32·Σ|terms|."""
+    return n_terms * EPS32 * abs_sum

@@ -8,6 +8,10 @@
   sharded DCP files reshard from 2 learners to 1.
 * Slow: the same exactness with RLlib's DDP (``fsdp=False``); bf16 compute with CPU
   offload lands near the fp32 update.
+
+The exactness is checked on float64 models (tests/conftest.py): in float32 the weights of
+one and two learners differed by up to 2.6e-6 (after two Adam steps) depending on the
+CPU's kernels, and Adam can turn float32 noise on a near-zero gradient into a whole step.
 """
 
 from __future__ import annotations
@@ -19,13 +23,18 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import tiny_config
+from tests.conftest import (
+    EPS64,
+    GRAD_REL64,
+    adam_step_bound,
+    float32_sum_bound,
+    learner_to_float64,
+    tiny_config,
+)
 from tests.rllib.learner.test_learner_loss import _fixed_batch
 
-# Adam's first step moves every weight by ~lr (g / |g|): with lr=1e-4 the 1e-5
-# bound on the weights is 10% of one step, so it catches a missing rank or a wrong
-# gradient direction, while float noise on near-zero gradients stays below it
-# (measured: <= 3e-7).  The gradient *scale* is checked through the grad norm.
+# The gradient *scale* is checked through the grad norm (clipping and Adam's first step
+# are scale-free).
 TRAINING = dict(prompts_per_step=4, group_size=2, max_prompt_length=5, max_response_length=4,
                 lr=1e-4, weight_decay=0.0, use_kl_loss=True, kl_loss_coef=0.1,
                 entropy_coeff=0.01, temperature=0.7)
@@ -48,6 +57,10 @@ CASES = {
                                          micro_batch_size_per_learner=2),
     "gpg": dict(adv_estimator="gpg", micro_batch_size_per_learner=2),
 }
+
+
+# FSDP2 all-gathers and reduce-scatters in the parameters' own dtype: float64 once cast.
+FLOAT64 = dict(fsdp_param_dtype="model", fsdp_reduce_dtype="model")
 
 
 def _config(num_learners: int, **training):
@@ -81,7 +94,11 @@ def _grads(learner) -> dict[str, torch.Tensor]:
 
 def _max_diff(a: dict, b: dict) -> float:
     assert a.keys() == b.keys()
-    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+
+
+def _max_abs(a: dict) -> float:
+    return max(v.abs().max().item() for v in a.values())
 
 
 def _logged(results: list[dict], key: str) -> float:
@@ -97,13 +114,39 @@ def _weights(group) -> dict[str, torch.Tensor]:
     return group.get_weights()[DEFAULT_MODULE_ID]
 
 
+def _float64_scores_to_tokens(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    from rllib_grpo.algos import scores_to_tokens
+
+    return scores_to_tokens(scores.double(), mask.double())
+
+
+def _learner_to_float64(learner) -> None:
+    """Float64 weights (`learner_to_float64`) and advantages.  The learner takes the scores
+    as float32 (``scores.float()``), and batch-wide estimators (reinforce_plus_plus) whiten
+    them with sums over the learners, which two learners add in another order: float32
+    rounding would decide (measured: gradients 6e-9 apart).  Patches the learner module of
+    this process: run in the (remote) learners' own processes."""
+    from rllib_grpo.rllib.learner import advantage_step
+
+    learner_to_float64(learner)
+    advantage_step.scores_to_tokens = _float64_scores_to_tokens
+
+
 @pytest.fixture(scope="module")
 def algos(ray_session):
     """A 1-learner and a 2-learner (FSDP2) GRPO and the initial weights, shared by the
-    tests of this file: Ray learner start-up (10-30 s on two cores) dominates here."""
-    one = _config(0).build_algo()
-    two = _config(2).build_algo()
-    yield one, two, _weights(one.learner_group)
+    tests of this file: Ray learner start-up (10-30 s on two cores) dominates here.
+    Float64 (see the module docstring), cast before any forward: FSDP2 takes its
+    parameters' dtype at its lazy initialisation (the first forward)."""
+    from rllib_grpo.rllib.learner import advantage_step
+
+    one = _config(0, **FLOAT64).build_algo()
+    two = _config(2, **FLOAT64).build_algo()
+    with pytest.MonkeyPatch.context() as patch:  # the local learner: this process
+        learner_to_float64(one.learner_group._learner)
+        patch.setattr(advantage_step, "scores_to_tokens", _float64_scores_to_tokens)
+        two.learner_group._get_results(two.learner_group.foreach_learner(_learner_to_float64))
+        yield one, two, _weights(one.learner_group)
     two.stop()
     one.stop()
 
@@ -120,7 +163,7 @@ def _configured(group, num_learners: int, settings: dict):
         unfrozen = config.copy(copy_frozen=False)
         group.foreach_learner(lambda learner: setattr(learner, "config", unfrozen))
 
-    config = _config(num_learners, **settings)
+    config = _config(num_learners, **FLOAT64, **settings)
     config.validate()
     old = group.config
     use(config)
@@ -150,6 +193,28 @@ def _perturbed(initial: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return start
 
 
+def _assert_same_grads_and_norm(grads_a: dict, grads_b: dict, norm_a: float,
+                                norm_b: float) -> None:
+    """Float64 gradients (clipped) of one update computed two ways, and the norms before
+    clipping.  The gradients agree to float64 rounding (`GRAD_REL64` of the largest;
+    clipping scales both alike).  So do the unclipped ones, hence their norms differ by
+    <= ||dg||_2 <= sqrt(N)·GRAD_REL64·max|g| <= sqrt(N)·GRAD_REL64·||g||, plus the
+    norm's own float64 sum of N squares (<= N·eps64 of the norm, to first order)."""
+    assert next(iter(grads_a.values())).dtype == torch.float64
+    assert _max_diff(grads_a, grads_b) <= GRAD_REL64 * _max_abs(grads_b)
+    n = sum(g.numel() for g in grads_b.values())
+    assert abs(norm_a - norm_b) <= (n ** 0.5 * GRAD_REL64 + n * EPS64) * norm_b
+
+
+def _assert_same_weights(a: dict, b: dict, start: dict, grads: dict, optimizer,
+                         steps: int) -> None:
+    """Weights after ``steps`` AdamW steps from ``start`` whose gradients agree to
+    `GRAD_REL64`: apart by at most what Adam makes of that (`adam_step_bound`)."""
+    assert _max_diff(a, start) > 1e-5  # the update did move the weights
+    bound = adam_step_bound(GRAD_REL64 * _max_abs(grads), optimizer, _max_abs(start), steps)
+    assert _max_diff(a, b) <= bound
+
+
 def _assert_same_update(one, two, case: str, initial: dict[str, torch.Tensor]) -> None:
     """One update of ``one`` (1 learner) and ``two`` (2 learners) from the same weights."""
     start = _perturbed(initial)
@@ -162,19 +227,23 @@ def _assert_same_update(one, two, case: str, initial: dict[str, torch.Tensor]) -
         results_one, results_two = one.update(batch=batch), two.update(batch=batch)
         norm_one = _logged(results_one, "actor/grad_norm")
         norm_two = _logged(results_two, "actor/grad_norm")
-    # verl's actor/entropy is aggregated over the whole batch, not averaged per learner.
+    # verl's actor/entropy is aggregated over the whole batch, not averaged per learner:
+    # a float32 sum (float32 log-probs) of non-negative terms (so Σ|terms| is the value)
+    # over the 8 x 4 response slots, the micro-batches (<= 8) and the 2 learners.
+    entropy = _logged(results_one, "actor/entropy")
     assert _logged(results_two, "actor/entropy") == pytest.approx(
-        _logged(results_one, "actor/entropy"), rel=1e-5)
+        entropy, abs=float32_sum_bound(8 * 4 + 8 + 2, entropy))
 
     grads_one = _grads(one._learner)
     grads_two = two._get_results(two.foreach_learner(_grads))[0]
     # The norm before clipping: a wrong gradient scale (e.g. no x dp_size) shows only here,
     # as clipping and Adam's first step are both scale-free.
-    assert norm_two == pytest.approx(norm_one, rel=1e-5)
-    assert _max_diff(grads_one, grads_two) < 1e-6  # clipped by the global norm in both
-    after_one, after_two = _weights(one), _weights(two)
-    assert _max_diff(after_one, start) > 1e-5  # the update did move the weights
-    assert _max_diff(after_one, after_two) < 1e-5
+    _assert_same_grads_and_norm(grads_two, grads_one, norm_two, norm_one)
+    minibatches = TRAINING["prompts_per_step"] // CASES[case].get(
+        "prompts_per_minibatch", TRAINING["prompts_per_step"])
+    optimizer = next(iter(one._learner._named_optimizers.values()))
+    _assert_same_weights(_weights(one), _weights(two), start, grads_one, optimizer,
+                         steps=minibatches)
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -200,7 +269,7 @@ def test_two_fsdp_learners_packed_equal_padded(algos, case):
     """Padding-free rows under FSDP2: one update equals the padded one.  With micro-batches
     of one row, one learner has a micro-batch with no response token (row 3), whose
     zero-weight backward must still take part in the gradient reduce-scatter."""
-    _, two, initial = algos
+    one, two, initial = algos
     group, start = two.learner_group, _perturbed(initial)
     batch = _batch(vocab=len(start["model.embed_tokens.weight"]))
     runs = {}
@@ -211,10 +280,9 @@ def test_two_fsdp_learners_packed_equal_padded(algos, case):
             norm = _logged(group.update(batch=batch), "actor/grad_norm")
         runs[packed] = norm, group._get_results(group.foreach_learner(_grads))[0], _weights(group)
     (norm_padded, grads_padded, padded), (norm_packed, grads_packed, packed) = runs.values()
-    assert norm_packed == pytest.approx(norm_padded, rel=1e-6)
-    assert _max_diff(grads_packed, grads_padded) < 1e-6
-    assert _max_diff(padded, start) > 1e-5
-    assert _max_diff(packed, padded) < 1e-6
+    _assert_same_grads_and_norm(grads_packed, grads_padded, norm_packed, norm_padded)
+    optimizer = next(iter(one.learner_group._learner._named_optimizers.values()))  # same lr
+    _assert_same_weights(padded, packed, start, grads_padded, optimizer, steps=1)
 
 
 def _two_cpus_free(ray, timeout_s: float = 30.0) -> bool:
@@ -227,6 +295,17 @@ def _two_cpus_free(ray, timeout_s: float = 30.0) -> bool:
     return True
 
 
+def _float64_learner_group(config, spaces: dict):
+    """A learner group whose modules are built in float64 (see the module docstring).
+    Not cast afterwards: RLlib's DDP wrapper sizes its gradient buckets in the parameters'
+    dtype when it is built, and would reduce float64 gradients in float32 buckets."""
+    spec = config.get_multi_rl_module_spec(spaces=spaces)
+    for module_spec in spec.rl_module_specs.values():
+        module_spec.model_config = {**module_spec.model_config, "dtype": torch.float64,
+                                    "master_weights_dtype": torch.float64}
+    return config.build_learner_group(spaces=spaces, rl_module_spec=spec)
+
+
 @pytest.mark.slow
 def test_two_ddp_learners_match_one_learner(ray_session):
     """``fsdp=False``: RLlib's DDP wrapper, with the same group sharding and loss scaling."""
@@ -237,8 +316,8 @@ def test_two_ddp_learners_match_one_learner(ray_session):
     if not _two_cpus_free(ray_session):
         pytest.skip("the FSDP learners of the `algos` fixture hold both CPUs")
     spaces = {"default_policy": (TEXT_SPACE, TEXT_SPACE)}
-    one = _config(0).build_learner_group(spaces=spaces)
-    ddp = _config(2, fsdp=False).build_learner_group(spaces=spaces)
+    one = _float64_learner_group(_config(0), spaces)
+    ddp = _float64_learner_group(_config(2, fsdp=False), spaces)
     try:
         assert all(ddp._get_results(ddp.foreach_learner(
             lambda learner: isinstance(learner.module["default_policy"], TorchDDPRLModule))))
@@ -301,8 +380,9 @@ def test_checkpoint_of_two_learners_restores_into_one_and_back(algos, tmp_path):
     for index, moments in saved_optim.items():
         for key, value in moments.items():
             assert np.array_equal(np.asarray(restored_optim[index][key]), np.asarray(value))
-    sampler_state = one.env_runner.sampler.model.state_dict()
-    assert _max_diff({k: sampler_state[k] for k in saved_weights}, saved_weights) == 0.0
+    sampler_state = one.env_runner.sampler.model.state_dict()  # synced in its own dtype
+    assert all(torch.equal(sampler_state[k], v.to(sampler_state[k].dtype))
+               for k, v in saved_weights.items())
 
     for _ in range(2):
         result = one.train()
