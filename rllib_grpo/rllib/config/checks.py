@@ -8,9 +8,6 @@ object carrying the GRPO fields.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from rllib_grpo.algos import ADV_ESTIMATORS, AGG_MODES, KL_CONTROLLERS, POLICY_LOSSES, kl_kinds
 from rllib_grpo.algos.advantages import needs_groups
 from rllib_grpo.algos.lr_schedule import LR_SCHEDULER_TYPES, needs_total_steps
@@ -23,6 +20,7 @@ from rllib_grpo.models.lora import LORA_SYNC_MODES
 from rllib_grpo.rllib.config.input_checks import input_errors
 from rllib_grpo.rllib.config.settings import GRPOSettings
 from rllib_grpo.rllib.config.staleness import async_errors, async_pitfalls
+from rllib_grpo.rllib.config.text_env import env_class
 from rllib_grpo.samplers import SAMPLER_KINDS
 from rllib_grpo.weights.plan import WEIGHT_SYNC_TRANSPORTS
 
@@ -354,24 +352,6 @@ def _check_lr_schedule(c: GRPOSettings) -> list[str]:
     if c.total_training_steps is not None and c.total_training_steps < 1:
         errors.append(f"total_training_steps={c.total_training_steps} must be >= 1 (or None).")
     return errors
-
-
-def env_class(env: Any) -> type | None:
-    """The class a gymnasium id (or class) builds; None when it cannot be told."""
-    if isinstance(env, type):
-        return env
-    if not isinstance(env, str):
-        return None
-    import gymnasium
-
-    try:
-        entry = gymnasium.spec(env).entry_point
-    except Exception:  # noqa: BLE001  (an unknown id: gymnasium.make reports it)
-        return None
-    if isinstance(entry, str):
-        module, _, name = entry.partition(":")
-        entry = getattr(importlib.import_module(module), name, None)
-    return entry if isinstance(entry, type) else None
 
 
 # Engine options only vLLM takes (the transformers sampler refuses them by name).

@@ -18,6 +18,7 @@ from rllib_grpo.rllib.config.door_checks import (
     logger_errors,
     reward_fn_errors,
 )
+from rllib_grpo.rllib.config.prompt_lengths import prompt_length_errors
 from rllib_grpo.rllib.config.settings import GRPOSettings
 
 # (field, predicate, requirement) for scalar settings; None values are skipped ("off").
@@ -131,7 +132,10 @@ def resource_errors(c: GRPOSettings) -> list[str]:
 
 def input_errors(c: GRPOSettings) -> list[str]:
     """`range_errors`, `resource_errors` and the door's checks (`door_checks`): counts,
-    the env id and one call of the reward function."""
+    the env id, one call of the reward function and, when the env and its files are
+    there, every prompt's length (`prompt_lengths`)."""
     env_error = env_id_error(getattr(c, "env", None))
+    resources = resource_errors(c)
+    lengths = [] if env_error or resources else prompt_length_errors(c)
     return (range_errors(c) + count_errors(c) + ([env_error] if env_error else [])
-            + resource_errors(c) + reward_fn_errors(c) + logger_errors(c))
+            + resources + lengths + reward_fn_errors(c) + logger_errors(c))

@@ -36,6 +36,12 @@ from rllib_grpo.data.rollout import RolloutBatch, build_rollout_batch
 from rllib_grpo.models.lora import AdapterMerger, is_lora_payload
 from rllib_grpo.models.registry import resolve_model
 from rllib_grpo.models.tokenizers import load_tokenizer
+from rllib_grpo.rllib.config.text_env import (
+    VALIDATION_SEED_OFFSET,
+    data_seed,
+    make_text_env,
+    validation_env_config,
+)
 from rllib_grpo.rllib.env_runner.engine import engine_options
 from rllib_grpo.rllib.env_runner.multiturn import (
     EpisodeSampler,
@@ -47,32 +53,6 @@ from rllib_grpo.samplers import SamplingParams, make_sampler
 
 COMPONENT_RL_MODULE = "rl_module"
 WEIGHTS_SEQ_NO = "weights_seq_no"
-
-
-def make_text_env(config: Any, tokenizer: Any, seed: int) -> gym.Env:
-    """Build the configured text env (a gymnasium id or an env class) with the tokenizer."""
-    kwargs = dict(
-        tokenizer=tokenizer, max_prompt_length=config.max_prompt_length,
-        truncation=config.truncation, filter_overlong_prompts=config.filter_overlong_prompts,
-        seed=seed,
-    )
-    if not config.data_shuffle:  # verl data.shuffle=False: the file's order
-        kwargs["shuffle"] = False
-    kwargs.update(dict(config.env_config))
-    env = config.env
-    if isinstance(env, str):
-        return gym.make(env, disable_env_checker=True, **kwargs).unwrapped
-    if isinstance(env, type):
-        return env(**kwargs)
-    raise ValueError(
-        f"env={env!r}: GRPO needs a gymnasium id (e.g. 'rllib_grpo/Arithmetic-v0') or a "
-        "TextEnv subclass."
-    )
-
-
-def data_seed(config: Any) -> int:
-    """The seed of the prompt order every env runner shares: ``data_seed``, else ``seed``."""
-    return config.data_seed if config.data_seed is not None else (config.seed or 0)
 
 
 def _seek(env: gym.Env, start: int | None) -> None:
@@ -265,12 +245,10 @@ class TextEnvRunner(EnvRunner, Checkpointable):
 
     def _validation_env(self) -> gym.Env:
         if self._val_env is None:
-            val_config = self.config.copy(copy_frozen=False)
-            val_config.env_config = {**dict(self.config.env_config),
-                                     **dict(self.config.val_env_config)}
             # A different seed: held-out order (and, for generated tasks, problems).
-            self._val_env = make_text_env(val_config, self.tokenizer,
-                                          data_seed(self.config) + 10_007)
+            self._val_env = make_text_env(
+                self.config, self.tokenizer, data_seed(self.config) + VALIDATION_SEED_OFFSET,
+                env_config=validation_env_config(self.config))
         return self._val_env
 
     @staticmethod
