@@ -129,7 +129,9 @@ def test_rllib_train_refuses_an_overlong_prompt_before_ray(tmp_path, capsys):
 
     data = _file_config(tmp_path).env_config["path"]
     argv = ["train", "model_path=builtin:tiny", f"data.train_files={data}",
-            "data.max_prompt_length=8", "data.max_response_length=4"]
+            "data.max_prompt_length=8", "data.max_response_length=4",
+            "actor_rollout_ref.rollout.n=4"]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "2 of 4 prompts are longer than max_prompt_length=8" in err, err
+    assert err.startswith("rllib: error: invalid config: env_config: 2 of 4 prompts are longer "
+                          "than max_prompt_length=8"), err
