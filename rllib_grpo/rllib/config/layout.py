@@ -12,10 +12,7 @@ the rest, so one GPU holds exactly one learner and at most one env runner.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from rllib_grpo.rllib.config.settings import GRPOSettings
+from typing import Any, Protocol
 
 # vLLM's share of a GPU it shares with a learner while it samples (verl's default
 # rollout.gpu_memory_utilization=0.5); during the update it sleeps and the learner has it.
@@ -25,6 +22,20 @@ COLOCATED_MEMORY_FRACTION = 0.5
 # the rest.  A scheduling token only: memory is split by gpu_memory_utilization.
 COLOCATED_LEARNER_GPU = 0.75
 COLOCATED_RUNNER_GPU = 1 - COLOCATED_LEARNER_GPU
+
+
+class Placement(Protocol):
+    """The fields of a GRPO config (`GRPOSettings` with RLlib's own) that place learners
+    and engines; a protocol, so that settings.py can use this module without a cycle."""
+
+    sampler: str
+    sampler_config: dict[Any, Any]
+    sampler_memory_fraction: float | None
+    max_staleness: int
+    num_learners: int
+    num_gpus_per_learner: float
+    num_env_runners: int
+    num_gpus_per_env_runner: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,12 +83,12 @@ def colocated_layout(num_gpus: int, tensor_parallel_size: int = 1,
                                            is None else sampler_memory_fraction))
 
 
-def tensor_parallel_size(c: GRPOSettings) -> int:
+def tensor_parallel_size(c: Placement) -> int:
     """The engines' tensor parallel size (``sampler_config``, verl's rollout TP)."""
     return int((c.sampler_config or {}).get("tensor_parallel_size", 1) or 1)
 
 
-def shares_learner_gpus(c: GRPOSettings) -> bool:
+def shares_learner_gpus(c: Placement) -> bool:
     """The samplers share the learners' GPUs: the local env runner with the local learner
     on a GPU (one process), or remote env runners and learners that each reserve a part of
     a GPU leaving room for the other (`colocated_layout`'s shape)."""
@@ -88,7 +99,7 @@ def shares_learner_gpus(c: GRPOSettings) -> bool:
     return c.num_learners >= 1 and 0 < learner_gpu < 1 and 0 < runner_gpu <= 1 - learner_gpu
 
 
-def layout_of(c: GRPOSettings) -> Layout:
+def layout_of(c: Placement) -> Layout:
     """The layout a config describes."""
     colocated = shares_learner_gpus(c)
     gpus_per_learner = float(c.num_gpus_per_learner or 0)
@@ -104,7 +115,7 @@ def layout_of(c: GRPOSettings) -> Layout:
                   sampler_memory_fraction=fraction)
 
 
-def layout_errors(c: GRPOSettings) -> list[str]:
+def layout_errors(c: Placement) -> list[str]:
     """Engine layouts that cannot run: a TP engine with the wrong bundle, colocated engines
     that do not cover the learners' GPUs one rank each, or that cannot sleep."""
     tp, gpus = tensor_parallel_size(c), c.num_gpus_per_env_runner
@@ -131,7 +142,7 @@ def layout_errors(c: GRPOSettings) -> list[str]:
     return errors
 
 
-def layout_lines(c: GRPOSettings) -> list[str]:
+def layout_lines(c: Placement) -> list[str]:
     """`explain`'s lines: where the learners and engines live, and each GPU's memory."""
     lay = layout_of(c)
     tp = f" of tensor parallel {lay.engine_tp}" if lay.engine_tp > 1 else ""
