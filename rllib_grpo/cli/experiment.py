@@ -45,6 +45,7 @@ from rllib_grpo.cli.verl_keys import (  # noqa: F401  (the tables are part of th
     known_verl_keys,
     prefix_match,
 )
+from rllib_grpo.rllib.config.layout import colocated_layout
 from rllib_grpo.rllib.config.settings import (
     DERIVED_FIELDS,
     SETTINGS_FIELDS,
@@ -356,15 +357,30 @@ def _set(out: Translated, name: str, value: Any, key: str, source: str) -> None:
 
 
 def _resources_from_verl(out: Translated, source: str) -> None:
+    """verl's GPUs (``trainer.n_gpus_per_node`` x ``trainer.nnodes``) with its rollout TP:
+    verl's colocated layout (`layout.colocated_layout`), one learner per GPU and GPUs / TP
+    engines on the same GPUs, asleep during the update."""
     gpus, nodes = (out.run.pop(k, None) for k in ("trainer.n_gpus_per_node", "trainer.nnodes"))
     if gpus is None and nodes is None:
         return
     total = int(VERL_GPUS_PER_NODE if gpus is None else gpus) * int(
         VERL_NNODES if nodes is None else nodes)
-    _set(out, "num_learners", total, "trainer.n_gpus_per_node", source)
-    _set(out, "num_gpus_per_learner", 1 if total else 0, "trainer.n_gpus_per_node", source)
-    out.mapped.append(f"trainer.n_gpus_per_node x trainer.nnodes -> num_learners={total}, "
-                      f"num_gpus_per_learner={1 if total else 0}")
+    if not total:  # no GPUs: the learner and the sampler in the driver, on CPUs
+        _set(out, "num_learners", 0, "trainer.n_gpus_per_node", source)
+        _set(out, "num_gpus_per_learner", 0, "trainer.n_gpus_per_node", source)
+        out.mapped.append("trainer.n_gpus_per_node x trainer.nnodes = 0 -> num_learners=0 (CPU)")
+        return
+    tp = int(dict(out.config.get("sampler_config") or {}).get("tensor_parallel_size", 1) or 1)
+    try:
+        layout = colocated_layout(total, tp)
+    except ValueError as error:
+        raise ConfigError(f"{source}: verl keys trainer.n_gpus_per_node x trainer.nnodes and "
+                          f"actor_rollout_ref.rollout.tensor_model_parallel_size: {error}") from None
+    settings = layout.settings()
+    for name, value in settings.items():
+        _set(out, name, value, "trainer.n_gpus_per_node", source)
+    out.mapped.append("trainer.n_gpus_per_node x trainer.nnodes, rollout TP -> verl's colocated "
+                      "layout: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
 
 
 _TYPE_CHECKS = {

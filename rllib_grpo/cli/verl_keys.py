@@ -40,8 +40,8 @@ VERL_IGNORED: dict[str, str] = {
     _AR + "rollout.mode": "verl's rollout server mode; a step's samples all come from one weight "
                           "version either way",
     _AR + "rollout.free_cache_engine": "verl sleeps the engine between rollouts to share GPUs "
-                                       "with training; the engine's memory here is "
-                                       "sampler_memory_fraction",
+                                       "with training; engines here sleep whenever they "
+                                       "share the learners' GPUs (sampler_sleeps)",
     _AR + "rollout.load_format": "how verl's engine loads its first weights; samplers here load "
                                  "the model, then receive the learner's weights every step",
     _AR + "rollout.calculate_log_probs": "samplers here always return the rollout log-probs",
@@ -101,8 +101,10 @@ VERL_TO_RUN: dict[str, str] = {
     "trainer.save_freq": "checkpoint frequency (training steps; -1 = none)",
     "trainer.experiment_name": "Tune experiment name",
     "trainer.default_local_dir": "Tune storage path",
-    "trainer.n_gpus_per_node": "num_learners = n_gpus_per_node x nnodes, 1 GPU each",
-    "trainer.nnodes": "num_learners = n_gpus_per_node x nnodes, 1 GPU each",
+    "trainer.n_gpus_per_node": "verl's colocated layout: one learner per GPU, GPUs / rollout TP "
+                               "engines on the same GPUs (rllib_grpo.rllib.config.layout)",
+    "trainer.nnodes": "verl's colocated layout: one learner per GPU, GPUs / rollout TP engines "
+                      "on the same GPUs (rllib_grpo.rllib.config.layout)",
 }
 # verl keys recorded with the experiment and shown by explain: key -> what becomes of them.
 VERL_RECORDED: dict[str, str] = {
@@ -167,8 +169,9 @@ VERL_DEFAULTS_NOT_TAKEN: dict[str, str] = {
                                    "(set algorithm.adv_estimator)",
     "trainer.n_gpus_per_node=8, trainer.nnodes=1": "the machine's size; resources come from "
                                                   "these keys only when given",
-    _AR + "rollout.tensor_model_parallel_size=2": "the sampler layout comes from the env "
-                                                  "runners; given, it sets tensor_parallel_size",
+    _AR + "rollout.tensor_model_parallel_size=2": "given, it sets tensor_parallel_size (and, "
+                                                  "with trainer.n_gpus_per_node, the number "
+                                                  "of colocated engines)",
     "data.train_files=~/data/rlhf/gsm8k/train.parquet": "the env's own data is used unless "
                                                         "data.train_files is given",
 }

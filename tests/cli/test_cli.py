@@ -116,7 +116,9 @@ def test_verl_trainer_keys_set_how_the_experiment_runs():
                               "actor_rollout_ref.rollout.enforce_eager=True"])
     assert exp.stop == {"training_iteration": 7}
     assert (exp.checkpoint_freq, exp.name) == (3, "run1")
-    assert exp.config["num_learners"] == 8 and exp.config["num_gpus_per_learner"] == 1
+    # verl's colocated layout: a learner per GPU, an engine (TP 1) on each learner's GPU.
+    assert (exp.config["num_learners"], exp.config["num_env_runners"]) == (8, 8)
+    assert exp.config["num_gpus_per_learner"] + exp.config["num_gpus_per_env_runner"] == 1
     assert exp.config["sampler_config"] == {"enforce_eager": True}
     assert exp.config["loggers"] == ("console", "wandb") and exp.ignored == []
 

@@ -198,3 +198,17 @@ def test_model_override_config_reaches_the_learners_model(tmp_path):
     assert overrides == {"max_position_embeddings": 256}
     lm = load_causal_lm(resolve_model(config.model_path), config_overrides=overrides)
     assert lm.config.max_position_embeddings == 256
+
+
+def test_verls_qwen3_8b_script_runs_verls_colocated_layout(tmp_path, capsys):
+    """8 GPUs, rollout TP 2: 8 learners and 4 engines of TP 2 on the same GPUs, asleep
+    during the update (issue 27), not one local env runner on a 2-GPU bundle."""
+    _, args = script_overrides("run_qwen3-8b.sh", tmp_path)
+    code, out, err = _explain(args, capsys)
+    assert "ERRORS:" not in out and not err, out + err
+    assert "8 learner(s) on 8 GPU(s), one each; 4 vLLM engine(s) of tensor parallel 2 " \
+           "colocated on the same GPUs (verl's layout), asleep during the update" in out
+    assert "memory per GPU:                sampling: the engine takes 60%" in out
+    config = build_config(assemble(overrides=args))
+    assert (config.num_learners, config.num_env_runners) == (8, 4)
+    assert config.sampler_sleeps and not config.create_local_env_runner

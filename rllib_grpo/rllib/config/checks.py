@@ -18,6 +18,7 @@ from rllib_grpo.data.env import env_options
 from rllib_grpo.data.recipes import FILTER_METRICS
 from rllib_grpo.models.lora import LORA_SYNC_MODES
 from rllib_grpo.rllib.config.input_checks import input_errors
+from rllib_grpo.rllib.config.layout import layout_errors, tensor_parallel_size
 from rllib_grpo.rllib.config.settings import GRPOSettings
 from rllib_grpo.rllib.config.staleness import async_errors, async_pitfalls
 from rllib_grpo.rllib.config.text_env import env_class
@@ -219,10 +220,13 @@ def _check_weight_sync(c: GRPOSettings) -> list[str]:
 def _check_placement(c: GRPOSettings) -> list[str]:
     """Placements that NCCL refuses at the first collective, refused before Ray starts."""
     gpus = c.num_gpus_per_learner or 0
-    if c.num_learners >= 2 and 0 < gpus < 1:
+    # Two learners fit on one GPU only when each reserves at most half of it (above half,
+    # as in verl's colocated layout, Ray gives every learner a GPU of its own).
+    if c.num_learners >= 2 and 0 < gpus <= 0.5:
         return [f"num_gpus_per_learner={gpus} with num_learners={c.num_learners}: two learners "
                 "could land on one GPU, which their NCCL group refuses ('Duplicate GPU "
-                "detected', NVIDIA/nccl#1241); set num_gpus_per_learner=1 (one learner per GPU)."]
+                "detected', NVIDIA/nccl#1241); set num_gpus_per_learner=1 (one learner per GPU),"
+                " or GRPOConfig.colocate(num_gpus) to share the GPUs with the engines."]
     return []
 
 
@@ -371,15 +375,11 @@ def _check_env_and_sampler(c: GRPOSettings) -> list[str]:
                     if {"path", "prompt_key"} & set(unknown) else "")
             errors.append(f"{field} has {', '.join(map(repr, unknown))} but env {c.env!r} takes "
                           f"no such option (it takes: {', '.join(sorted(names))}).{hint}")
-    tp = int((c.sampler_config or {}).get("tensor_parallel_size", 1) or 1)
-    gpus = c.num_gpus_per_env_runner
+    tp = tensor_parallel_size(c)
     if tp > 1 and c.sampler == "hf":
         errors.append(f"tensor_parallel_size={tp} (verl rollout.tensor_model_parallel_size) "
                       "needs the vLLM sampler; set sampler='vllm' or tensor_parallel_size=1.")
-    elif tp > 1 and gpus and gpus != tp:
-        errors.append(f"tensor_parallel_size={tp}: each env runner's vLLM engine spreads over "
-                      f"{tp} GPUs, but num_gpus_per_env_runner={gpus}; set "
-                      f"num_gpus_per_env_runner={tp} (a {tp}-GPU bundle per env runner).")
+    errors += layout_errors(c)
     vllm_only = sorted(set(c.sampler_config or {}) - set(HF_SAMPLER_OPTIONS))
     if c.sampler == "hf" and vllm_only:
         errors.append(f"sampler_config has vLLM engine options {', '.join(vllm_only)} but "

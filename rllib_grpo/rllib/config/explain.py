@@ -4,6 +4,7 @@ plan, the loss and KL set-up, the memory estimate, and every error and pitfall f
 from __future__ import annotations
 
 from rllib_grpo.rllib.config.checks import find_errors, find_pitfalls
+from rllib_grpo.rllib.config.layout import layout_lines
 from rllib_grpo.rllib.config.memory import memory_lines
 from rllib_grpo.rllib.config.prompt_lengths import prompt_length_lines
 from rllib_grpo.rllib.config.settings import GRPOSettings
@@ -111,13 +112,6 @@ def _recipe_lines(c: GRPOSettings) -> list[str]:
         lines.append(f"overlong shaping:              penalty from 0 at "
                      f"{c.max_response_length - c.overlong_buffer_len} to "
                      f"-{c.overlong_penalty_factor} at {c.max_response_length} tokens")
-    tp = int((c.sampler_config or {}).get("tensor_parallel_size", 1) or 1)
-    if tp > 1:
-        now = (f"{c.num_env_runners} remote env runner(s) x {c.num_gpus_per_env_runner} GPU"
-               if c.num_env_runners else "the local env runner")
-        lines.append(f"sampler parallelism:           vLLM tensor parallel {tp}: each env runner "
-                     f"needs a {tp}-GPU bundle (num_gpus_per_env_runner={tp}); now {now} (verl "
-                     "colocates the engines with training on the same GPUs)")
     return lines
 
 
@@ -168,6 +162,7 @@ def explain_config(c: GRPOSettings) -> str:
         _precision_line(c),
         *_schedule_lines(c),
         *_recipe_lines(c),
+        *layout_lines(c),
         async_line(c),
         _weight_sync_line(c),
     ]

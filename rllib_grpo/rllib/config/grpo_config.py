@@ -114,6 +114,20 @@ class GRPOConfig(AlgorithmConfig, GRPOSettings):
         translated = {VERL_ALIASES.get(k, k): v for k, v in config_dict.items()}
         return super().update_from_dict(translated)
 
+    def colocate(self, num_gpus: int) -> GRPOConfig:
+        """verl's colocated layout on ``num_gpus`` GPUs: one learner per GPU and
+        ``num_gpus / tensor_parallel_size`` env runners, each with a vLLM engine of that
+        tensor parallel size on the learners' GPUs, asleep during the update
+        (`layout.colocated_layout`).  Raises ValueError when the TP does not divide the GPUs."""
+        from rllib_grpo.rllib.config.layout import colocated_layout, tensor_parallel_size
+
+        layout = colocated_layout(num_gpus, tensor_parallel_size(self))
+        settings = layout.settings()
+        self.learners(num_learners=settings.pop("num_learners"),
+                      num_gpus_per_learner=settings.pop("num_gpus_per_learner"))
+        self.env_runners(**settings)
+        return self
+
     # ---------------------------------------------------------------- RLlib plumbing
     @override(AlgorithmConfig)
     def get_default_learner_class(self) -> type:

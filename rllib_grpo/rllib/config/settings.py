@@ -179,12 +179,13 @@ class GRPOSettings(AlgorithmSettings):
 
     @property
     def sampler_sleeps(self) -> bool:
-        """The vLLM engine shares its GPU with the learner (one process: the local env
-        runner samples, the local learner holds a GPU), so it sleeps during each update
-        (KV cache and weights released) and wakes before the weight sync."""
-        return (self.sampler != "hf" and getattr(self, "num_env_runners", 0) == 0
-                and getattr(self, "num_learners", 0) == 0
-                and (getattr(self, "num_gpus_per_learner", 0) or 0) > 0)
+        """The vLLM engines share the learners' GPUs (`layout.shares_learner_gpus`: the
+        local env runner with the local learner on a GPU, or verl's colocated layout), so
+        they sleep during each update (KV cache and weights released) and wake before the
+        weight sync."""
+        from rllib_grpo.rllib.config.layout import shares_learner_gpus
+
+        return self.sampler != "hf" and shares_learner_gpus(self)
 
     @property
     def needs_reference(self) -> bool:

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from rllib_grpo.rllib.config.layout import COLOCATED_MEMORY_FRACTION
 from rllib_grpo.samplers.vllm_engine import context_length
 
-# vLLM's share of a GPU it shares with a learner in one process (verl's colocated default,
-# rollout.gpu_memory_utilization=0.5); it sleeps while the learner updates.
-COLOCATED_MEMORY_FRACTION = 0.5
 # Of a fractional GPU reserved from Ray, what vLLM may take (CUDA context and allocator slack).
 FRACTIONAL_GPU_SAFETY = 0.9
 
