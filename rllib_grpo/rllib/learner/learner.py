@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import math
 from collections import defaultdict
-from contextlib import nullcontext
 from functools import cached_property
 from typing import Any
 
@@ -41,7 +40,6 @@ from ray.rllib.utils.annotations import override
 from rllib_grpo.algos import agg_loss, get_kl_controller, kl_penalty, policy_loss
 from rllib_grpo.models.offload import offload_optimizer_states
 from rllib_grpo.models.packing import prefer_varlen_attention
-from rllib_grpo.rllib.config.staleness import old_log_probs_from_update
 from rllib_grpo.rllib.learner.advantage_step import step_advantages
 from rllib_grpo.rllib.learner.distributed import (
     all_reduce,
@@ -51,14 +49,13 @@ from rllib_grpo.rllib.learner.distributed import (
     rank,
     world_size,
 )
+from rllib_grpo.rllib.learner.forward_passes import FORWARD_COLUMNS, old_and_reference_log_probs
 from rllib_grpo.rllib.learner.micro_batches import (
     MiniBatchTotals,
     micro_batches,
     sequence_lengths,
-    step_micro_batches,
 )
 from rllib_grpo.rllib.learner.micro_batches import select_rows as _select
-from rllib_grpo.rllib.learner.module import response_log_probs
 from rllib_grpo.rllib.learner.perf import (
     PhaseTimes,
     StepMetrics,
@@ -81,7 +78,6 @@ TENSOR_COLUMNS = (
 )
 # Per-token rates from the policy loss, averaged over micro-batches by token count.
 RATE_METRICS = ("actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl")
-FORWARD_COLUMNS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
 
 
 class GRPOLearner(TorchLearner):
@@ -194,47 +190,9 @@ class GRPOLearner(TorchLearner):
 
     def _old_and_reference_log_probs(self, batch: dict[str, torch.Tensor]
                                      ) -> dict[str, torch.Tensor]:
-        """The no-grad forward passes before the update, each (B, R) over ``batch``'s rows:
-        ``old_log_probs`` and ``entropy`` at the sampling temperature (none when the
-        update's own forward gives them, `old_log_probs_from_update`) and ``ref_log_probs``
-        (only when a KL term needs the reference).
-
-        They run on the update's micro-batches, mini-batch by mini-batch (the same count on
-        every learner: sharded forwards are collective); rows come back in place.  Eval
-        mode (no dropout) as verl's compute_log_prob; forward_train sets train() again.
-        """
-        c, module = self.config, self.module[DEFAULT_MODULE_ID].unwrapped()
-        mask = batch["response_mask"].float()
-        old, entropy = torch.zeros_like(mask), torch.zeros_like(mask)
-        ref = torch.zeros_like(mask) if c.needs_reference else None
-        old_pass = not old_log_probs_from_update(c)
-        lengths = sequence_lengths(batch)
-        module.eval()
-        # A host-offloaded reference visits the device once for the whole pass.
-        with module.reference_on(self._device) if ref is not None else nullcontext():
-            for rows in step_micro_batches(batch, c, self._device):
-                micro = _select({k: batch[k] for k in FORWARD_COLUMNS}, rows or [0])
-                tokens = float(lengths[rows].sum()) if rows else 0.0
-                if old_pass:
-                    with self.phase_times.phase("old_log_prob", tokens), module.autocast():
-                        out = response_log_probs(module.lm, micro, c.temperature, with_entropy=True,
-                                                 packed=c.use_remove_padding)
-                ref_out = None
-                if ref is not None:
-                    with self.phase_times.phase("ref", tokens):
-                        ref_out = module.reference_log_probs(micro, packed=c.use_remove_padding)
-                if not rows:  # an empty token-budget bin: the pass only keeps ranks in step
-                    continue
-                index = torch.as_tensor(rows, device=mask.device)
-                if old_pass:
-                    old[index] = out["log_probs"]
-                    entropy[index] = out["entropy"]
-                if ref is not None and ref_out is not None:
-                    ref[index] = ref_out
-        passes = {} if ref is None else {"ref_log_probs": ref}
-        if old_pass:
-            passes.update(old_log_probs=old, entropy=entropy)
-        return passes
+        """`rllib_grpo.rllib.learner.forward_passes.old_and_reference_log_probs` here."""
+        return old_and_reference_log_probs(self.module[DEFAULT_MODULE_ID].unwrapped(), batch,
+                                           self.config, self._device, self.phase_times)
 
     def _log_old_log_prob_metrics(self, batch: dict[str, torch.Tensor],
                                   entropy: torch.Tensor) -> torch.Tensor | None:

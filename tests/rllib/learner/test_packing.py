@@ -299,7 +299,7 @@ def test_old_log_prob_reference_and_update_passes_share_micro_batches(learner, m
     whole batch while the update split each mini-batch."""
     from ray.rllib.core import DEFAULT_MODULE_ID
 
-    from rllib_grpo.rllib.learner import learner as learner_module
+    from rllib_grpo.rllib.learner import forward_passes as learner_module
 
     module = learner[0].module[DEFAULT_MODULE_ID]
     passes: dict[str, list[frozenset]] = {"old": [], "ref": [], "update": []}
@@ -330,7 +330,7 @@ def test_old_log_prob_reference_and_update_passes_share_micro_batches(learner, m
 @pytest.mark.parametrize("budget", [None, 13], ids=["fixed", "token-budget"])
 def test_on_policy_shortcut_gives_the_same_update_without_the_old_pass(learner, budget,
                                                                        monkeypatch):
-    from rllib_grpo.rllib.learner import learner as learner_module
+    from rllib_grpo.rllib.learner import forward_passes as learner_module
 
     sizes = dict(use_dynamic_bsz=True, max_tokens_per_micro_batch=budget) if budget else {}
     separate = _update(learner, skip_old_log_prob_pass=False, **sizes)
