@@ -81,10 +81,28 @@ def logger_callbacks(loggers: tuple[str, ...] | list[str] | str,
 
         callbacks.append(WandbLoggerCallback(project=experiment or "rllib-grpo"))
     if "mlflow" in names:
-        from ray.air.integrations.mlflow import MLflowLoggerCallback
-
-        callbacks.append(MLflowLoggerCallback(experiment_name=experiment or "rllib-grpo"))
+        callbacks.append(_mlflow_callback(experiment or "rllib-grpo"))
     return callbacks
+
+
+def mlflow_metric_name(name: str) -> str:
+    """verl's MLflow rename: ``@`` (as in ``val-core/.../mean@4``), which MLflow refuses in
+    a metric name, becomes ``_at_``; every other verl name is valid as it is."""
+    return name.replace("@", "_at_")
+
+
+def _mlflow_callback(experiment: str) -> Any:
+    """Tune's `MLflowLoggerCallback`, logging each result under `mlflow_metric_name`
+    (one refused name would otherwise end the whole run)."""
+    from ray._private.dict import flatten_dict
+    from ray.air.integrations.mlflow import MLflowLoggerCallback
+
+    class VerlNamesMLflowLoggerCallback(MLflowLoggerCallback):
+        def log_trial_result(self, iteration: int, trial: Any, result: dict) -> None:
+            super().log_trial_result(iteration, trial, {
+                mlflow_metric_name(k): v for k, v in flatten_dict(result).items()})
+
+    return VerlNamesMLflowLoggerCallback(experiment_name=experiment)
 
 
 class CompletionsTBXCallback(tune.Callback):

@@ -4,13 +4,14 @@ logger whose package is missing is refused before Ray starts, naming the pip com
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
 import sys
-import types
 
 import pytest
 
 from rllib_grpo.cli.build import assemble, build_config
-from rllib_grpo.cli.tune import logger_callbacks
+from rllib_grpo.cli.tune import logger_callbacks, mlflow_metric_name
 from tests.conftest import tiny_config
 
 
@@ -40,17 +41,56 @@ def test_an_unknown_logger_is_refused_with_the_nearest_name():
     assert len(errors) == 1 and "Did you mean 'wandb'" in errors[0], errors
 
 
-def test_names_map_to_tunes_logger_callbacks(monkeypatch):
-    """wandb -> WandbLoggerCallback, mlflow -> MLflowLoggerCallback (Ray's classes, built
-    lazily: stand-ins here, as neither package is installed in the test environment)."""
-    made = {}
-    for module, cls in [("ray.air.integrations.wandb", "WandbLoggerCallback"),
-                        ("ray.air.integrations.mlflow", "MLflowLoggerCallback")]:
-        fake = types.ModuleType(module)
-        setattr(fake, cls, lambda cls=cls, **kwargs: made.setdefault(cls, kwargs) and cls)
-        monkeypatch.setitem(sys.modules, module, fake)
+def test_grpo_config_loggers_give_tunes_logger_callbacks():
+    """The same names from `GRPOConfig().training(loggers=...)` give Ray's own callbacks."""
+    pytest.importorskip("wandb")
+    pytest.importorskip("mlflow")
+    from ray.air.integrations.mlflow import MLflowLoggerCallback
+    from ray.air.integrations.wandb import WandbLoggerCallback
+
+    from rllib_grpo.rllib.config.grpo_config import GRPOConfig
+
+    config = GRPOConfig().training(loggers=["console", "wandb", "mlflow"])
     assert logger_callbacks(("console", "tensorboard")) == []
-    assert logger_callbacks(["console", "wandb", "mlflow"], "run1") == [
-        "WandbLoggerCallback", "MLflowLoggerCallback"]
-    assert made == {"WandbLoggerCallback": {"project": "run1"},
-                    "MLflowLoggerCallback": {"experiment_name": "run1"}}
+    wandb_cb, mlflow_cb = logger_callbacks(config.loggers, "run1")
+    assert isinstance(wandb_cb, WandbLoggerCallback) and wandb_cb.project == "run1"
+    assert isinstance(mlflow_cb, MLflowLoggerCallback) and mlflow_cb.experiment_name == "run1"
+
+
+def test_mlflow_gets_verls_names_with_at_renamed():
+    """MLflow refuses '@' in a metric name (one such name ended the whole run): verl's rename."""
+    assert mlflow_metric_name("val-core/arithmetic/acc/mean@1") == "val-core/arithmetic/acc/mean_at_1"
+    assert mlflow_metric_name("critic/score/mean") == "critic/score/mean"
+
+
+# ----------------------------------------------------------------------------- a real run
+VERL_METRICS = ("critic/score/mean", "actor/pg_loss", "response_length/mean")
+
+
+@pytest.fixture(scope="module")
+def mlflow_run(tmp_path_factory):
+    """Two iterations of `rllib train` with verl's ``trainer.logger=[console,mlflow]`` into
+    MLflow's file store (mlflow 3 refuses it unless MLFLOW_ALLOW_FILE_STORE is set)."""
+    pytest.importorskip("mlflow")
+    from tests.cli.test_cli import ENV, RAY_LIMITS, TINY_VERL
+
+    root = tmp_path_factory.mktemp("loggers")
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"file:{root / 'mlruns'}",
+           "MLFLOW_ALLOW_FILE_STORE": "true", "RAY_DEDUP_LOGS": "0"}
+    cmd = [sys.executable, "-m", "rllib_grpo.cli.main", "train", "--env", ENV,
+           *TINY_VERL, "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+           "trainer.total_training_steps=2", "trainer.experiment_name=logged",
+           "trainer.logger=[console,mlflow]", "--storage-path", str(root / "runs"),
+           *RAY_LIMITS]
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return root
+
+
+@pytest.mark.slow  # about a minute: Ray start-up and two iterations
+def test_a_real_run_logs_verls_metric_names_to_mlflow(mlflow_run):
+    (run,) = [p for p in (mlflow_run / "mlruns").glob("*/*") if (p / "metrics").is_dir()]
+    for name in VERL_METRICS:
+        rows = (run / "metrics" / name).read_text().splitlines()
+        assert [int(row.split()[2]) for row in rows] == [1, 2], (name, rows)  # one per step
+    assert (run / "metrics" / "val-core/arithmetic/acc/mean_at_1").is_file()  # '@' renamed
