@@ -6,7 +6,8 @@ log itself are timed by wrapping the functions that do them (probes), without
 changing the project's code:
 
 * generation: the sampler's ``generate``;  reward: ``TextEnvRunner._score_many``;
-* old_log_prob: `response_log_probs` as the learner calls it in ``_prepare``;
+* old_log_prob: `response_log_probs` as the learner's forward passes call it
+  (`rllib_grpo.rllib.learner.forward_passes`);
 * ref: ``CausalLMRLModule.reference_log_probs``;  adv: the rest of ``_prepare``;
 * update: ``GRPOLearner._uncompiled_update`` (forward, backward, optimizer step);
 * weight_sync: ``GRPO._sync_weights`` (or ``EnvRunnerGroup.sync_weights`` where GRPO has
@@ -75,9 +76,9 @@ class Probes:
     def install_learner(self) -> None:
         """Probes on the learner side (classes and module functions; before the build)."""
         from rllib_grpo.rllib.env_runner.env_runner import TextEnvRunner
-        from rllib_grpo.rllib.learner import learner, module
+        from rllib_grpo.rllib.learner import forward_passes, learner, module
 
-        self.wrap(learner, "response_log_probs", "old_log_prob")
+        self.wrap(forward_passes, "response_log_probs", "old_log_prob")
         self.wrap(module.CausalLMRLModule, "reference_log_probs", "ref")
         self.wrap(learner.GRPOLearner, "_prepare", "prepare")
         self.wrap(learner.GRPOLearner, "_uncompiled_update", "update")
