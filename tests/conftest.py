@@ -108,6 +108,19 @@ def adam_step_bound(grad_diff: float, optimizer, weight_scale: float, steps: int
     return steps * (lipschitz * lr * grad_diff / eps + 4 * EPS64 * (weight_scale + lr))
 
 
+def float32_log_softmax_bound(logit_scale: float, value_scale: float) -> float:
+    """How far the float32 log-probs of two float64 computations can be apart when both
+    round their logits (equal to ~1e-15) to float32 for the log-softmax, as the package does
+    (``.float()`` in `response_log_probs`, `forward_log_probs` and the transformers
+    sampler).  Where a logit rounds the other way the inputs are <= 2 float32 roundings
+    apart (the logit's and its division by T: 2·eps32·Z, Z = ``logit_scale`` = max|logit/T|);
+    log-softmax is 2-Lipschitz in the max norm and each output's own rounding may differ by
+    2 ulps of ``value_scale`` (max|log p|): <= 4·eps32·Z + 2·eps32·|log p|, under 8 ulps of
+    the larger scale.  (A top-k/top-p cut-off that a flipped logit crosses is a different
+    matter: a ~2^-29 event per logit.)"""
+    return 8 * EPS32 * max(logit_scale, value_scale)
+
+
 def float32_sum_bound(n_terms: int, abs_sum: float) -> float:
     """Largest difference of two float32 evaluations of a sum of the same ``n_terms`` terms
     in any order or grouping: each is within (n-1)·eps/2·Σ|terms| of the exact sum

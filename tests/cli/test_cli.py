@@ -102,7 +102,7 @@ def test_later_sources_win_but_one_source_may_not_contradict_itself(tmp_path):
 def test_verl_file_keys_merge_into_env_config(tmp_path):
     path = _yaml(tmp_path, "exp:\n  config:\n    env_config: {max_operand: 4}\n"
                            "    data.train_files: a.jsonl\n")
-    # (relative paths resolve against the launch folder, see tests/test_paths.py)
+    # (relative paths resolve against the launch folder, see tests/cli/test_paths.py)
     assert assemble(path).config["env_config"] == {"max_operand": 4,
                                                    "path": str(Path.cwd() / "a.jsonl")}
     with pytest.raises(ConfigError, match="sets env_config.path='b.jsonl' but it is already"):

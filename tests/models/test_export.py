@@ -1,15 +1,18 @@
 """`rllib-grpo export` / `GRPO.export_model`: checkpoints out as Hugging Face model folders.
 
 The round trip is judged on log-probs: the exported folder, loaded with
-``AutoModelForCausalLM`` (or peft), scores the same responses as the learner did,
-to 1e-6 in float32; a bfloat16 export equals the learner's weights cast to
-bfloat16, bit for bit.  Checkpoints come from a real 2-learner FSDP2 run and a
+``AutoModelForCausalLM`` (or peft), scores the same responses as the learner did (the
+same weights, the same computation: equal to 1e-6; a merged LoRA export, whose float32
+merge rounds the weights, within a bound derived from that rounding, in float64); a
+bfloat16 export equals the learner's weights cast to bfloat16, bit for bit.  Checkpoints come from a real 2-learner FSDP2 run and a
 LoRA run on the tiny built-in model.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO_ROOT, tiny_config
+from tests.conftest import EPS32, REPO_ROOT, float32_log_softmax_bound, tiny_config
 from tests.rllib.learner.test_fsdp import _config as fsdp_config
 
 LORA = {"lora_rank": 4, "lora_alpha": 8, "lr": 1e-2}
@@ -35,6 +38,16 @@ def _log_probs(lm, batch) -> torch.Tensor:
     with torch.no_grad():
         out = response_log_probs(lm, batch, 1.0)["log_probs"]
     return out.masked_fill(~batch["response_mask"].bool(), 0.0)
+
+
+def _logit_scale(lm, batch) -> float:
+    """max |logits| over the real positions (as `response_log_probs` runs them)."""
+    ids = torch.cat([batch["prompt_ids"], batch["response_ids"]], dim=1).long()
+    attention = torch.cat([batch["prompt_mask"], batch["response_mask"]], dim=1).long()
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = lm(input_ids=ids, attention_mask=attention, position_ids=positions).logits
+    return logits[attention.bool()].abs().max().item()
 
 
 def _load(folder, dtype=None):
@@ -136,9 +149,50 @@ def lora_run(ray_session, tmp_path_factory):
         module = algo.learner_group._learner.module[DEFAULT_MODULE_ID].unwrapped()
         batch = _forward_batch(algo.last_rollout)
         path = algo.save_to_path(str(tmp_path_factory.mktemp("lora") / "ckpt"))
-        return {"checkpoint": path, "batch": batch, "log_probs": _log_probs(module.lm, batch)}
+        return {"checkpoint": path, "batch": batch, "log_probs": _log_probs(module.lm, batch),
+                "policy64": copy.deepcopy(module.lm).double().eval()}
     finally:
         algo.stop()
+
+
+def _merge_rounding(policy) -> dict[str, torch.Tensor]:
+    """Elementwise bound on how far `lora.merge`'s float32 W + (B @ A)·s is from the exact
+    merge, by exported name: the r-term products B @ A are within r·u·(|B| @ |A|) and the
+    final addition within u·|W_merged| (u = eps32/2, Higham §3.1; ·s is exact, a power of
+    two here); (r + 2)·u·s·(|B| @ |A|) + u·|W_merged| leaves room for second-order terms."""
+    from peft.tuners.lora import LoraLayer
+
+    u, bounds = EPS32 / 2, {}
+    for name, layer in policy.named_modules():
+        if not isinstance(layer, LoraLayer):
+            continue
+        a, b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
+        scaling, rank = layer.scaling["default"], a.shape[0]
+        assert math.log2(scaling).is_integer()
+        merged = layer.base_layer.weight + scaling * (b @ a)
+        key = name.removeprefix("base_model.model.") + ".weight"
+        bounds[key] = (rank + 2) * u * scaling * (b.abs() @ a.abs()) + u * merged.abs()
+    assert bounds
+    return bounds
+
+
+def _weight_rounding_bound(model, batch, rounding: dict[str, torch.Tensor]) -> float:
+    """First-order bound on how far ``model``'s log-probs move when its weights move by at
+    most ``rounding`` (elementwise): max over response tokens t of Σ |∂ log p_t/∂W|·δW."""
+    from rllib_grpo.rllib.module import response_log_probs
+
+    params = dict(model.named_parameters())
+    worst = 0.0
+    for row in range(len(batch["response_mask"])):
+        one = {k: v[row:row + 1] for k, v in batch.items()}
+        log_probs = response_log_probs(model, one, 1.0)["log_probs"][0]
+        for t in range(int(one["response_mask"].sum())):
+            grads = torch.autograd.grad(log_probs[t], [params[k] for k in rounding],
+                                        retain_graph=True)
+            moved = sum((g.abs() * rounding[k]).sum().item()
+                        for g, k in zip(grads, rounding, strict=True))
+            worst = max(worst, moved)
+    return worst
 
 
 def test_lora_checkpoint_exports_merged(lora_run, tmp_path):
@@ -149,7 +203,18 @@ def test_lora_checkpoint_exports_merged(lora_run, tmp_path):
     out = export_checkpoint(lora_run["checkpoint"], tmp_path / "merged")
     assert out.kind == "merged-lora"
     merged = _load(tmp_path / "merged")
-    assert (_log_probs(merged, batch) - learner_lp).abs().max().item() <= 1e-6
+    # Merged in float32, the export is the learner's policy with its adapted weights
+    # rounded: compared in float64 (the exported float32 values, exactly) with the policy
+    # (base + adapter, unmerged), the log-probs differ by what that rounding moves them
+    # (to first order; its square is ~1e-15) plus the float32 log-softmax of both sides.
+    policy = lora_run["policy64"]
+    exported = _load(tmp_path / "merged", dtype=torch.float64)
+    rounding = _merge_rounding(policy)
+    policy_lp = _log_probs(policy, batch)
+    scale = max(policy_lp.abs().max().item(), _logit_scale(exported, batch))
+    bound = (_weight_rounding_bound(exported, batch, rounding)
+             + float32_log_softmax_bound(scale, scale))
+    assert (_log_probs(exported, batch) - policy_lp).abs().max().item() <= bound
     base = load_causal_lm(resolve_model("builtin:tiny"))
     assert (_log_probs(base, batch) - learner_lp).abs().max().item() > 1e-4  # the adapter counts
     export_checkpoint(lora_run["checkpoint"], tmp_path / "bf16", dtype="bfloat16")
