@@ -307,27 +307,6 @@ def _float64_learner_group(config, spaces: dict):
 
 
 @pytest.mark.slow
-def test_two_ddp_learners_match_one_learner(ray_session):
-    """``fsdp=False``: RLlib's DDP wrapper, with the same group sharding and loss scaling."""
-    from ray.rllib.core.rl_module.torch.torch_rl_module import TorchDDPRLModule
-
-    from rllib_grpo.rllib.config.grpo_config import TEXT_SPACE
-
-    if not _two_cpus_free(ray_session):
-        pytest.skip("the FSDP learners of the `algos` fixture hold both CPUs")
-    spaces = {"default_policy": (TEXT_SPACE, TEXT_SPACE)}
-    one = _float64_learner_group(_config(0), spaces)
-    ddp = _float64_learner_group(_config(2, fsdp=False), spaces)
-    try:
-        assert all(ddp._get_results(ddp.foreach_learner(
-            lambda learner: isinstance(learner.module["default_policy"], TorchDDPRLModule))))
-        for case in ("seq-norm/fixed/2-minibatches", "token-mean/token-budget"):
-            _assert_same_update(one, ddp, case, _weights(one))
-    finally:
-        ddp.shutdown()
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize("precision", [dict(fsdp_param_dtype="bfloat16"),
                                        dict(model_dtype="bfloat16")],  # verl's policy
                          ids=["fsdp_param_dtype", "model_dtype"])
