@@ -22,6 +22,7 @@ from ray import tune
 
 from rllib_grpo.cli.console import progress_line, startup_line
 from rllib_grpo.cli.tensorboard import completions_table
+from rllib_grpo.rllib.config.door_checks import allow_file_store, mlflow_tracking_uri
 
 if TYPE_CHECKING:  # annotations only
     from rllib_grpo.rllib.config.grpo_config import GRPOConfig
@@ -93,7 +94,9 @@ def mlflow_metric_name(name: str) -> str:
 
 def _mlflow_callback(experiment: str) -> Any:
     """Tune's `MLflowLoggerCallback`, logging each result under `mlflow_metric_name`
-    (one refused name would otherwise end the whole run)."""
+    (one refused name would otherwise end the whole run), into the store
+    `mlflow_tracking_uri` names (a file store allowed: `allow_file_store`)."""
+    allow_file_store(mlflow_tracking_uri())
     from ray._private.dict import flatten_dict
     from ray.air.integrations.mlflow import MLflowLoggerCallback
 

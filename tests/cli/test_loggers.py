@@ -70,13 +70,14 @@ VERL_METRICS = ("critic/score/mean", "actor/pg_loss", "response_length/mean")
 @pytest.fixture(scope="module")
 def mlflow_run(tmp_path_factory):
     """Two iterations of `rllib train` with verl's ``trainer.logger=[console,mlflow]`` into
-    MLflow's file store (mlflow 3 refuses it unless MLFLOW_ALLOW_FILE_STORE is set)."""
+    the MLflow file store MLFLOW_TRACKING_URI names (mlflow 3 refuses file stores unless
+    MLFLOW_ALLOW_FILE_STORE=true: not set here, `rllib train` allows the store named)."""
     pytest.importorskip("mlflow")
     from tests.cli.test_cli import ENV, RAY_LIMITS, TINY_VERL
 
     root = tmp_path_factory.mktemp("loggers")
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"file:{root / 'mlruns'}",
-           "MLFLOW_ALLOW_FILE_STORE": "true", "RAY_DEDUP_LOGS": "0"}
+    env = {**{k: v for k, v in os.environ.items() if k != "MLFLOW_ALLOW_FILE_STORE"},
+           "MLFLOW_TRACKING_URI": f"file:{root / 'mlruns'}", "RAY_DEDUP_LOGS": "0"}
     cmd = [sys.executable, "-m", "rllib_grpo.cli.main", "train", "--env", ENV,
            *TINY_VERL, "actor_rollout_ref.actor.ppo_mini_batch_size=4",
            "trainer.total_training_steps=2", "trainer.experiment_name=logged",
