@@ -16,6 +16,7 @@ to ``tune.RunConfig(callbacks=[...])``.  `rllib train` does both.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from ray import tune
@@ -80,10 +81,27 @@ def logger_callbacks(loggers: tuple[str, ...] | list[str] | str,
     if "wandb" in names:
         from ray.air.integrations.wandb import WandbLoggerCallback
 
-        callbacks.append(WandbLoggerCallback(project=experiment or "rllib-grpo"))
+        callbacks.append(WandbLoggerCallback(project=experiment or "rllib-grpo",
+                                             upload_timeout=wandb_upload_timeout()))
     if "mlflow" in names:
         callbacks.append(_mlflow_callback(experiment or "rllib-grpo"))
     return callbacks
+
+
+# How long the end of a run waits for W&B's logging actors to finish (`wandb.finish`) when
+# nothing is uploaded (``WANDB_MODE=offline`` / ``disabled``: the run is written locally).
+# Ray's default, 1800 s, is for uploads; a logging actor that never finishes would hold the
+# end of the run that long.
+WANDB_LOCAL_FINISH_TIMEOUT_S = 120
+
+
+def wandb_upload_timeout() -> int:
+    """`WandbLoggerCallback`'s ``upload_timeout``: Ray's default online, a bound of
+    `WANDB_LOCAL_FINISH_TIMEOUT_S` where W&B writes locally only."""
+    from ray.air.integrations.wandb import DEFAULT_SYNC_TIMEOUT
+
+    local = os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun")
+    return WANDB_LOCAL_FINISH_TIMEOUT_S if local else int(DEFAULT_SYNC_TIMEOUT)
 
 
 def mlflow_metric_name(name: str) -> str:
