@@ -35,7 +35,10 @@ def in_tmp(tmp_path, monkeypatch):
     variables from the caller."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    # setenv first, so that monkeypatch records the variable and removes what the code under
+    # test writes into os.environ (delenv of an absent variable records nothing).
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "")
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE")
     return tmp_path
 
 
