@@ -60,7 +60,7 @@ class ActorPoolReward:
                     ground_truths: Sequence[Any]) -> list[Any]:
         """One call to one actor for the whole batch; its scores in order."""
         import ray
-        from ray.exceptions import GetTimeoutError, RayActorError
+        from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
         name = self.actor_names[self._next]
         self._next = (self._next + 1) % len(self.actor_names)
@@ -79,7 +79,7 @@ class ActorPoolReward:
                     raise TimeoutError(f"reward actor {name} took longer than "
                                        f"{self.timeout_s} s for {len(responses)} samples "
                                        "(it was restarted)") from err
-                except RayActorError as err:
+                except (RayActorError, ActorUnavailableError) as err:
                     self.num_actor_deaths += 1
                     logger.warning("reward actor %s died during a call (attempt %d of %d); "
                                    "Ray restarts it and the batch is scored again: %s",
@@ -95,7 +95,7 @@ class ActorPoolReward:
     def _wait_alive(self, name: str) -> None:
         """Wait (up to ``timeout_s``) until the restarted actor answers."""
         import ray
-        from ray.exceptions import RayActorError
+        from ray.exceptions import ActorUnavailableError, RayActorError
 
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline:
@@ -103,7 +103,7 @@ class ActorPoolReward:
                 ray.get(self._handle(name).ready.remote(), timeout=max(
                     0.1, deadline - time.monotonic()))
                 return
-            except (RayActorError, ValueError):  # still restarting / name not back yet
+            except (RayActorError, ActorUnavailableError, ValueError):  # still restarting
                 self._handles.pop(name, None)
                 time.sleep(0.2)
 

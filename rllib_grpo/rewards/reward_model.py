@@ -111,5 +111,5 @@ class SequenceClassifierReward:
                                         padding_side="right", add_special_tokens=False)
                 inputs = {k: v.to(self.device) for k, v in inputs.items()
                           if k in ("input_ids", "attention_mask")}
-                scores += self.model(**inputs).logits[:, 0].float().tolist()
+                scores += self.model(**inputs).logits[:, 0].double().tolist()
         return scores
