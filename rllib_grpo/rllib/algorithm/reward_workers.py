@@ -143,6 +143,8 @@ class RewardWorker:
         """Scores of one env-runner batch, in order."""
         self.num_batches += 1
         self.num_samples += len(responses)
+        if self.kind == "model":  # a classifier reads the conversation only
+            return self.core.score(prompts, responses)
         return self.core.score(prompts, responses, ground_truths)
 
     def stats(self) -> dict[str, int]:
