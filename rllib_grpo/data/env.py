@@ -178,8 +178,9 @@ class TextEnv(gymnasium.Env):
                 "(each episode is one reset (prompt) and one step (response))"
             )
         response, clipped = self._clip_response(action)
-        if getattr(self.scorer, "needs_prompts", False):  # a mixture with reward models
-            result = self.scorer.score_many([(record.data_source, response, record.ground_truth,
+        scorer: Any = self.scorer
+        if getattr(scorer, "needs_prompts", False):  # a mixture with reward models
+            result = scorer.score_many([(record.data_source, response, record.ground_truth,
                                               record.extra_info)], prompts=[record.prompt])[0]
         else:
             result = self.scorer(record.data_source, response, record.ground_truth,
@@ -203,8 +204,9 @@ class TextEnv(gymnasium.Env):
             clipped.append(was_clipped)
             requests.append((record.data_source, response, record.ground_truth,
                              record.extra_info))
-        if getattr(self.scorer, "needs_prompts", False):  # a mixture with reward models
-            results = self.scorer.score_many(requests, prompts=[r.prompt for r in records])
+        scorer: Any = self.scorer
+        if getattr(scorer, "needs_prompts", False):  # a mixture with reward models
+            results = scorer.score_many(requests, prompts=[r.prompt for r in records])
         else:
             results = self.scorer.score_many(requests)
         return [self._step_info(record, result, self._epoch, was_clipped)

@@ -123,7 +123,8 @@ def parse_reward_specs(reward_funcs: Sequence[Any] | Any,
                          f"{len(entries)} reward_funcs: give one weight per reward")
     weights = [float(w) for w in reward_weights] if reward_weights is not None else [1.0] * len(
         entries)
-    specs, seen = [], {}
+    specs: list[RewardSpec] = []
+    seen: dict[str, int] = {}
     for entry, weight in zip(entries, weights, strict=True):
         spec = spec_of(entry, weight)
         count = seen[spec.name] = seen.get(spec.name, 0) + 1

@@ -173,8 +173,9 @@ class GRPO(EvaluatingAlgorithm):
             weight_sync.close()
             self._weight_sync = None
         super().cleanup()
-        if getattr(self, "_reward_actors", None) is not None:
-            self._reward_actors.stop()
+        reward_actors = getattr(self, "_reward_actors", None)
+        if reward_actors is not None:
+            reward_actors.stop()
 
     # ------------------------------------------------------------------ checkpoints
     @override(Algorithm)

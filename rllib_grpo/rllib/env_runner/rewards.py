@@ -32,9 +32,9 @@ def _component(spec: RewardSpec, config: Any, env: gym.Env, worker_index: int) -
                 raise TypeError(f"reward_funcs names the env's own reward, but "
                                 f"{type(env).__name__} has no RewardScorer (env.scorer)")
             return base
-        kwargs = {} if not isinstance(base, RewardScorer) else {
-            "timeout_s": base.timeout_s, "workers": base.pool.max_workers}
-        return RewardScorer(spec.source, **kwargs)
+        if not isinstance(base, RewardScorer):
+            return RewardScorer(spec.source)
+        return RewardScorer(spec.source, timeout_s=base.timeout_s, workers=base.pool.max_workers)
     timeout = config.reward_model_timeout_s
     if spec.kind == "remote":
         return RemoteReward(str(spec.source), timeout_s=timeout)
@@ -61,7 +61,7 @@ def install_reward_mixture(env: gym.Env, config: Any, worker_index: int = 0) -> 
         return
     components = [(spec.name, spec.weight, _component(spec, config, env, worker_index))
                   for spec in specs]
-    env.unwrapped.scorer = MixedRewardScorer(components)  # type: ignore[attr-defined]
+    env.unwrapped.scorer = MixedRewardScorer(components)
 
 
 def reward_metrics(infos: Sequence[dict[str, Any]]) -> dict[str, float]:
