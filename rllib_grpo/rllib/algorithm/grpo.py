@@ -34,6 +34,7 @@ from ray.tune.trainable import Trainable
 from rllib_grpo.data.rollout import RolloutBatch, concat_rollouts, data_metrics
 from rllib_grpo.rllib.algorithm.async_pipeline import PipelinedSampling
 from rllib_grpo.rllib.algorithm.evaluation import EvaluatingAlgorithm, prompt_slices
+from rllib_grpo.rllib.algorithm.reward_workers import RewardActors
 from rllib_grpo.rllib.algorithm.sampling import (
     SamplingServices,
     SamplingStrategy,
@@ -63,6 +64,9 @@ class GRPO(EvaluatingAlgorithm):
     @override(Algorithm)
     def setup(self, config: Any) -> None:
         self._startup_origin = startup_origin()
+        # Reward models and judges run on Ray actors of their own, started before the env
+        # runners that score through them (rllib_grpo.rllib.algorithm.reward_workers).
+        self._reward_actors = RewardActors.start(self.config)
         super().setup(config)
         self._no_signal_streak = 0
         self._startup_seconds: float | None = None
@@ -171,6 +175,9 @@ class GRPO(EvaluatingAlgorithm):
             weight_sync.close()
             self._weight_sync = None
         super().cleanup()
+        reward_actors = getattr(self, "_reward_actors", None)
+        if reward_actors is not None:
+            reward_actors.stop()
 
     # ------------------------------------------------------------------ checkpoints
     @override(Algorithm)
