@@ -154,9 +154,10 @@ class GenerationStream:
             del self._requests[output.request_id]
             group = self._groups[request.key]
             group.request_ids.discard(output.request_id)
-            reason = "stop" if completion.finish_reason == "stop" else "length"
-            group.done[request.index] = Sample(request.token_ids, request.log_probs, reason,
-                                               token_versions=request.versions)
+            group.done[request.index] = Sample(
+                request.token_ids, request.log_probs,
+                "stop" if completion.finish_reason == "stop" else "length",
+                token_versions=request.versions)
             if len(group.done) == group.size:
                 del self._groups[request.key]
                 finished.append((request.key, [group.done[i] for i in range(group.size)]))

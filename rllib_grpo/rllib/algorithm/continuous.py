@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -114,7 +115,7 @@ class ContinuousSampling(SamplingStrategy):
             self._outstanding[position] = runner
         send = [i for i in healthy if work[i] or self._suspended]
         self._suspended = False
-        self._on_runners(lambda er, work=work: loop_submit(er, work), send)
+        self._on_runners(partial(loop_submit, work=work), send)
 
     def _top_up(self) -> None:
         """New prompts for the runners, up to K steps' worth handed out."""
@@ -128,8 +129,9 @@ class ContinuousSampling(SamplingStrategy):
 
     def _take(self) -> None:
         """One round: the runners' finished groups; lost runners' prompts handed out again."""
-        results = dict(self._on_runners(lambda er: loop_take(er, TAKE_WAIT_S)))
-        lost = {runner for runner in self._outstanding.values()} - set(results)
+        results: dict[int, dict[str, Any]] = dict(self._on_runners(
+            partial(loop_take, wait_s=TAKE_WAIT_S)))
+        lost = set(self._outstanding.values()) - set(results)
         if lost:  # a lost runner costs only its in-flight groups: sampled again elsewhere
             positions = [p for p, r in self._outstanding.items() if r in lost]
             self.lost_groups += len(positions)

@@ -75,7 +75,7 @@ class RolloutLoop:
             for position in positions:
                 _seek(self.runner.env, position)
                 prompts.append(self.runner._next_prompt(self.runner.env))
-        sampler = self.runner.sampler
+        sampler: Any = self.runner.sampler  # a VLLMSampler (checked in __init__)
         with self._engine:
             for position, prompt in zip(positions, prompts, strict=True):
                 key = self.runner._group_counter
