@@ -12,9 +12,9 @@ step at a time, and new weights load between two steps.
   ``resume`` labels the tokens sampled from then on with ``version`` (vLLM's
   ``update_weight_version``) and restarts every unfinished request:
   ``partial=True`` continues it under the new weights (a *partial rollout*: the request
-  is aborted and re-submitted as prompt + its tokens so far, so the KV cache of those
-  tokens is recomputed by the new weights and every later token's log-prob is exactly
-  the new policy's), ``partial=False`` samples it again from its prompt.  Every token of
+  is aborted and re-submitted as prompt + its tokens so far, with the prefix cache
+  dropped, so the KV cache of the prompt and those tokens is recomputed by the new weights
+  and every later token's log-prob is exactly the new policy's), ``partial=False`` samples it again from its prompt.  Every token of
   a response carries the version that sampled it (``Sample.token_versions``) and its
   log-prob under that version;
 * ``abort(keys)`` drops groups.
@@ -185,6 +185,12 @@ class GenerationStream:
             running = list(self._requests.items())
             if running:
                 self.engine.abort_request([request_id for request_id, _ in running])
+            # The aborted requests' full KV blocks went to the prefix cache; the old weights
+            # computed them, so a continuation must not find them (nothing runs now: the
+            # reset cannot fail on blocks in use).
+            if not self.llm.reset_prefix_cache():
+                raise RuntimeError("vLLM kept its prefix cache across a weight update "
+                                   "(blocks still in use): continuations would reuse old KV.")
             for request_id, request in running:
                 del self._requests[request_id]
                 group = self._groups[request.key]

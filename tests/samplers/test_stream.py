@@ -30,7 +30,10 @@ def model_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def sampler(model_path):
-    sampler = make_sampler("vllm", model_path=model_path, seed=0, kv_cache_space_gb=1)
+    # Blocks of 32 tokens (CPU's default is 128, the tiny model's whole context): prompts
+    # then fill whole blocks, which the prefix cache keeps.
+    sampler = make_sampler("vllm", model_path=model_path, seed=0, kv_cache_space_gb=1,
+                           block_size=32)
     yield sampler
     sampler.close()
 
@@ -38,7 +41,9 @@ def sampler(model_path):
 @pytest.fixture(scope="module")
 def prompts():
     tokenizer = build_char_tokenizer()
-    return [tokenizer.encode(text) for text in ("3+4=", "12*5=", "7-")]
+    # The last prompt spans two KV blocks: a continuation after the update must not reuse
+    # them from the prefix cache (the old weights computed them).
+    return [tokenizer.encode(text) for text in ("3+4=", "12*5=", "1+2+3+4+5+6+7+8+9+10+11+12+13+14+15+16+17+18+19+20+21+22=")]
 
 
 def _perturbed(model_path: str, seed: int) -> torch.nn.Module:

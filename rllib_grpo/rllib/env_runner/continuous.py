@@ -97,8 +97,8 @@ class RolloutLoop:
                 self._cond.wait_for(lambda: bool(self._done), timeout=wait_s)
             done = list(self._done)
             self._done.clear()
-        busy, idle, score = self._busy_s, self._idle_s, self._score_s
-        self._busy_s = self._idle_s = self._score_s = 0.0
+            busy, idle, score = self._busy_s, self._idle_s, self._score_s
+            self._busy_s = self._idle_s = self._score_s = 0.0
         if done:
             self.runner._log_sample_metrics(sum(len(b) for _, b in done), busy, score)
         return {"groups": done, "busy_s": busy + score, "idle_s": idle,
@@ -169,15 +169,14 @@ class RolloutLoop:
             t0 = time.perf_counter()
             with self._engine:
                 finished = [] if self._paused else self.stream.step()
-            self._busy_s += time.perf_counter() - t0
-            if finished:
-                t0 = time.perf_counter()
-                batches = [(self._positions.pop(key), self._score(key, samples))
-                           for key, samples in finished]
-                self._score_s += time.perf_counter() - t0
-                with self._cond:
-                    self._done.extend(batches)
-                    self._cond.notify_all()
+            t1 = time.perf_counter()
+            batches = [(self._positions.pop(key), self._score(key, samples))
+                       for key, samples in finished]
+            with self._cond:  # (take reads and resets the counters under it)
+                self._busy_s += t1 - t0
+                self._score_s += time.perf_counter() - t1
+                self._done.extend(batches)
+                self._cond.notify_all()
 
     def _score(self, key: int, samples: list) -> RolloutBatch:
         """One finished group as a `RolloutBatch` (scored as `TextEnvRunner.sample` scores)."""
