@@ -110,8 +110,9 @@ def format_table(rows: list[dict[str, Any]]) -> str:
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         tpm = r["trajectories_per_min"]
-        ratio = (lambda m: f"{tpm / base[m]:.2f}x" if base.get(m) else "-")
-        lines.append(f"| {r['mode']} | {tpm:.0f} | {ratio('sync')} | {ratio('one_step_off')} | "
+        x_sync, x_off = (f"{tpm / base[m]:.2f}x" if base.get(m) else "-"
+                         for m in ("sync", "one_step_off"))
+        lines.append(f"| {r['mode']} | {tpm:.0f} | {x_sync} | {x_off} | "
                      f"{r['learner_idle_frac']:.2f} | {r['sampler_idle_frac']:.2f} | "
                      f"{r['response_length_mean']:.1f} | {r['staleness_max']:g} |")
     lines += ["", f"Reward per trajectory (mean score) per {BIN} trajectories seen:", "",

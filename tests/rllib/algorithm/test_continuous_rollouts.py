@@ -41,6 +41,13 @@ def test_validation_refuses_what_continuous_rollouts_cannot_run(settings, needle
     assert needle in str(error.value)
 
 
+def test_multi_turn_envs_are_refused_with_one_line():
+    config = _continuous().environment("rllib_grpo/GuessNumber-v0")
+    with pytest.raises(ValueError) as error:
+        config.validate()
+    assert "GuessNumberEnv is multi-turn: use rollout_mode='one_step_off'" in str(error.value)
+
+
 def test_modes_resolve_and_explain_prints_the_continuous_loop():
     from rllib_grpo.rllib.config.explain import explain_config
 
