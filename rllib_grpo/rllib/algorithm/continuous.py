@@ -47,6 +47,7 @@ from rllib_grpo.rllib.env_runner.continuous import (
 )
 
 TAKE_WAIT_S = 0.05  # each round of taking: how long a runner waits for a first group
+DRIVER = 0  # the "runner" of a finished group the driver holds (remote runners count from 1)
 
 
 class ContinuousSampling(SamplingStrategy):
@@ -57,7 +58,7 @@ class ContinuousSampling(SamplingStrategy):
         self.services = services
         self.max_staleness = int(max_staleness)
         self.capacity = self.max_staleness * int(prompts_per_step)
-        self._outstanding: dict[int, int] = {}  # data position -> runner (handed out)
+        self._outstanding: dict[int, int] = {}  # data position -> runner (or DRIVER)
         self._ready: list[tuple[int, RolloutBatch]] = []  # taken, not yet trained
         self._claimed_end = 0
         self._learner_version: int | None = None
@@ -131,7 +132,7 @@ class ContinuousSampling(SamplingStrategy):
         """One round: the runners' finished groups; lost runners' prompts handed out again."""
         results: dict[int, dict[str, Any]] = dict(self._on_runners(
             partial(loop_take, wait_s=TAKE_WAIT_S)))
-        lost = set(self._outstanding.values()) - set(results)
+        lost = set(self._outstanding.values()) - set(results) - {DRIVER}
         if lost:  # a lost runner costs only its in-flight groups: sampled again elsewhere
             positions = [p for p, r in self._outstanding.items() if r in lost]
             self.lost_groups += len(positions)
@@ -139,6 +140,8 @@ class ContinuousSampling(SamplingStrategy):
         metrics = []
         for index, out in sorted(results.items()):
             self._ready += out["groups"]
+            for position, _ in out["groups"]:  # held here now: not lost with the runner
+                self._outstanding[position] = DRIVER
             self._busy_s[index] = self._busy_s.get(index, 0.0) + out["busy_s"]
             self._idle_s[index] = self._idle_s.get(index, 0.0) + out["idle_s"]
             if out["groups"]:
