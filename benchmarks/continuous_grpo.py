@@ -3,6 +3,8 @@ workload, modes in turns in one run (docs/async.md, "Continuous rollouts: measur
 
     python -m benchmarks.continuous_grpo                       # 5 modes x 90 s
     python -m benchmarks.continuous_grpo --seconds 60 --json benchmarks/results/continuous_grpo.json
+    python -m benchmarks.continuous_grpo --modes continuous_k4 ... sync --json run2.json
+    python -m benchmarks.continuous_grpo --combine run1.json run2.json   # per-mode means
 
 Workload: Arithmetic-v0 prompts, ``builtin:tiny`` (random weights, so its responses end at
 a random EOS: lengths spread over 1-64 tokens, max_response_length=64), vLLM sampler, 8
@@ -126,12 +128,42 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def mean_rows(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per-mode means over several runs (each a list of rows; modes in any order)."""
+    by_mode: dict[str, list[dict[str, Any]]] = {}
+    for rows in runs:
+        for row in rows:
+            by_mode.setdefault(row["mode"], []).append(row)
+    means = []
+    for mode in (m for m in MODES if m in by_mode):
+        rows = by_mode[mode]
+        row: dict[str, Any] = {"mode": mode}
+        for key in ("trajectories_per_min", "learner_idle_frac", "sampler_idle_frac",
+                    "response_length_mean"):
+            row[key] = statistics.fmean(r[key] for r in rows)
+        row["staleness_max"] = max(r["staleness_max"] for r in rows)
+        width = min(len(r["reward_curve"]) for r in rows)
+        row["reward_curve"] = [statistics.fmean(r["reward_curve"][i] for r in rows)
+                               for i in range(width)]
+        means.append(row)
+    return means
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=90.0)
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     parser.add_argument("--json", default=None)
+    parser.add_argument("--combine", nargs="+", default=None, metavar="JSON",
+                        help="print the per-mode means of earlier --json runs, run nothing")
     args = parser.parse_args()
+    if args.combine:
+        runs = []
+        for path in args.combine:
+            with open(path) as file:
+                runs.append(json.load(file)["rows"])
+        print(format_table(mean_rows(runs)))
+        return
     import ray
 
     load = os.getloadavg()
