@@ -139,8 +139,10 @@ class ContinuousSampling(SamplingStrategy):
             self._submit(positions)
         metrics = []
         for index, out in sorted(results.items()):
-            self._ready += out["groups"]
-            for position, _ in out["groups"]:  # held here now: not lost with the runner
+            # (A group finished just before a restore's reset is no longer handed out.)
+            groups = [(p, b) for p, b in out["groups"] if self._outstanding.get(p) == index]
+            self._ready += groups
+            for position, _ in groups:  # held here now: not lost with the runner
                 self._outstanding[position] = DRIVER
             self._busy_s[index] = self._busy_s.get(index, 0.0) + out["busy_s"]
             self._idle_s[index] = self._idle_s.get(index, 0.0) + out["idle_s"]
