@@ -63,6 +63,7 @@ class ContinuousSampling(SamplingStrategy):
         self._claimed_end = 0
         self._learner_version: int | None = None
         self._suspended = False
+        self._needs_sync = False
         self.dropped_stale_groups = 0
         self.lost_groups = 0
         self._busy_s: dict[int, float] = {}
@@ -150,25 +151,34 @@ class ContinuousSampling(SamplingStrategy):
                 metrics.append(out["metrics"])
         if metrics:
             self.services.aggregate_runner_metrics(metrics)
-        stale = [(p, b) for p, b in self._ready
-                 if self.learner_version - int(b.weights_version.min()) > self.max_staleness]
+
+    def _drop_stale(self) -> None:
+        """Drop the held groups whose oldest token is now more than K updates old (a group
+        may wait here while the learner moves on) and sample their prompts again."""
+        def fresh(batch: RolloutBatch) -> bool:
+            return self.learner_version - int(batch.weights_version.min()) <= self.max_staleness
+
+        stale = [p for p, b in self._ready if not fresh(b)]
         if stale:
             self.dropped_stale_groups += len(stale)
-            self._ready = [(p, b) for p, b in self._ready
-                           if self.learner_version - int(b.weights_version.min())
-                           <= self.max_staleness]
-            self._submit([p for p, _ in stale])
+            self._ready = [(p, b) for p, b in self._ready if fresh(b)]
+            self._submit(stale)
 
     # ---------------------------------------------------------------- a step's groups
     def draw(self, num_prompts: int) -> RolloutBatch:
         """``num_prompts`` finished groups, the oldest weights first, as they arrive."""
-        if self._suspended:
+        if self._needs_sync:  # after a restore: the runners get the restored weights
+            self._needs_sync = False
+            self._publish()
+        elif self._suspended:
             self._on_runners(loop_resume)
-            self._suspended = False
+        self._suspended = False
         self._top_up()
         t0 = time.perf_counter()
+        self._drop_stale()
         while len(self._ready) < num_prompts:
             self._take()
+            self._drop_stale()
         self.services.log_value("async/wait_sample_s", time.perf_counter() - t0)
         self._ready.sort(key=lambda item: (int(item[1].weights_version.min()), item[0]))
         taken, self._ready = self._ready[:num_prompts], self._ready[num_prompts:]
@@ -203,6 +213,9 @@ class ContinuousSampling(SamplingStrategy):
         """Publish the new weights in flight: pause every runner between two engine steps,
         sync, resume (partial rollouts continue under the new version)."""
         self._learner_version = self.learner_version + 1
+        self._publish()
+
+    def _publish(self) -> None:
         t0 = time.perf_counter()
         ids = self._healthy()
         self._on_runners(loop_pause, ids)
@@ -235,13 +248,15 @@ class ContinuousSampling(SamplingStrategy):
 
     def reset(self) -> None:
         """Forget everything in flight (after a restore): the restored data position is
-        the first untrained prompt, sampled again with the restored weights."""
+        the first untrained prompt, sampled again with the restored weights (pushed to the
+        runners, paused, before the next step takes anything)."""
         try:
             self._on_runners(loop_reset)
         except Exception:  # noqa: BLE001 - a runner lost meanwhile restarts on its own
             pass
         self._outstanding, self._ready, self._suspended = {}, [], False
         self._learner_version, self._claimed_end = None, 0
+        self._needs_sync = True
 
     @property
     def in_flight_prompts(self) -> int:

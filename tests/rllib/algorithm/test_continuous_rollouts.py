@@ -117,3 +117,30 @@ def test_gspo_and_cispo_train_under_continuous_rollouts(ray_session, policy_loss
     for result in results:
         assert np.isfinite(result["actor/pg_loss"]) and result["actor/grad_norm"] > 0
         assert result["async/token_staleness_max"] <= K
+
+
+@pytest.mark.vllm
+def test_a_restore_drops_in_flight_groups_and_samples_from_the_first_untrained_prompt(
+        ray_session):
+    """A checkpoint's data position is the first prompt not yet trained; restoring it (into
+    the live algorithm) resets every runner's loop and starts clean: the next step trains
+    on groups sampled by the restored weights only (staleness 0)."""
+    from rllib_grpo.cli.tensorboard import flatten
+    from rllib_grpo.rllib.algorithm.grpo import DATA_POSITION
+
+    algo = _continuous().build_algo()
+    try:
+        for _ in range(3):
+            algo.train()
+        strategy = algo._sampling
+        untrained = min(strategy._outstanding)
+        state = algo.get_state()
+        assert state[DATA_POSITION] == untrained
+        assert algo._data_position - untrained == strategy.in_flight_prompts > 0
+        algo.set_state(state)
+        assert strategy._outstanding == {} and algo._data_position == untrained
+        result = flatten(algo.train())
+        assert result["async/token_staleness_max"] == 0
+        assert result["async/lost_groups"] == 0
+    finally:
+        algo.stop()

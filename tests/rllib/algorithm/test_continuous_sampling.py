@@ -121,6 +121,19 @@ def test_groups_older_than_k_are_dropped_and_their_prompts_sampled_again():
     assert logged["async/dropped_stale_groups"] == 1
 
 
+def test_a_group_held_while_the_learner_moves_on_is_dropped_when_it_gets_too_old():
+    strategy, group, _, _ = _strategy(num_runners=1, k=2)
+    strategy.fill(P)  # 8 handed out at version 0, all finished: 4 trained, 4 held
+    assert len(strategy._ready) == 4
+    loop = group.runners[1].rollout_loop
+    for version in (1, 2, 3):  # three updates: the held groups are now 3 > K old
+        strategy._learner_version = version
+        loop.version = version
+    rollout = strategy.fill(P)
+    assert strategy.dropped_stale_groups == 4
+    assert (3 - rollout.weights_version).max() <= 2
+
+
 def test_a_lost_runner_costs_only_its_in_flight_groups():
     strategy, group, _, logged = _strategy(num_runners=2, k=2)
     strategy._top_up()
