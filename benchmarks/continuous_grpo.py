@@ -107,14 +107,17 @@ def run_modes(seconds: float, modes: list[str]) -> list[dict[str, Any]]:
 def format_table(rows: list[dict[str, Any]]) -> str:
     """Throughput, idle shares and lengths per mode, and ratios to sync / one_step_off."""
     base = {r["mode"]: r["trajectories_per_min"] for r in rows}
-    lines = ["| mode | trajectories / min | x sync | x one_step_off | learner idle | "
-             "sampler idle | response length mean | max staleness |",
-             "|---|---|---|---|---|---|---|---|"]
+    tokens = {r["mode"]: r["trajectories_per_min"] * r["response_length_mean"] for r in rows}
+    lines = ["| mode | trajectories / min | x sync | x one_step_off | response tokens / min | "
+             "x sync | learner idle | sampler idle | response length mean | max staleness |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         tpm = r["trajectories_per_min"]
         x_sync, x_off = (f"{tpm / base[m]:.2f}x" if base.get(m) else "-"
                          for m in ("sync", "one_step_off"))
-        lines.append(f"| {r['mode']} | {tpm:.0f} | {x_sync} | {x_off} | "
+        tok = tokens[r["mode"]]
+        tok_sync = f"{tok / tokens['sync']:.2f}x" if tokens.get("sync") else "-"
+        lines.append(f"| {r['mode']} | {tpm:.0f} | {x_sync} | {x_off} | {tok:.0f} | {tok_sync} | "
                      f"{r['learner_idle_frac']:.2f} | {r['sampler_idle_frac']:.2f} | "
                      f"{r['response_length_mean']:.1f} | {r['staleness_max']:g} |")
     lines += ["", f"Reward per trajectory (mean score) per {BIN} trajectories seen:", "",
