@@ -117,7 +117,8 @@ class GRPOSettings(AlgorithmSettings):
         "generations; no trajectory older than K learner updates is trained on (its group is "
         "dropped and sampled again, counted in async/dropped_stale_groups). Needs "
         "num_env_runners >= 1. In-flight samples are not checkpointed: a restored run samples "
-        "those prompts again.")
+        "those prompts again. With rollout_mode='continuous' K bounds every trained token's "
+        "staleness and sets how many steps of groups are in flight.")
     rollout_mode: str = knob(
         "auto", "name", "'auto' ('sync' at max_staleness=0, else 'one_step_off') | 'sync' | "
         "'one_step_off' (the next step's groups sampled during the update; weights between "
