@@ -35,6 +35,7 @@ from rllib_grpo.data.rollout import RolloutBatch, concat_rollouts, data_metrics
 from rllib_grpo.rllib.algorithm.async_pipeline import PipelinedSampling
 from rllib_grpo.rllib.algorithm.continuous import ContinuousSampling
 from rllib_grpo.rllib.algorithm.evaluation import EvaluatingAlgorithm, prompt_slices
+from rllib_grpo.rllib.algorithm.reward_workers import RewardActors
 from rllib_grpo.rllib.algorithm.sampling import (
     SamplingServices,
     SamplingStrategy,
@@ -64,6 +65,9 @@ class GRPO(EvaluatingAlgorithm):
     @override(Algorithm)
     def setup(self, config: Any) -> None:
         self._startup_origin = startup_origin()
+        # Reward models and judges run on Ray actors of their own, started before the env
+        # runners that score through them (rllib_grpo.rllib.algorithm.reward_workers).
+        self._reward_actors = RewardActors.start(self.config)
         super().setup(config)
         self._no_signal_streak = 0
         self._startup_seconds: float | None = None
@@ -107,8 +111,10 @@ class GRPO(EvaluatingAlgorithm):
         # Every step, so that every result carries it (a one-off value reads NaN later).
         self._log_value("timing_s/startup", self._startup_seconds)
 
-        with self.metrics.log_time("timing_s/sample"):
-            rollout = self._sample_step()
+        # The step's own seconds (window=1), not RLlib's log_time moving average.
+        t0 = time.perf_counter()
+        rollout = self._sample_step()
+        self._log_value("timing_s/sample", time.perf_counter() - t0)
         self._log_dict(data_metrics(rollout, c.max_response_length))
         self._warn_if_no_signal()
         # Pipelined: the next step's sampling is launched here and overlaps the update.
@@ -176,6 +182,9 @@ class GRPO(EvaluatingAlgorithm):
             weight_sync.close()
             self._weight_sync = None
         super().cleanup()
+        reward_actors = getattr(self, "_reward_actors", None)
+        if reward_actors is not None:
+            reward_actors.stop()
 
     # ------------------------------------------------------------------ checkpoints
     @override(Algorithm)

@@ -15,7 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rllib_grpo.rllib.config.algorithm_settings import _ACTOR, _ROLLOUT, AlgorithmSettings, knob
+from rllib_grpo.rllib.config.algorithm_settings import _ACTOR, _ROLLOUT, knob
+from rllib_grpo.rllib.config.reward_settings import RewardSettings
 
 
 @dataclass(frozen=True)
@@ -36,11 +37,11 @@ class BatchPlan:
 
 
 @dataclass(eq=False, repr=False)  # GRPOConfig inherits these fields, not dataclass equality
-class GRPOSettings(AlgorithmSettings):
+class GRPOSettings(RewardSettings):
     """GRPO settings with their units; `GRPOConfig` inherits them as typed attributes.
 
-    The algorithm's fields come from `AlgorithmSettings` (first, in its order); the
-    system's follow here.
+    The algorithm's fields come from `AlgorithmSettings` (first, in its order), the
+    rewards' from `RewardSettings`; the system's follow here.
     """
 
     # --- FSDP -----------------------------------------------------------------------
