@@ -379,6 +379,9 @@ class TextEnvRunner(EnvRunner, Checkpointable):
 
     @override(EnvRunner)
     def stop(self) -> None:
+        loop = getattr(self, "rollout_loop", None)  # continuous rollouts: stop stepping first
+        if loop is not None:
+            loop.close()
         if self.sampler is not None and hasattr(self.sampler, "close"):
             self.sampler.close()
         for env in (self.env, self._val_env):  # end the reward worker processes
