@@ -195,7 +195,8 @@ class ContinuousSampling(SamplingStrategy):
         self._top_up()
         log = self.services.log_value
         versions = rollout.per_token_versions()
-        staleness = (self.learner_version - versions)[rollout.response_mask > 0]
+        trained = rollout.response_mask if rollout.loss_mask is None else rollout.loss_mask
+        staleness = (self.learner_version - versions)[trained > 0]  # (env tokens: not)
         if staleness.size:
             log("async/token_staleness_mean", float(staleness.mean()))
             log("async/token_staleness_max", float(staleness.max()))

@@ -5,7 +5,6 @@ the update's own forward gives the old log-probs; the driver's pipeline
 from __future__ import annotations
 
 from rllib_grpo.rllib.config.settings import GRPOSettings
-from rllib_grpo.rllib.config.text_env import env_class
 
 
 def async_errors(c: GRPOSettings) -> list[str]:
@@ -45,10 +44,6 @@ def _continuous_errors(c: GRPOSettings) -> list[str]:
                 "another estimator, or rollout_mode='one_step_off'."]
     if not isinstance(c.partial_rollout, bool):
         return [f"partial_rollout={c.partial_rollout!r} must be True or False."]
-    env = env_class(getattr(c, "env", None))
-    if env is not None and getattr(env, "multi_turn", False):
-        return [f"rollout_mode='continuous' runs single-turn envs; {env.__name__} is "
-                "multi-turn: use rollout_mode='one_step_off' (max_staleness=1)."]
     return []
 
 

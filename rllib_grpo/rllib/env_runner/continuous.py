@@ -11,7 +11,9 @@ finished groups, and pause / resume the engine around a weight load:
 
 ``resume`` labels the tokens sampled from then on with the runner's new weights version
 and continues the unfinished responses under the new weights (``partial_rollout=True``)
-or samples them again (``False``).  ``suspend`` (before a validation) drops the running
+or samples them again (``False``).  With a multi-turn env a group is ``group_size``
+episodes and each model turn one request (`rllib_grpo.rllib.env_runner.continuous_episodes`):
+the env plays a turn as soon as it ends, and the group is queued when its episodes are done.  ``suspend`` (before a validation) drops the running
 groups and remembers their prompts, which the next ``submit`` or ``resume`` starts again.
 
 The functions at the bottom are what the driver sends (`rllib_grpo.rllib.algorithm.continuous`).
@@ -27,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from rllib_grpo.data.rollout import RolloutBatch, build_rollout_batch
+from rllib_grpo.rllib.env_runner.continuous_episodes import EpisodeGroups
 from rllib_grpo.rllib.env_runner.env_runner import TextEnvRunner, _seek
 
 WAIT_POLL_S = 0.5  # the loop's idle wait between checks of its stop flag
@@ -41,13 +44,15 @@ class RolloutLoop:
             raise TypeError(f"rollout_mode='continuous' needs a sampler that steps between "
                             f"decode steps (vLLM); {type(runner.sampler).__name__} does not: "
                             "set sampler='vllm', or rollout_mode='one_step_off'.")
-        if runner._episodes is not None:
-            raise TypeError("rollout_mode='continuous' runs single-turn envs; this env is "
-                            "multi-turn: use rollout_mode='one_step_off' (max_staleness=1).")
         self.runner = runner
         self.stream = runner.sampler.open_stream(runner._weights_seq_no)
         self.params = runner.sampling_params()
         self.group_size = int(c.group_size)
+        # A multi-turn env: a group is group_size episodes, a turn one request.
+        self.episodes = None if runner._episodes is None else EpisodeGroups(
+            runner._episodes, self.group_size, self.params,
+            pad_token_id=runner.tokenizer.pad_token_id or 0,
+            score_adjustment=runner._overlong_penalty)
         self.partial_rollout = bool(getattr(c, "partial_rollout", True))
         self._engine = threading.Lock()  # one engine step, submit or weight load at a time
         self._env = threading.Lock()  # prompts read vs responses scored (one env)
@@ -70,24 +75,38 @@ class RolloutLoop:
         groups now running or queued on this runner."""
         positions = self._suspended + list(positions)
         self._suspended = []
+        sampler: Any = self.runner.sampler  # a VLLMSampler (checked in __init__)
         with self._env:
-            prompts = []
+            prompts, turns = [], []
             for position in positions:
                 _seek(self.runner.env, position)
                 prompts.append(self.runner._next_prompt(self.runner.env))
-        sampler: Any = self.runner.sampler  # a VLLMSampler (checked in __init__)
+            keys = list(range(self.runner._group_counter,
+                              self.runner._group_counter + len(positions)))
+            self.runner._group_counter += len(positions)
+            seeds = [sampler.seeds.next(self.params) if sampler.seed_requests else None
+                     for _ in positions]
+            if self.episodes is not None:  # (starting an episode reads the env)
+                turns = [request for key, prompt, seed in zip(keys, prompts, seeds, strict=True)
+                         for request in self.episodes.start(key, prompt, seed)]
         with self._engine:
-            for position, prompt in zip(positions, prompts, strict=True):
-                key = self.runner._group_counter
-                self.runner._group_counter += 1
-                seed = sampler.seeds.next(self.params) if sampler.seed_requests else None
-                self.stream.submit(key, prompt["prompt_token_ids"], self.group_size,
-                                   self.params, seed)
+            for key, position, prompt, seed in zip(keys, positions, prompts, seeds,
+                                                   strict=True):
+                if self.episodes is None:
+                    self.stream.submit(key, prompt["prompt_token_ids"], self.group_size,
+                                       self.params, seed)
+                    self._prompts[key] = prompt
                 self._positions[key] = position
-                self._prompts[key] = prompt
+            for stream_key, context, params, seed in turns:
+                self.stream.submit(stream_key, context, 1, params, seed)
         with self._cond:
             self._cond.notify_all()
-        return self.stream.num_groups + len(self._done)
+        return self.running_groups + len(self._done)
+
+    @property
+    def running_groups(self) -> int:
+        """Groups submitted and not finished."""
+        return self.stream.num_groups if self.episodes is None else self.episodes.num_groups
 
     def take(self, wait_s: float) -> dict[str, Any]:
         """The finished groups (waiting up to ``wait_s`` for a first one), each with its data
@@ -102,7 +121,7 @@ class RolloutLoop:
         if done:
             self.runner._log_sample_metrics(sum(len(b) for _, b in done), busy, score)
         return {"groups": done, "busy_s": busy + score, "idle_s": idle,
-                "running": self.stream.num_groups, "metrics": self.runner.get_metrics()}
+                "running": self.running_groups, "metrics": self.runner.get_metrics()}
 
     def pause(self) -> None:
         """Stop between two engine steps (the running responses keep their place)."""
@@ -135,9 +154,14 @@ class RolloutLoop:
         self.pause()
         with self._engine:
             dropped = self.stream.abort()
-        self._suspended += [self._positions.pop(key) for key in dropped]
+            if self.episodes is not None:  # every unfinished group (some between turns)
+                dropped = list(self._positions)
+            self._suspended += [self._positions.pop(key) for key in dropped]
         for key in dropped:
             self._prompts.pop(key, None)
+        if self.episodes is not None:
+            with self._env:
+                self.episodes.drop()
 
     def reset(self) -> None:
         """Forget everything in flight (a restore): running groups, queued ones, suspended."""
@@ -170,13 +194,31 @@ class RolloutLoop:
             with self._engine:
                 finished = [] if self._paused else self.stream.step()
             t1 = time.perf_counter()
-            batches = [(self._positions.pop(key), self._score(key, samples))
-                       for key, samples in finished]
+            batches = ([(self._positions.pop(key), self._score(key, samples))
+                        for key, samples in finished] if self.episodes is None
+                       else self._play_turns(finished))
             with self._cond:  # (take reads and resets the counters under it)
                 self._busy_s += t1 - t0
                 self._score_s += time.perf_counter() - t1
                 self._done.extend(batches)
                 self._cond.notify_all()
+
+    def _play_turns(self, finished: list) -> list[tuple[int, RolloutBatch]]:
+        """Multi-turn: the env plays the turns that ended, the next turns start, and the
+        groups whose episodes are all done come back with their data positions."""
+        assert self.episodes is not None
+        with self._env:
+            requests, done = self.episodes.advance(finished)
+        batches = []
+        with self._engine:  # a group dropped meanwhile (suspend) is not in _positions
+            for stream_key, context, params, seed in requests:
+                if stream_key[0] in self._positions:
+                    self.stream.submit(stream_key, context, 1, params, seed)
+            for key, batch in done:
+                position = self._positions.pop(key, None)
+                if position is not None:
+                    batches.append((position, batch))
+        return batches
 
     def _score(self, key: int, samples: list) -> RolloutBatch:
         """One finished group as a `RolloutBatch` (scored as `TextEnvRunner.sample` scores)."""

@@ -83,6 +83,21 @@ class LiveEpisode:
     seed: int
     turns: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     done: bool = False
+    # Per model token, the weights version that sampled it (continuous rollouts: a turn's
+    # `Sample.token_versions`); empty where one call has one version.
+    model_versions: list[int] = dataclasses.field(default_factory=list)
+
+    def token_versions(self) -> list[int]:
+        """Per response token, the version of the model token it is or follows: a model
+        token's own version, an environment token the version of the model token before it
+        (so the episode's oldest version is its oldest *sampled* token's)."""
+        versions, model = [], iter(self.model_versions)
+        last = self.model_versions[0] if self.model_versions else 0
+        for mask in self.trajectory.loss_mask:
+            if mask:
+                last = next(model)
+            versions.append(last)
+        return versions
 
 
 class EpisodeSampler:
@@ -100,38 +115,59 @@ class EpisodeSampler:
                group_size: int, params: SamplingParams) -> list[LiveEpisode]:
         """``group_size`` finished episodes per prompt, groups contiguous."""
         self.env_seconds = 0.0
-        live = [
+        live = self.start_episodes(prompts, group_ids, group_size)
+        groups = self.sampler.generate([p["prompt_token_ids"] for p in prompts], group_size,
+                                       dataclasses.replace(params,
+                                                           max_tokens=self.limits.turn_tokens(0)))
+        samples = [s for group in groups for s in group]
+        active = live
+        while active:
+            self.play_turn(active, samples)
+            active = [e for e in active if not e.done]
+            if not active:
+                break
+            allowed = [self.limits.turn_tokens(len(e.trajectory.response_ids)) for e in active]
+            outputs = self.sampler.generate(
+                [e.trajectory.context_ids() for e in active], 1,
+                dataclasses.replace(params, max_tokens=max(allowed)),
+                seeds=[self.turn_seed(e) for e in active])
+            # One call for all: each episode keeps what its own budget allows.
+            samples = [_cut(out[0], n) for out, n in zip(outputs, allowed, strict=True)]
+        return live
+
+    # The per-episode pieces, shared with the continuous loop (which runs each episode's
+    # turns as requests of their own: `rllib_grpo.rllib.env_runner.continuous_episodes`).
+    def start_episodes(self, prompts: Sequence[dict[str, Any]], group_ids: Sequence[int],
+                       group_size: int) -> list[LiveEpisode]:
+        """``group_size`` new episodes per prompt (groups contiguous), each seeded by
+        (runner seed, group id, index in the group)."""
+        return [
             LiveEpisode(self.env.start_episode(p["index"], seed=seed), Trajectory(
                 list(p["prompt_token_ids"])), p, gid, seed)
             for p, gid in zip(prompts, group_ids, strict=True)
             for j in range(group_size)
             for seed in [episode_seed(self.seed, gid, j)]
         ]
-        first = dataclasses.replace(params, max_tokens=self.limits.turn_tokens(0))
-        groups = self.sampler.generate([p["prompt_token_ids"] for p in prompts], group_size,
-                                       first)
-        samples = [s for group in groups for s in group]
-        active, turn = live, 0
-        while active:
-            self._play_turn(active, samples)
-            active = [e for e in active if not e.done]
-            if not active:
-                break
-            turn += 1
-            allowed = [self.limits.turn_tokens(len(e.trajectory.response_ids)) for e in active]
-            outputs = self.sampler.generate(
-                [e.trajectory.context_ids() for e in active], 1,
-                dataclasses.replace(params, max_tokens=max(allowed)),
-                seeds=[episode_seed(e.seed, turn) for e in active])
-            # One call for all: each episode keeps what its own budget allows.
-            samples = [_cut(out[0], n) for out, n in zip(outputs, allowed, strict=True)]
-        return live
 
-    def _play_turn(self, active: list[LiveEpisode], samples: list[Sample]) -> None:
+    def turn_params(self, episode: LiveEpisode, params: SamplingParams) -> SamplingParams:
+        """``params`` with ``max_tokens`` the episode's next model turn may sample."""
+        return dataclasses.replace(
+            params, max_tokens=self.limits.turn_tokens(len(episode.trajectory.response_ids)))
+
+    @staticmethod
+    def turn_seed(episode: LiveEpisode) -> int:
+        """The seed of the episode's next model turn after the first: (episode seed, turn)."""
+        return episode_seed(episode.seed, episode.trajectory.num_turns)
+
+    def play_turn(self, active: list[LiveEpisode], samples: list[Sample]) -> None:
+        """Add each episode's model turn (``samples``, in order), step the env for all of
+        them at once and add its replies (or end the episodes: ``LiveEpisode.done``)."""
         texts = []
         for e, sample in zip(active, samples, strict=True):
             e.trajectory.add_model_turn(sample.token_ids, sample.log_probs,
                                         cut=sample.finish_reason == "length")
+            if sample.token_versions is not None:
+                e.model_versions += list(sample.token_versions)
             texts.append(self.tokenizer.decode(sample.token_ids, skip_special_tokens=True))
         start = time.perf_counter()
         results = self.env.step_many([e.episode for e in active], texts)
@@ -167,7 +203,7 @@ class EpisodeSampler:
         """The episodes as a `RolloutBatch` with a loss mask (one row per episode)."""
         rows: dict[str, list] = {k: [] for k in ("prompt", "response", "log_probs", "loss_mask",
                                                  "scores", "groups", "truncated", "errors",
-                                                 "infos")}
+                                                 "infos", "versions")}
         for e in episodes:
             t, summary = e.trajectory, e.episode.summary()
             info: dict[str, Any] = {
@@ -186,15 +222,24 @@ class EpisodeSampler:
             rows["response"].append(t.response_ids)
             rows["log_probs"].append(t.log_probs)
             rows["loss_mask"].append(t.loss_mask)
+            rows["versions"].append(e.token_versions() if e.model_versions else [])
             rows["scores"].append(float(info["reward"]))
             rows["groups"].append(e.group_id)
             rows["truncated"].append(t.truncated)
             rows["errors"].append(bool(info.get("reward_error", False)))
             rows["infos"].append(info)
-        return build_rollout_batch(
+        batch = build_rollout_batch(
             rows["prompt"], rows["response"], rows["log_probs"], rows["scores"], rows["groups"],
             rows["truncated"], rows["errors"], rows["infos"], pad_token_id=pad_token_id,
             loss_masks=rows["loss_mask"])
+        if any(e.model_versions for e in episodes):  # sampled under changing weights
+            versions = np.zeros(batch.response_ids.shape, dtype=np.int64)
+            for row, v in enumerate(rows["versions"]):
+                versions[row, :len(v)] = v
+            batch.token_versions = versions
+            # An episode's version is its oldest sampled token's (its staleness the largest).
+            batch.weights_version[:] = [min(e.model_versions, default=0) for e in episodes]
+        return batch
 
 
 def _cut(sample: Sample, max_tokens: int) -> Sample:

@@ -41,11 +41,10 @@ def test_validation_refuses_what_continuous_rollouts_cannot_run(settings, needle
     assert needle in str(error.value)
 
 
-def test_multi_turn_envs_are_refused_with_one_line():
+def test_multi_turn_envs_validate():
     config = _continuous().environment("rllib_grpo/GuessNumber-v0")
-    with pytest.raises(ValueError) as error:
-        config.validate()
-    assert "GuessNumberEnv is multi-turn: use rollout_mode='one_step_off'" in str(error.value)
+    config.env_config = {"num_problems": 100}
+    config.validate()  # (refused before multi-turn episodes ran in the loop)
 
 
 def test_modes_resolve_and_explain_prints_the_continuous_loop():
@@ -144,3 +143,39 @@ def test_a_restore_drops_in_flight_groups_and_samples_from_the_first_untrained_p
         assert result["async/lost_groups"] == 0
     finally:
         algo.stop()
+
+
+@pytest.mark.vllm
+def test_multi_turn_episodes_train_in_the_continuous_loop(ray_session):
+    """GuessNumber in the loop (a turn is a request): episodes of several turns train;
+    no trained (model) token is more than K updates old; env tokens are masked out of the
+    loss; an episode's version is its oldest sampled token's; some episodes' tokens come
+    from two versions (their turns span an update)."""
+    from rllib_grpo.cli.tensorboard import flatten
+
+    config = _continuous(max_response_length=12).environment("rllib_grpo/GuessNumber-v0")
+    config.env_config = {"num_problems": 100}
+    algo = config.build_algo()
+    spanning, turns = 0, 0
+    try:
+        for update in range(4):
+            result = flatten(algo.train())
+            rollout = algo.last_rollout
+            assert rollout.loss_mask is not None and len(rollout) == 16
+            versions = rollout.per_token_versions()
+            trained = rollout.loss_mask > 0
+            assert (rollout.loss_mask <= rollout.response_mask).all()
+            staleness = update - versions[trained]
+            assert staleness.min() >= 0 and staleness.max() <= K
+            assert result["async/token_staleness_max"] == staleness.max()
+            assert result["async/token_staleness_mean"] == pytest.approx(staleness.mean())
+            oldest = np.where(trained, versions, np.iinfo(np.int64).max).min(axis=1)
+            assert (rollout.weights_version == oldest).all()
+            spanning += int(sum(len(set(v[m])) > 1 for v, m in zip(versions, trained,
+                                                                     strict=True)))
+            turns = max(turns, result["num_turns/max"])
+            assert np.isfinite(result["actor/pg_loss"])
+    finally:
+        algo.stop()
+    assert turns > 1
+    assert spanning > 0
