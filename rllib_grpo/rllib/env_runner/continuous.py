@@ -21,6 +21,7 @@ The functions at the bottom are what the driver sends (`rllib_grpo.rllib.algorit
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -31,6 +32,8 @@ import numpy as np
 from rllib_grpo.data.rollout import RolloutBatch, build_rollout_batch
 from rllib_grpo.rllib.env_runner.continuous_episodes import EpisodeGroups
 from rllib_grpo.rllib.env_runner.env_runner import TextEnvRunner, _seek
+
+logger = logging.getLogger(__name__)
 
 WAIT_POLL_S = 0.5  # the loop's idle wait between checks of its stop flag
 
@@ -66,6 +69,10 @@ class RolloutLoop:
         self._busy_s = self._idle_s = self._score_s = 0.0
         self._pauses, self._pause_s, self._paused_at = 0, 0.0, 0.0
         self._restarted = 0
+        # A reset (a restore) starts a new epoch: groups the loop claimed before it are
+        # dropped, never queued after it.  A loop that dies says so at the next take.
+        self._epoch = 0
+        self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="rollout_loop", daemon=True)
         self._thread.start()
 
@@ -113,7 +120,11 @@ class RolloutLoop:
         position, and this runner's counters since the last take."""
         with self._cond:
             if not self._done and wait_s > 0:
-                self._cond.wait_for(lambda: bool(self._done), timeout=wait_s)
+                self._cond.wait_for(lambda: bool(self._done) or self._error is not None,
+                                    timeout=wait_s)
+            if self._error is not None:  # the driver would otherwise wait forever
+                raise RuntimeError("rollout_mode='continuous': this env runner's rollout "
+                                   f"loop died: {self._error!r}") from self._error
             done = list(self._done)
             self._done.clear()
             busy, idle, score = self._busy_s, self._idle_s, self._score_s
@@ -167,10 +178,12 @@ class RolloutLoop:
         """Forget everything in flight (a restore): running groups, queued ones, suspended."""
         self.suspend()
         self._suspended = []
-        with self._cond:
-            self._done.clear()
-        self._positions.clear()
-        self._prompts.clear()
+        with self._engine:  # (the loop claims finished groups under it)
+            with self._cond:
+                self._epoch += 1
+                self._done.clear()
+            self._positions.clear()
+            self._prompts.clear()
         self.resume()
 
     def close(self) -> None:
@@ -182,6 +195,15 @@ class RolloutLoop:
 
     # ---------------------------------------------------------------- the loop
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as error:  # noqa: BLE001 - reported by the next take
+            logger.exception("rollout loop died")
+            with self._cond:
+                self._error = error
+                self._cond.notify_all()
+
+    def _loop(self) -> None:
         while True:
             with self._cond:
                 t0 = time.perf_counter()
@@ -192,15 +214,23 @@ class RolloutLoop:
                     return
             t0 = time.perf_counter()
             with self._engine:
+                epoch = self._epoch
                 finished = [] if self._paused else self.stream.step()
+                # Claimed under the engine lock: a suspend or reset after this point sees
+                # these groups gone from _positions (a reset's epoch then drops them).
+                claimed = [] if self.episodes is not None else [
+                    (self._positions.pop(key, None), self._prompts.pop(key, None), key, samples)
+                    for key, samples in finished]
             t1 = time.perf_counter()
-            batches = ([(self._positions.pop(key), self._score(key, samples))
-                        for key, samples in finished] if self.episodes is None
-                       else self._play_turns(finished))
+            batches = ([(position, self._score(key, prompt, samples))
+                        for position, prompt, key, samples in claimed
+                        if position is not None and prompt is not None]
+                       if self.episodes is None else self._play_turns(finished))
             with self._cond:  # (take reads and resets the counters under it)
                 self._busy_s += t1 - t0
                 self._score_s += time.perf_counter() - t1
-                self._done.extend(batches)
+                if epoch == self._epoch:
+                    self._done.extend(batches)
                 self._cond.notify_all()
 
     def _play_turns(self, finished: list) -> list[tuple[int, RolloutBatch]]:
@@ -220,9 +250,9 @@ class RolloutLoop:
                     batches.append((position, batch))
         return batches
 
-    def _score(self, key: int, samples: list) -> RolloutBatch:
+    def _score(self, key: int, prompt: dict[str, Any], samples: list) -> RolloutBatch:
         """One finished group as a `RolloutBatch` (scored as `TextEnvRunner.sample` scores)."""
-        runner, prompt = self.runner, self._prompts.pop(key)
+        runner = self.runner
         with self._env:
             infos = runner._score_many(runner.env, [(prompt, s.token_ids) for s in samples])
         for sample, info in zip(samples, infos, strict=True):
