@@ -29,10 +29,19 @@ from rllib_grpo.samplers.vllm_engine import (
     platform_engine_args,
     with_version_args,
 )
-from rllib_grpo.samplers.vllm_worker import require_layerwise_reload
+from rllib_grpo.samplers.vllm_worker import register_in_this_process, require_layerwise_reload
 from rllib_grpo.weights.layout import Manifest
 from rllib_grpo.weights.names import fused_closure, module_of
 from rllib_grpo.weights.transport import GroupSpec, SlotsSpec
+from rllib_grpo.weights.wire import (
+    GLOO_BACKEND,
+    BucketUpdate,
+    DispatchInit,
+    GroupInit,
+    as_dict,
+    manifest_from_wire,
+    manifest_to_wire,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +109,7 @@ class VLLMSampler:
         from vllm.platforms import current_platform
 
         require_layerwise_reload()
+        register_in_this_process()  # the in-process worker creates its engine from the factory
 
         logging.getLogger(LAYERWISE_LOGGER).addFilter(_COMPUTED_BUFFER_NOTICE)  # idempotent
 
@@ -207,7 +217,8 @@ class VLLMSampler:
         return {"bytes": state_dict_bytes(state_dict), "seconds": time.perf_counter() - start}
 
     # ------------------------------------------------------------------ weight transfer
-    # Each vLLM worker joins the learner's weight group itself (`vllm_worker.WeightSyncExtension`).
+    # vLLM's weight-transfer API (`rllib_grpo.weights.engines`): the engine was created with
+    # the ``grpo`` backend, which becomes the backend the init info names.
     @property
     def device(self) -> torch.device:
         """Where the engine's weights live: ``cpu`` or ``cuda`` (its workers hold the GPUs)."""
@@ -219,41 +230,73 @@ class VLLMSampler:
         return self.llm.llm_engine.model_config.dtype
 
     @property
+    def takes_gpu_engines(self) -> bool:
+        """vLLM's GPU engines (``nccl``, ``ipc``, ``sparse_nccl``) load into this engine."""
+        return not self.on_cpu
+
+    @property
     def num_weight_ranks(self) -> int:
         """Ranks this engine takes in a weight group: one per worker."""
         return self.llm.llm_engine.vllm_config.parallel_config.world_size
 
+    def init_weight_transfer_engine(self, init_info: dict) -> None:
+        """vLLM's ``init_weight_transfer_engine`` on every worker (``{"backend", "init_info"}``:
+        `rllib_grpo.weights.wire.DispatchInit`)."""
+        self.llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": init_info})
+
+    def start_weight_update(self) -> None:
+        self.llm.collective_rpc("start_weight_update")
+
+    def update_weights(self, update_info: dict) -> None:
+        """vLLM's ``update_weights`` on every worker (a tied head that a bucket manifest
+        lacks is added as an alias of the embeddings: vLLM keeps a head it is not given)."""
+        if "manifest" in update_info:
+            manifest = self._with_tied_head(manifest_from_wire(update_info["manifest"]))
+            update_info = {**update_info, "manifest": manifest_to_wire(manifest)}
+        self.llm.collective_rpc("update_weights", kwargs={"update_info": update_info})
+
+    def finish_weight_update(self) -> None:
+        """Finish the update on every worker, then drop the prefixes the old weights cached."""
+        self.llm.collective_rpc("finish_weight_update")
+        self.llm.reset_prefix_cache()
+
+    def shutdown_weight_transfer_engine(self) -> None:
+        self.llm.collective_rpc("shutdown_weight_transfer_engine")
+
     def join_weight_group(self, spec: GroupSpec, rank: int) -> None:
-        """Every worker joins, as ranks ``rank`` .. ``rank + num_weight_ranks - 1``."""
-        self.llm.collective_rpc("grpo_join_weight_group",
-                                kwargs={"spec": spec, "rank_offset": rank})
+        """Every worker joins the gloo group ``spec`` (``grpo_gloo``/``grpo_shm`` engines),
+        as ranks ``rank`` .. ``rank + num_weight_ranks - 1``."""
+        self.init_weight_transfer_engine(as_dict(DispatchInit(
+            GLOO_BACKEND, as_dict(GroupInit.of(spec, rank_offset=rank)))))
 
     def prepare_weights(self, manifest: Manifest, slots: SlotsSpec | None = None,
                         check: bool = True, in_place: bool = True) -> None:
-        """Refuse a partial or foreign manifest (before any byte moves); map the slots.
-        (``in_place`` is the transformers sampler's: vLLM's loader always copies.)"""
+        """Refuse a partial or foreign manifest (before any byte moves); keep the slots a
+        ``shm`` receive reads.  (``in_place`` is the transformers sampler's.)"""
         if check:
             self._check_keys(self._with_tied_head(manifest).names(), partial=manifest.partial)
-        if slots is not None:
-            self.llm.collective_rpc("grpo_map_slots", kwargs={"slots": slots})
+        self._slots = slots
 
     def receive_weights(self, manifest: Manifest, via: str, ipc: dict | None = None,
                         materialize: bool = False) -> dict:
-        """Stream a sync into the engine's ``reload_weights``, then drop cached prefixes;
-        ``materialize`` returns copies of the tensors instead (LoRA payloads)."""
+        """One dense sync from the group joined by `join_weight_group`, through vLLM's API
+        (start, update, finish).  CUDA IPC and LoRA payloads (``materialize``) go through
+        vLLM's ``ipc`` engine and Ray's object store now."""
+        if ipc is not None or materialize or via not in ("shm", "collective"):
+            raise ValueError(f"VLLMSampler.receive_weights takes 'shm' or 'collective' syncs "
+                             f"(got via={via!r}); CUDA IPC is vLLM's ipc engine")
         start = time.perf_counter()
-        manifest = manifest if materialize else self._with_tied_head(manifest)
-        result = self.llm.collective_rpc(
-            "grpo_receive_weights",
-            kwargs={"manifest": manifest, "via": via, "ipc": ipc, "materialize": materialize})
-        if materialize:
-            return {"tensors": result[0], "seconds": time.perf_counter() - start}
-        self.llm.reset_prefix_cache()
+        slots = getattr(self, "_slots", None) if via == "shm" else None
+        info = BucketUpdate(manifest_to_wire(manifest), list(slots.paths) if slots else None,
+                            slots.nbytes if slots else 0)
+        self.start_weight_update()
+        self.update_weights(as_dict(info))
+        self.finish_weight_update()
         return {"bytes": manifest.nbytes, "seconds": time.perf_counter() - start}
 
     def leave_weight_group(self) -> None:
         """Every worker leaves the weight group (a no-op outside one)."""
-        self.llm.collective_rpc("grpo_leave_weight_group")
+        self.shutdown_weight_transfer_engine()
 
     def _with_tied_head(self, manifest: Manifest) -> Manifest:
         """vLLM keeps a tied head it is not given: send the embeddings under its name too."""

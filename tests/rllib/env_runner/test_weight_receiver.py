@@ -27,7 +27,7 @@ def test_a_runner_reports_its_samplers_place_dtype_and_ranks():
         # "form the group again").
         assert runner.weight_group_token is None
         tensors, aliases = split_aliases(runner.sampler.model.state_dict())
-        assert runner_prepare(runner, plan_manifest(tensors, aliases=aliases), None) is None
+        assert runner_prepare(runner, plan_manifest(tensors, aliases=aliases)) is None
     finally:
         runner.stop()
 
@@ -37,5 +37,5 @@ def test_a_sampler_that_cannot_join_a_group_says_so_with_zero_ranks():
 
     sampler = SimpleNamespace(device=torch.device("cpu"), weight_dtype=torch.bfloat16,
                               num_weight_ranks=0)
-    endpoint = runner_endpoint(SimpleNamespace(sampler=sampler))
+    endpoint = runner_endpoint(SimpleNamespace(sampler=sampler, worker_index=1))
     assert (endpoint.dtype, endpoint.num_ranks) == (torch.bfloat16, 0)
