@@ -20,6 +20,7 @@ vLLM worker process (``rllib_grpo.samplers.vllm_worker`` is the engine's
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -34,6 +35,7 @@ from vllm.distributed.weight_transfer.factory import (
     WeightTransferTrainerFactory,
 )
 
+from rllib_grpo.weights.names import fused_closure, module_of
 from rllib_grpo.weights.wire import (
     DISPATCH_BACKEND,
     GLOO_BACKEND,
@@ -46,6 +48,7 @@ from rllib_grpo.weights.wire import (
     SparseUpdate,
 )
 
+EMBED_KEY, LM_HEAD_KEY = "model.embed_tokens.weight", "lm_head.weight"
 _TRAINERS = {SHM_BACKEND: "ShmTrainerEngine", GLOO_BACKEND: "GlooTrainerEngine",
              SPARSE_GLOO_BACKEND: "SparseGlooTrainerEngine"}
 
@@ -107,7 +110,7 @@ class _HostEngine(WeightTransferEngine):
 class GlooBucketEngine(_HostEngine):
     """Dense buckets broadcast over gloo, loaded with vLLM's layer-wise reload."""
 
-    update_info_cls = _BucketUpdate
+    update_info_cls: type[WeightTransferUpdateInfo] = _BucketUpdate
 
     def start_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
@@ -133,25 +136,44 @@ class ShmBucketEngine(GlooBucketEngine):
     update info names the slots, so the receiving code is `GlooBucketEngine`'s."""
 
 
-class SparseGlooEngine(_HostEngine):
-    """vLLM's ``sparse_nccl`` engine over gloo: patches applied in place."""
+class SparseGlooEngine(GlooBucketEngine):
+    """vLLM's ``sparse_nccl`` wire format over gloo (int32 flat indices and values per
+    tensor).  Applied differently from vLLM's sparse engine: vLLM 0.32's in-place patch
+    loader needs each parameter's ``weight_loader``, which a layer-wise reload (any earlier
+    full sync) leaves behind; so the worker keeps the checkpoint tensors in host memory,
+    patches them, and reloads the touched layers (fused siblings and a tied head with
+    them) through vLLM's layer-wise reload.  The first sync after a join carries every
+    element (`rllib_grpo.weights.trainer.DeltaTracker`)."""
 
     update_info_cls = _SparseUpdate
 
-    def start_weight_update(self) -> None:
-        """No-op: sparse patches are applied in place (as vLLM's sparse engine)."""
-
-    def finish_weight_update(self) -> None:
-        """No-op: sparse patches are applied in place (as vLLM's sparse engine)."""
+    def __init__(self, config: WeightTransferConfig, vllm_config: Any, device: torch.device,
+                 model: torch.nn.Module) -> None:
+        super().__init__(config, vllm_config, device, model)
+        self.checkpoint: dict[str, torch.Tensor] = {}
 
     def receive_weights(self, update_info: Any) -> None:
-        from vllm.model_executor.model_loader.checkpoint_weight_patch import (
-            CheckpointWeightPatch,
-            load_checkpoint_weight_patches,
+        from vllm.model_executor.model_loader.mtp_validation import (
+            disable_mtp_completeness_check,
         )
 
-        patches = [CheckpointWeightPatch(*p) for p in self.receiver.patches(update_info)]
-        load_checkpoint_weight_patches(self.model, patches)
+        touched = set()
+        for patch in self.receiver.patches(update_info):
+            held = self.checkpoint.get(patch.name)
+            if held is None:
+                if patch.indices.numel() != math.prod(patch.shape):
+                    raise RuntimeError(f"delta sync: {patch.name} arrived in part before it "
+                                       "arrived whole (the first delta after a join is whole)")
+                held = self.checkpoint[patch.name] = torch.empty(patch.shape, dtype=patch.dtype)
+            held.view(-1)[patch.indices.long()] = patch.values
+            touched.add(module_of(patch.name))
+        modules = fused_closure(touched)
+        weights = [(n, t) for n, t in self.checkpoint.items() if module_of(n) in modules]
+        tied = getattr(self.model_config.hf_text_config, "tie_word_embeddings", False)
+        if tied and EMBED_KEY in dict(weights):
+            weights.append((LM_HEAD_KEY, self.checkpoint[EMBED_KEY]))
+        with disable_mtp_completeness_check():
+            self.model.load_weights(weights)
 
 
 class _DispatchInit(DispatchInit, WeightTransferInitInfo):
