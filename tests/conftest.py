@@ -13,6 +13,9 @@ import pytest  # noqa: E402
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TESTS_DIR.parent
+# tests/gpu/ holds scripts for GPU machines, run by hand (their docstrings say how): never
+# collected, so that none can skip itself into green (tests/test_references.py checks).
+collect_ignore = ["gpu"]
 
 # Models built in tests are cached per test session, away from the user's cache.
 os.environ.setdefault("RLLIB_GRPO_MODEL_CACHE", os.path.join(

@@ -46,18 +46,36 @@ def test_repository_paths_in_docstrings_exist():
     assert not missing, "\n".join(missing)
 
 
+# What tests/gpu/ scripts import from this repository (the package, the benchmarks).
+OURS = ("rllib_grpo", "benchmarks")
+
+
 def test_the_gpu_scripts_import_what_the_package_has():
     """tests/gpu/ runs only on a GPU machine: its imports must follow the layout here."""
     import ast
 
     broken = []
-    for script in sorted((REPO_ROOT / "tests" / "gpu").glob("*.py")):
+    scripts = sorted((REPO_ROOT / "tests" / "gpu").glob("*.py"))
+    assert {"gpu_review_check.py", "gpu_vllm_check.py"} <= {s.name for s in scripts}
+    for script in scripts:
         for node in ast.walk(ast.parse(script.read_text())):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rllib_grpo"):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(OURS):
                 broken += [f"{script.name}: from {node.module} import {alias.name}"
                            for alias in node.names
                            if not _resolves(f"{node.module}.{alias.name}")]
             elif isinstance(node, ast.Import):
                 broken += [f"{script.name}: import {alias.name}" for alias in node.names
-                           if alias.name.startswith("rllib_grpo") and not _resolves(alias.name)]
+                           if alias.name.startswith(OURS) and not _resolves(alias.name)]
     assert not broken, "\n".join(broken)
+
+
+def test_pytest_does_not_collect_the_gpu_scripts():
+    """tests/gpu/ holds scripts run by hand on a GPU machine, never tests that skip to green:
+    pytest collects nothing there, even when it is named."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                           "-p", "no:cacheprovider", "tests/gpu"], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert "no tests collected" in proc.stdout, proc.stdout + proc.stderr

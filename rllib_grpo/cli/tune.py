@@ -16,12 +16,14 @@ to ``tune.RunConfig(callbacks=[...])``.  `rllib train` does both.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from ray import tune
 
 from rllib_grpo.cli.console import progress_line, startup_line
 from rllib_grpo.cli.tensorboard import completions_table
+from rllib_grpo.rllib.config.door_checks import allow_file_store, mlflow_tracking_uri
 
 if TYPE_CHECKING:  # annotations only
     from rllib_grpo.rllib.config.grpo_config import GRPOConfig
@@ -79,10 +81,27 @@ def logger_callbacks(loggers: tuple[str, ...] | list[str] | str,
     if "wandb" in names:
         from ray.air.integrations.wandb import WandbLoggerCallback
 
-        callbacks.append(WandbLoggerCallback(project=experiment or "rllib-grpo"))
+        callbacks.append(WandbLoggerCallback(project=experiment or "rllib-grpo",
+                                             upload_timeout=wandb_upload_timeout()))
     if "mlflow" in names:
         callbacks.append(_mlflow_callback(experiment or "rllib-grpo"))
     return callbacks
+
+
+# How long the end of a run waits for W&B's logging actors to finish (`wandb.finish`) when
+# nothing is uploaded (``WANDB_MODE=offline`` / ``disabled``: the run is written locally).
+# Ray's default, 1800 s, is for uploads; a logging actor that never finishes would hold the
+# end of the run that long.
+WANDB_LOCAL_FINISH_TIMEOUT_S = 120
+
+
+def wandb_upload_timeout() -> int:
+    """`WandbLoggerCallback`'s ``upload_timeout``: Ray's default online, a bound of
+    `WANDB_LOCAL_FINISH_TIMEOUT_S` where W&B writes locally only."""
+    from ray.air.integrations.wandb import DEFAULT_SYNC_TIMEOUT
+
+    local = os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun")
+    return WANDB_LOCAL_FINISH_TIMEOUT_S if local else int(DEFAULT_SYNC_TIMEOUT)
 
 
 def mlflow_metric_name(name: str) -> str:
@@ -93,7 +112,9 @@ def mlflow_metric_name(name: str) -> str:
 
 def _mlflow_callback(experiment: str) -> Any:
     """Tune's `MLflowLoggerCallback`, logging each result under `mlflow_metric_name`
-    (one refused name would otherwise end the whole run)."""
+    (one refused name would otherwise end the whole run), into the store
+    `mlflow_tracking_uri` names (a file store allowed: `allow_file_store`)."""
+    allow_file_store(mlflow_tracking_uri())
     from ray._private.dict import flatten_dict
     from ray.air.integrations.mlflow import MLflowLoggerCallback
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 from typing import Any
 
 import numpy as np
@@ -204,39 +205,65 @@ def packed_response_log_probs(
     return out
 
 
+# The varlen kernels in order of preference: (attention implementation, module, compute
+# capability majors it is built for (None: any)).  FA3 (``flash_attn_interface``, the
+# flash-attn-3 wheel) targets Hopper (sm90) only; FA2 (``flash_attn``) Ampere and later.
+FLASH_KERNELS: tuple[tuple[str, str, tuple[int, ...] | None], ...] = (
+    ("flash_attention_3", "flash_attn_interface", (9,)),
+    ("flash_attention_2", "flash_attn", None),
+)
+
+
 @functools.cache
-def flash_attention_runs(device: torch.device) -> bool:
-    """Whether ``flash_attn`` imports and its varlen kernel runs a tiny causal call on
-    ``device`` (probed once per device, then cached).
+def flash_attention_runs(device: torch.device, module: str = "flash_attn") -> bool:
+    """Whether ``module`` (``flash_attn``: FA2; ``flash_attn_interface``: FA3) imports and
+    its varlen kernel runs a tiny causal call on ``device`` (probed once per device and
+    module, then cached).
 
     ``find_spec`` is not enough: a wheel built for another torch or CUDA is found, then
     fails at import (undefined symbol) or at its first kernel launch, which would be the
-    first training forward.  Any failure here means: keep the current attention.
+    first training forward.  Any failure here means: do not use that kernel.
     """
     try:
-        from flash_attn import flash_attn_varlen_func
-
+        flash_attn_varlen_func = importlib.import_module(module).flash_attn_varlen_func
         q = torch.ones(3, 1, 64, device=device, dtype=torch.bfloat16)  # (tokens, heads, dim)
         seq_starts = torch.tensor([0, 1, 3], device=device, dtype=torch.int32)  # 2 sequences
         out = flash_attn_varlen_func(q, q, q, seq_starts, seq_starts, 2, 2, causal=True)
+        out = out[0] if isinstance(out, tuple) else out  # some FA3 releases return (out, lse)
         return bool(torch.isfinite(out).all().item())
     except Exception:  # noqa: BLE001  (ImportError, OSError, RuntimeError, CUDA errors)
         return False
 
 
-def prefer_varlen_attention(lm: torch.nn.Module, device: torch.device, compute_dtype: str) -> bool:
-    """Switch ``lm`` to ``flash_attention_2`` where packed rows can use its varlen kernel.
+def varlen_kernels(device: torch.device) -> list[str]:
+    """The attention implementations whose kernel runs on ``device``, best first: FA3 on
+    Hopper (compute capability 9.x) where ``flash_attn_interface`` runs, FA2 where
+    ``flash_attn`` runs; none off CUDA."""
+    if device.type != "cuda":
+        return []
+    major = torch.cuda.get_device_capability(device)[0]
+    return [name for name, module, majors in FLASH_KERNELS
+            if (majors is None or major in majors) and flash_attention_runs(device, module)]
 
-    Only on CUDA, with a ``flash_attn`` that imports and runs (`flash_attention_runs`) and
-    a 16-bit compute dtype (the kernel takes no float32).  Returns whether ``lm`` now
-    attends with a varlen kernel; elsewhere it keeps its implementation (``sdpa``: a
-    block-diagonal mask).
+
+def prefer_varlen_attention(lm: torch.nn.Module, device: torch.device, compute_dtype: str) -> bool:
+    """Switch ``lm`` to the best varlen kernel that runs (`varlen_kernels`: FA3 on Hopper,
+    else FA2) where packed rows can use it.
+
+    Only on CUDA with a 16-bit compute dtype (the kernels take no float32); a kernel
+    transformers refuses to switch to (e.g. an FA3 build it does not recognise) gives way to
+    the next.  Returns whether ``lm`` now attends with a varlen kernel; elsewhere it keeps
+    its implementation (``sdpa``: a block-diagonal mask).
     """
     if uses_varlen_attention(lm):
         return True
-    if (device.type != "cuda" or compute_dtype not in ("bfloat16", "float16")
-            or not flash_attention_runs(device)):
+    if device.type != "cuda" or compute_dtype not in ("bfloat16", "float16"):
         return False
     base: Any = lm.get_base_model() if hasattr(lm, "get_base_model") else lm  # type: ignore[operator]
-    base.set_attn_implementation("flash_attention_2")
-    return uses_varlen_attention(lm)
+    for name in varlen_kernels(device):
+        try:
+            base.set_attn_implementation(name)
+        except (ImportError, ValueError):  # transformers' own availability check said no
+            continue
+        return uses_varlen_attention(lm)
+    return False

@@ -24,3 +24,19 @@ def visible_gpus() -> tuple[str, ...]:
         return ()
     return tuple(str(torch.cuda.get_device_properties(i).uuid)
                  for i in range(torch.cuda.device_count()))
+
+
+def node_gpu_ids() -> tuple[str, ...]:
+    """The ids (as in ``CUDA_VISIBLE_DEVICES``) of every GPU on this process's Ray node, not
+    only those Ray assigned to it: the node's own ``CUDA_VISIBLE_DEVICES`` where the raylet
+    was started with one (Ray records it before narrowing it for this worker), else
+    ``0 .. n-1`` for the node's ``n`` GPUs.  Empty without Ray or GPUs."""
+    if not ray.is_initialized():
+        return ()
+    original = ray._private.worker.global_worker.original_visible_accelerator_ids.get("GPU")
+    if original is not None:
+        return tuple(str(gpu) for gpu in original)
+    me = node_id()
+    count = next((node["Resources"].get("GPU", 0) for node in ray.nodes()
+                  if node["NodeID"] == me), 0)
+    return tuple(str(i) for i in range(int(count)))

@@ -70,13 +70,14 @@ VERL_METRICS = ("critic/score/mean", "actor/pg_loss", "response_length/mean")
 @pytest.fixture(scope="module")
 def mlflow_run(tmp_path_factory):
     """Two iterations of `rllib train` with verl's ``trainer.logger=[console,mlflow]`` into
-    MLflow's file store (mlflow 3 refuses it unless MLFLOW_ALLOW_FILE_STORE is set)."""
+    the MLflow file store MLFLOW_TRACKING_URI names (mlflow 3 refuses file stores unless
+    MLFLOW_ALLOW_FILE_STORE=true: not set here, `rllib train` allows the store named)."""
     pytest.importorskip("mlflow")
     from tests.cli.test_cli import ENV, RAY_LIMITS, TINY_VERL
 
     root = tmp_path_factory.mktemp("loggers")
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"file:{root / 'mlruns'}",
-           "MLFLOW_ALLOW_FILE_STORE": "true", "RAY_DEDUP_LOGS": "0"}
+    env = {**{k: v for k, v in os.environ.items() if k != "MLFLOW_ALLOW_FILE_STORE"},
+           "MLFLOW_TRACKING_URI": f"file:{root / 'mlruns'}", "RAY_DEDUP_LOGS": "0"}
     cmd = [sys.executable, "-m", "rllib_grpo.cli.main", "train", "--env", ENV,
            *TINY_VERL, "actor_rollout_ref.actor.ppo_mini_batch_size=4",
            "trainer.total_training_steps=2", "trainer.experiment_name=logged",
@@ -94,3 +95,45 @@ def test_a_real_run_logs_verls_metric_names_to_mlflow(mlflow_run):
         rows = (run / "metrics" / name).read_text().splitlines()
         assert [int(row.split()[2]) for row in rows] == [1, 2], (name, rows)  # one per step
     assert (run / "metrics" / "val-core/arithmetic/acc/mean_at_1").is_file()  # '@' renamed
+
+
+# ----------------------------------------------------------------------------- W&B offline
+def test_offline_wandb_bounds_the_wait_for_its_logging_actor(monkeypatch):
+    """Tune waits up to the callback's ``upload_timeout`` (Ray's default 1800 s) for each
+    logging actor's ``wandb.finish`` at the end of a run; offline nothing is uploaded, so a
+    stuck actor holds the end of the run for `WANDB_LOCAL_FINISH_TIMEOUT_S` at most."""
+    pytest.importorskip("wandb")
+    from ray.air.integrations.wandb import DEFAULT_SYNC_TIMEOUT
+
+    from rllib_grpo.cli.tune import WANDB_LOCAL_FINISH_TIMEOUT_S
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    (offline,) = logger_callbacks(("console", "wandb"), "run1")
+    assert offline._upload_timeout == WANDB_LOCAL_FINISH_TIMEOUT_S < DEFAULT_SYNC_TIMEOUT
+    monkeypatch.setenv("WANDB_MODE", "online")
+    (online,) = logger_callbacks(("console", "wandb"), "run1")
+    assert online._upload_timeout == DEFAULT_SYNC_TIMEOUT
+
+
+@pytest.mark.slow  # about a minute: Ray start-up and two iterations
+def test_a_real_offline_wandb_run_ends_and_logs_verls_names(tmp_path):
+    """`rllib train ... trainer.logger=[console,wandb]` with ``WANDB_MODE=offline`` runs to
+    its end (it was reported to hang there) with output captured through pipes, as a CI
+    job's, and the offline run holds verl's metric names."""
+    pytest.importorskip("wandb")
+    from tests.cli.test_cli import ENV, RAY_LIMITS, TINY_VERL
+
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path),
+           "WANDB_SILENT": "true", "RAY_DEDUP_LOGS": "0"}
+    cmd = [sys.executable, "-m", "rllib_grpo.cli.main", "train", "--env", ENV,
+           *TINY_VERL, "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+           "trainer.total_training_steps=2", "trainer.experiment_name=logged",
+           "trainer.logger=[console,wandb]", "--storage-path", str(tmp_path / "runs"),
+           *RAY_LIMITS]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    (run,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
+    records = run.read_bytes()  # the run's protobuf records: metric names as plain bytes
+    for name in (*VERL_METRICS, "val-core/arithmetic/acc/mean@1"):
+        assert name.encode() in records, name

@@ -64,9 +64,10 @@ SCRIPTS = {
         plan=_verl_plan(1024, 5, 256, 8), micro_batch_size_per_learner=16,
         train_files=[f"{FAKE_HOME}/data/gsm8k/train.parquet",
                      f"{FAKE_HOME}/data/math/train.parquet"]),
-    # DAPO, without the Ulysses keys (refused below; 1 is the nearest setting).
+    # DAPO, without the Ulysses keys (refused below; 1 is the nearest setting), on one node
+    # (its 16 nodes with rollout TP 4 are refused below).
     "run_dapo_qwen2.5_32b.sh": dict(
-        plan=_verl_plan(512, 16, 32, 128), use_kl_loss=False, use_kl_in_reward=False,
+        env={"NNODES": "1"}, plan=_verl_plan(512, 16, 32, 8), use_kl_loss=False, use_kl_in_reward=False,
         clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=10.0, filter_groups=True,
         filter_groups_metric="acc", max_num_gen_batches=10, gen_prompts_per_batch=1536,
         overlong_buffer_enable=True, overlong_buffer_len=4096, overlong_penalty_factor=1.0,
@@ -76,8 +77,8 @@ SCRIPTS = {
         enable_chunked_prefill=True, max_num_batched_tokens=22528, fsdp_cpu_offload=True,
         optimizer_offload=True, recorded={"reward_model.reward_manager": "dapo",
                                           "trainer.resume_mode": "auto"}),
-    "test_dapo_7b_math.sh": dict(
-        plan=_verl_plan(512, 16, 32, 64), filter_groups=False, overlong_buffer_enable=True,
+    "test_dapo_7b_math.sh": dict(  # on one node, as above (it has 8 with rollout TP 4)
+        env={"NNODES": "1"}, plan=_verl_plan(512, 16, 32, 8), filter_groups=False, overlong_buffer_enable=True,
         overlong_buffer_len=4096, overlong_penalty_factor=1.0, max_response_length=8192,
         model_override_config={"max_position_embeddings": 32768}, prompt_key="prompt",
         stop={"training_iteration": 200}, total_training_steps=200),
@@ -94,7 +95,7 @@ def _without_ulysses(args):
 @pytest.mark.parametrize("name", list(SCRIPTS))
 def test_verl_script_explains_with_verls_plan(name, tmp_path, capsys):
     expected = dict(SCRIPTS[name])
-    _, args = script_overrides(name, tmp_path)
+    _, args = script_overrides(name, tmp_path, expected.pop("env", None))
     args = _without_ulysses(args)
     code, out, err = _explain(args, capsys)
     assert "ERRORS:" not in out and not err, out + err
@@ -131,6 +132,17 @@ def test_parallel_layouts_that_cannot_run_are_refused_with_the_nearest_setting(
     _, args = script_overrides(name, tmp_path)
     code, _, err = _explain(args, capsys)
     assert code == 2 and why in err and "Nearest setting that runs:" in err, err
+
+
+def test_colocated_tp_engines_over_several_nodes_are_refused(tmp_path, capsys):
+    """DAPO's 16 nodes with rollout TP 4: a colocated TP engine tiles the GPUs of one node
+    (Ray gives its env runner one GPU), so several nodes are refused before Ray starts."""
+    _, args = script_overrides("run_dapo_qwen2.5_32b.sh", tmp_path)
+    code, _, err = _explain(_without_ulysses(args), capsys)
+    assert code == 2, err
+    assert ("trainer.nnodes=16 with actor_rollout_ref.rollout.tensor_model_parallel_size=4" in err
+            and "set trainer.nnodes=1, or tensor_model_parallel_size=1." in err), err
+    assert len(err.strip().splitlines()) == 1, err
 
 
 def test_a_configuration_in_verl_keys_starts_from_verls_defaults(capsys):

@@ -102,8 +102,10 @@ class GRPO(EvaluatingAlgorithm):
         # Every step, so that every result carries it (a one-off value reads NaN later).
         self._log_value("timing_s/startup", self._startup_seconds)
 
-        with self.metrics.log_time("timing_s/sample"):
-            rollout = self._sample_step()
+        # The step's own seconds (window=1), not RLlib's log_time moving average.
+        t0 = time.perf_counter()
+        rollout = self._sample_step()
+        self._log_value("timing_s/sample", time.perf_counter() - t0)
         self._log_dict(data_metrics(rollout, c.max_response_length))
         self._warn_if_no_signal()
         # Pipelined: the next step's sampling is launched here and overlaps the update.

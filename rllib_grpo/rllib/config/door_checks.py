@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 from pathlib import Path
 from typing import Any
 
@@ -123,7 +124,8 @@ def _first_row_sample(settings: dict) -> tuple[str, str, Any, dict | None]:
 
 
 def logger_errors(c: GRPOSettings) -> list[str]:
-    """Every name in ``loggers`` is known, and its package is installed."""
+    """Every name in ``loggers`` is known, its package is installed, and MLflow's tracking
+    store is usable (`mlflow_store_error`)."""
     loggers = getattr(c, "loggers", ())
     names = [loggers] if isinstance(loggers, str) else list(loggers or ())
     errors = []
@@ -133,4 +135,63 @@ def logger_errors(c: GRPOSettings) -> list[str]:
                           f"{', '.join(LOGGER_PACKAGES)}." + did_you_mean(name, LOGGER_PACKAGES))
         elif (package := LOGGER_PACKAGES[name]) and importlib.util.find_spec(package) is None:
             errors.append(f"loggers: {name!r} needs the {package} package: pip install {package}.")
+        elif name == "mlflow" and (error := mlflow_store_error(mlflow_tracking_uri())):
+            errors.append(error)
     return errors
+
+
+# MLflow's database stores (SQLAlchemy URIs, ``dialect+driver://``): they need sqlalchemy
+# and alembic, which mlflow-skinny does not install.
+MLFLOW_DB_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
+MLFLOW_DB_PACKAGES = ("sqlalchemy", "alembic")
+ALLOW_FILE_STORE = "MLFLOW_ALLOW_FILE_STORE"
+
+
+def mlflow_tracking_uri() -> str:
+    """The store Tune's `MLflowLoggerCallback` logs to (it passes no URI of its own):
+    ``MLFLOW_TRACKING_URI``, else MLflow's default (``sqlite:///mlflow.db`` in the working
+    folder since MLflow 3; ``./mlruns`` where that already holds runs)."""
+    import mlflow
+
+    return str(mlflow.get_tracking_uri())
+
+
+def is_file_store(uri: str) -> bool:
+    """``file:`` URIs and plain paths (MLflow's file store)."""
+    from urllib.parse import urlparse
+
+    return urlparse(uri).scheme in ("", "file")
+
+
+def mlflow_store_error(uri: str) -> str | None:
+    """The one-line refusal of a tracking store MLflow would refuse after Ray started:
+
+    * a file store when ``MLFLOW_ALLOW_FILE_STORE`` is set false (MLflow 3 refuses file
+      stores unless it is true; left unset, `allow_file_store` sets it for the store named);
+    * a database store (MLflow's default ``sqlite:///mlflow.db`` included) without
+      sqlalchemy and alembic (mlflow-skinny has neither);
+
+    None for a usable one (HTTP servers, Databricks and other schemes are MLflow's to judge)."""
+    from urllib.parse import urlparse
+
+    if is_file_store(uri):
+        value = os.environ.get(ALLOW_FILE_STORE)
+        if value is not None and value.strip().lower() not in ("true", "1"):
+            return (f"loggers: 'mlflow' logs to the file store {uri}, which MLflow refuses with "
+                    f"{ALLOW_FILE_STORE}={value}; unset it or set {ALLOW_FILE_STORE}=true.")
+        return None
+    dialect = urlparse(uri).scheme.split("+")[0]
+    missing = [p for p in MLFLOW_DB_PACKAGES if importlib.util.find_spec(p) is None]
+    if dialect in MLFLOW_DB_SCHEMES and missing:
+        return (f"loggers: 'mlflow' logs to {uri} (MLFLOW_TRACKING_URI, else MLflow's default "
+                f"store), which needs {' and '.join(missing)} (mlflow-skinny lacks them): "
+                f"pip install {' '.join(missing)}, or set MLFLOW_TRACKING_URI=file:./mlruns "
+                "(a file store) or http://<host>:<port> (a tracking server).")
+    return None
+
+
+def allow_file_store(uri: str) -> None:
+    """Let MLflow 3 use the file store ``uri`` names (it refuses file stores unless
+    ``MLFLOW_ALLOW_FILE_STORE`` is true); an explicit setting of the variable is kept."""
+    if is_file_store(uri):
+        os.environ.setdefault(ALLOW_FILE_STORE, "true")

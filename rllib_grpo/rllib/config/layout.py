@@ -7,11 +7,20 @@ TP ``t``, which sleep (weights and KV cache released) during the update and wake
 sampling.  Here that is N learners and N/t remote env runners (one engine each) on the same
 GPUs: each learner reserves `COLOCATED_LEARNER_GPU` of its GPU from Ray and each env runner
 the rest, so one GPU holds exactly one learner and at most one env runner.
+
+An engine of TP ``t > 1`` needs ``t`` GPUs, but Ray gives an env runner that reserves a
+fraction of a GPU exactly one (its ``CUDA_VISIBLE_DEVICES``).  So each colocated TP engine
+picks its GPUs itself (`colocated_engine_devices`): the env runner of worker index ``i``
+drives the node's GPUs ``[(i-1) t, i t)``, which tiles the N GPUs with one engine shard
+each, and sets ``CUDA_VISIBLE_DEVICES`` to them before vLLM starts its ``t`` worker
+processes (vLLM's ``mp`` executor, as for TP on GPUs of its own).  The tiling is per node,
+so these engines need all N GPUs on one node.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 # vLLM's share of a GPU it shares with a learner while it samples (verl's default
@@ -140,6 +149,33 @@ def layout_errors(c: Placement) -> list[str]:
                       f"{c.max_staleness} samples during it; set max_staleness=0 or give the "
                       "engines their own GPUs.")
     return errors
+
+
+def engine_picks_devices(c: Placement) -> bool:
+    """Whether each env runner's engine picks its GPUs itself (`colocated_engine_devices`):
+    colocated vLLM engines of tensor parallel > 1 (Ray gives each env runner one GPU)."""
+    return (c.sampler != "hf" and c.num_env_runners > 0 and tensor_parallel_size(c) > 1
+            and shares_learner_gpus(c))
+
+
+def colocated_engine_devices(node_gpus: Sequence[str], worker_index: int,
+                             tensor_parallel: int) -> tuple[str, ...]:
+    """The GPUs (ids as in ``CUDA_VISIBLE_DEVICES``) the colocated engine of env runner
+    ``worker_index`` (1, 2, ...) drives: ``node_gpus[(i-1) t : i t]`` of its node's GPUs, so
+    that the engines tile the learners' GPUs, one shard per GPU.  Raises ValueError, naming
+    the fix, when the node has too few GPUs (the engines span several nodes)."""
+    t, first = int(tensor_parallel), (int(worker_index) - 1) * int(tensor_parallel)
+    if worker_index < 1:
+        raise ValueError(f"colocated engines run in remote env runners (worker index >= 1), "
+                         f"not in worker index {worker_index}.")
+    if first + t > len(node_gpus):
+        raise ValueError(
+            f"colocated engine {worker_index} of tensor parallel {t} needs GPUs "
+            f"{first}-{first + t - 1} of its node, which has {len(node_gpus)}: colocated "
+            "engines of tensor parallel > 1 need all the learners' GPUs on one node; use one "
+            "node, or tensor_parallel_size=1, or give the engines GPUs of their own "
+            f"(num_gpus_per_env_runner={t}).")
+    return tuple(str(gpu) for gpu in node_gpus[first:first + t])
 
 
 def layout_lines(c: Placement) -> list[str]:

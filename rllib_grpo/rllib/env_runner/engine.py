@@ -4,9 +4,16 @@ the GPU, how long a sequence it plans for, whether it sleeps and whether request
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from rllib_grpo.rllib.config.layout import COLOCATED_MEMORY_FRACTION
+from rllib_grpo.rllib.config.layout import (
+    COLOCATED_MEMORY_FRACTION,
+    colocated_engine_devices,
+    engine_picks_devices,
+    tensor_parallel_size,
+)
 from rllib_grpo.samplers.vllm_engine import context_length
 
 # Of a fractional GPU reserved from Ray, what vLLM may take (CUDA context and allocator slack).
@@ -49,3 +56,25 @@ def engine_options(config: Any, model_path: str | None = None) -> dict[str, Any]
     options.setdefault("max_model_len", min(budget, context) if context else budget)
     options.setdefault("seed_requests", config.seed is not None)
     return options
+
+
+def engine_environment(config: Any, worker_index: int,
+                       node_gpus: Callable[[], Sequence[str]]) -> dict[str, str]:
+    """The environment an env runner sets before its engine starts: for a colocated vLLM
+    engine of tensor parallel ``t > 1`` (`layout.engine_picks_devices`), the ``t`` GPUs of
+    its node it drives (`layout.colocated_engine_devices`) as ``CUDA_VISIBLE_DEVICES``,
+    which vLLM's ``t`` worker processes inherit; Ray gave the env runner only one.  Empty
+    otherwise (Ray's assignment is the engine's).  ``node_gpus`` lists the node's GPU ids
+    (`rllib_grpo.rllib.placement.node_gpu_ids`), asked only when needed."""
+    if not engine_picks_devices(config):
+        return {}
+    devices = colocated_engine_devices(node_gpus(), worker_index, tensor_parallel_size(config))
+    return {"CUDA_VISIBLE_DEVICES": ",".join(devices)}
+
+
+def place_engine(config: Any, worker_index: int,
+                 node_gpus: Callable[[], Sequence[str]]) -> dict[str, str]:
+    """Set `engine_environment` in this process (before the engine starts); returns it."""
+    environment = engine_environment(config, worker_index, node_gpus)
+    os.environ.update(environment)
+    return environment

@@ -42,13 +42,14 @@ from rllib_grpo.rllib.config.text_env import (
     make_text_env,
     validation_env_config,
 )
-from rllib_grpo.rllib.env_runner.engine import engine_options
+from rllib_grpo.rllib.env_runner.engine import engine_options, place_engine
 from rllib_grpo.rllib.env_runner.multiturn import (
     EpisodeSampler,
     check_multi_turn_config,
     episode_limits,
     is_multi_turn,
 )
+from rllib_grpo.rllib.placement import node_gpu_ids
 from rllib_grpo.samplers import SamplingParams, make_sampler
 
 COMPONENT_RL_MODULE = "rl_module"
@@ -80,6 +81,8 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         if is_multi_turn(self.env):
             check_multi_turn_config(c)  # before the (expensive) sampler starts
         self._val_env: gym.Env | None = None
+        # A colocated TP engine picks its GPUs; Ray gave this env runner one.
+        self.engine_environment = place_engine(c, self.worker_index, node_gpu_ids)
         self.sampler = make_sampler(
             c.sampler, model_path=model_path, dtype=c.sampler_dtype, seed=seed,
             **engine_options(c, model_path),

@@ -146,3 +146,28 @@ def test_the_learner_logs_nothing_outside_the_surfaced_namespaces():
     metrics.add("rollout_corr/new_metric", 1.0)
     with pytest.raises(ValueError, match="LEARNER_METRIC_NAMESPACES"):
         metrics.add("pg_loss", 1.0)
+
+
+def test_phase_timings_are_the_steps_own_values(ray_session):
+    """``timing_s/sample`` is this step's seconds, not a moving average over steps: a slow
+    first sample (0.5 s) must not show in the second step's value (RLlib's ``log_time`` kept
+    an exponential average, which read ~0.5 s again)."""
+    import time
+
+    algo = tiny_config().build_algo()
+    try:
+        sample = algo._sample_step
+        delays = iter([0.5, 0.0])
+
+        def slow_then_fast():
+            time.sleep(next(delays))
+            return sample()
+
+        algo._sample_step = slow_then_fast
+        first = _flat(algo.train())
+        second = _flat(algo.train())
+        assert first["timing_s/sample"] >= 0.5
+        assert second["timing_s/sample"] < first["timing_s/sample"] - 0.4
+        assert second["timing_s/sample"] <= second["timing_s/step"]
+    finally:
+        algo.stop()

@@ -460,6 +460,7 @@ def test_flash_attention_that_fails_to_import_is_not_used(tmp_path, monkeypatch,
 
     from rllib_grpo.models.packing import attention_implementation, prefer_varlen_attention
 
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     lm = _FakeLM()
     assert not prefer_varlen_attention(lm, torch.device("cuda", 0), "bfloat16")
     assert attention_implementation(lm) == "sdpa"
@@ -495,8 +496,71 @@ def test_flash_attention_probe_runs_a_call_once(monkeypatch, flash_probe):
 
     from rllib_grpo.models.packing import attention_implementation, prefer_varlen_attention
 
-    monkeypatch.setattr("rllib_grpo.models.packing.flash_attention_runs", lambda device: True)
+    monkeypatch.setattr("rllib_grpo.models.packing.flash_attention_runs",
+                        lambda device, module="flash_attn": module == "flash_attn")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     lm = _FakeLM()
     assert prefer_varlen_attention(lm, torch.device("cuda", 0), "bfloat16")
     assert attention_implementation(lm) == "flash_attention_2"
     assert not prefer_varlen_attention(_FakeLM(), torch.device("cuda", 0), "float32")
+
+
+def _kernels(monkeypatch, capability: tuple[int, int], *, running: set[str],
+             refused: set[str] = frozenset()) -> _FakeLM:
+    """A CUDA device of ``capability`` on which the flash modules in ``running`` import and
+    run their tiny call; a model whose transformers refuses the implementations in
+    ``refused`` (its own availability check)."""
+    import sys
+    import types
+
+    for module in ("flash_attn", "flash_attn_interface"):
+        fake = types.ModuleType(module)
+
+        def call(q, k, v, *args, _works=module in running, **kwargs):
+            if not _works:
+                raise RuntimeError("CUDA error: no kernel image is available for execution")
+            return q.clone(), None  # FA3's (out, softmax_lse)
+        fake.flash_attn_varlen_func = call  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, module, fake)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    lm = _FakeLM()
+    real_set = lm.set_attn_implementation
+
+    def set_attn_implementation(name: str) -> None:
+        if name in refused:
+            raise ImportError(f"{name} is not available")
+        real_set(name)
+    lm.set_attn_implementation = set_attn_implementation  # type: ignore[method-assign]
+    return lm
+
+
+# The probe's tiny call runs on the CPU tensors of a device named "cuda" only in name: the
+# fakes never launch a kernel, so the CPU tensors the probe builds would fail on a real GPU.
+FAKE_CUDA = torch.device("cpu")
+
+
+@pytest.mark.parametrize("capability, running, refused, expected", [
+    ((9, 0), {"flash_attn_interface", "flash_attn"}, set(), "flash_attention_3"),  # Hopper: FA3
+    ((9, 0), {"flash_attn"}, set(), "flash_attention_2"),  # FA3 imports, its call fails
+    ((9, 0), {"flash_attn_interface", "flash_attn"}, {"flash_attention_3"},
+     "flash_attention_2"),  # transformers does not recognise the FA3 build
+    ((8, 0), {"flash_attn_interface", "flash_attn"}, set(), "flash_attention_2"),  # Ampere
+    ((9, 0), set(), set(), "sdpa"),  # neither runs
+    ((8, 0), {"flash_attn_interface"}, set(), "sdpa"),  # FA3 only, not on Hopper
+])
+def test_fa3_on_hopper_else_fa2_else_sdpa(monkeypatch, flash_probe, capability, running,
+                                          refused, expected):
+    from rllib_grpo.models import packing
+
+    lm = _kernels(monkeypatch, capability, running=running, refused=refused)
+    real_runs = packing.flash_attention_runs
+    probed: list[str] = []
+
+    def runs_on_cpu_tensors(device, module="flash_attn"):
+        probed.append(module)
+        return real_runs(FAKE_CUDA, module)  # the real probe: import, tiny call, finite
+    monkeypatch.setattr(packing, "flash_attention_runs", runs_on_cpu_tensors)
+    assert packing.prefer_varlen_attention(lm, torch.device("cuda", 0), "bfloat16") == (
+        expected != "sdpa")
+    assert packing.attention_implementation(lm) == expected
+    assert ("flash_attn_interface" in probed) == (capability[0] == 9)  # FA3 probed on sm90 only
