@@ -12,6 +12,7 @@ importing that module registers them.  This module imports no vLLM.
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 EXTENSION_QUALNAME = "rllib_grpo.samplers.vllm_extension.WeightSyncExtension"
 # The first vLLM with ``reload_weights(weights_iterator=...)`` (the layerwise reload, vLLM
@@ -40,3 +41,10 @@ def register_in_this_process() -> None:
     from rllib_grpo.weights.engines import register_engines
 
     register_engines()
+
+
+def worker_gpu_uuid(worker: Any) -> str:
+    """Run on a vLLM worker (``collective_rpc``): the UUID of the GPU it drives."""
+    import torch
+
+    return str(torch.cuda.get_device_properties(worker.device).uuid)

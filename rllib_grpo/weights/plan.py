@@ -15,8 +15,11 @@ and which weight-transfer engine (vLLM's factory name, `engine_backend`) carries
 Every transport but ``local`` and ``object_store`` is a weight-transfer engine driven
 through vLLM's API (`engine_backend`): ``ipc`` -> vLLM's ``ipc``; ``collective`` -> vLLM's
 ``nccl`` (GPUs) or our ``grpo_gloo``; ``shm`` -> our ``grpo_shm``; ``delta`` (never picked
-by ``auto``: set ``weight_sync_transport="delta"``) -> vLLM's ``sparse_nccl`` (GPUs) or our
-``grpo_sparse_gloo``: only the elements that changed since the last sync travel.  vLLM's
+by ``auto``: set ``weight_sync_transport="delta"``) -> our ``grpo_sparse_gloo`` on every
+device: only the elements that changed since the last sync travel (a tensor whole where
+that is fewer bytes), over a gloo group.  vLLM's ``sparse_nccl`` is not used: it has no
+dense form and its in-place loader fails on vLLM's CPU layers
+(`rllib_grpo.weights.engines.SparseGlooEngine` says why).  vLLM's
 GPU engines load into vLLM models only: a transformers sampler gets our host engines.
 
 A runner on the learner's GPU never becomes an NCCL rank next to the learner: NCCL
@@ -50,8 +53,10 @@ ENGINE_TRANSPORTS = ("ipc", *GROUP_TRANSPORTS)  # those a weight-transfer engine
 class Endpoint:
     """Where one side of a weight sync lives.
 
-    ``gpus``: the sender's GPU (one UUID) or the GPUs a receiver sees (its ranks use the
-    first ``num_ranks`` of them, as a sampler on ``cuda`` and vLLM's workers do);
+    ``gpus``: the sender's GPU (one UUID) or the GPUs a receiver's ranks run on, in rank
+    order (a vLLM engine's workers report theirs: a colocated tensor-parallel engine narrows
+    ``CUDA_VISIBLE_DEVICES`` to its own, which its env runner need not see; otherwise the
+    GPUs the receiver sees, its ranks on the first ``num_ranks``);
     ``dtype``: the sampler's weight dtype (receivers); ``num_ranks``: ranks a receiver
     takes in a group (vLLM: one per worker); ``sharded``: the sender's weights are FSDP
     shards; ``host_payload``: what the sender sends lives in host memory (LoRA payloads).
@@ -77,9 +82,12 @@ class Endpoint:
 
 
 def _sees_sender_gpu(sender: Endpoint, receiver: Endpoint) -> bool:
-    """The receiver can open CUDA IPC handles of the sender's (GPU) payload."""
+    """Every rank of the receiver runs on the sender's GPU, so each can open the CUDA IPC
+    handles of the sender's payload (vLLM's ``ipc`` engine looks its own GPU's UUID up in
+    them): a tensor-parallel engine's other ranks are on other GPUs and cannot."""
     return (sender.device == receiver.device == "cuda" and not sender.host_payload
-            and receiver.gpu_engines and bool(sender.gpus) and sender.gpus[0] in receiver.gpus
+            and receiver.gpu_engines and bool(sender.gpus)
+            and set(receiver.rank_gpus()) == {sender.gpus[0]}
             and receiver.node_id == sender.node_id)
 
 
@@ -156,7 +164,7 @@ def engine_backend(transport: str, group: str = "gloo") -> str:
     group's backend (`group_backend`: ``nccl`` when every rank has a GPU of its own)."""
     engines = {"ipc": "ipc", "shm": "grpo_shm",
                "collective": "nccl" if group == "nccl" else "grpo_gloo",
-               "delta": "sparse_nccl" if group == "nccl" else "grpo_sparse_gloo"}
+               "delta": "grpo_sparse_gloo"}  # on GPUs too: see engines.SparseGlooEngine
     if transport not in engines:
         raise ValueError(f"transport {transport!r} has no weight-transfer engine")
     return engines[transport]
@@ -203,8 +211,8 @@ def predict_transport(config: Any) -> tuple[str, str]:
     if local_learner and runners == 0:
         return "local", "learner and sampler in the driver: device tensors copied in place"
     if setting == "delta":
-        return "delta", ("changed elements only: vLLM's sparse_nccl engine on GPUs, our "
-                         "grpo_sparse_gloo in host memory")
+        return "delta", ("changed elements only (a tensor whole where that is fewer bytes), "
+                         "through the grpo_sparse_gloo engine over a gloo group")
     if setting != "auto":
         return setting, "forced by weight_sync_transport"
     learner_gpu = (config.num_gpus_per_learner or 0) > 0

@@ -146,3 +146,16 @@ def test_settings_are_checked_and_explained():
     assert any("weight_sync_bucket_mb=0" in e
                for e in find_errors(tiny_config(weight_sync_bucket_mb=0)))
     assert find_errors(tiny_config(weight_sync_transport="shm")) == []
+
+
+def test_cuda_ipc_only_when_every_rank_of_the_engine_is_on_the_learners_gpu():
+    """vLLM's ipc engine looks each worker's own GPU up in the handles of the learner's one
+    GPU: a TP=2 engine with a rank on the learner's GPU and one beside it cannot take them.
+    Its group then has two ranks on GPU A (the learner and rank 0): gloo, not NCCL."""
+    tp2 = Endpoint("node1", 200, "cuda", (GPU_A, GPU_B), num_ranks=2, gpu_engines=True)
+    assert choose_transports("auto", LEARNER_GPU, {1: tp2}) == {1: "collective"}
+    assert group_backend(LEARNER_GPU, [tp2]) == "gloo"
+    with pytest.raises(ValueError, match="ipc"):
+        choose_transports("ipc", LEARNER_GPU, {1: tp2})
+    tp1 = Endpoint("node1", 200, "cuda", (GPU_A, GPU_B), num_ranks=1, gpu_engines=True)
+    assert choose_transports("auto", LEARNER_GPU, {1: tp1}) == {1: "ipc"}  # rank 0 on A

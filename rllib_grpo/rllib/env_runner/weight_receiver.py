@@ -23,13 +23,16 @@ from rllib_grpo.weights.wire import update_nbytes
 
 
 def runner_endpoint(runner: TextEnvRunner) -> Endpoint:
-    """Where a runner's sampler lives, its dtype, how many group ranks it takes (0: it
+    """Where a runner's sampler lives (its ranks' GPUs), its dtype, how many group ranks it takes (0: it
     cannot join a weight engine, so only ``local`` or the object store reach it), whether it
     loads vLLM's GPU engines, and whether it is the driver's own runner (index 0)."""
     sampler = runner.sampler
     device = sampler.device.type
-    return Endpoint(node_id(), os.getpid(), device,
-                    visible_gpus() if device == "cuda" else (),
+    # A vLLM engine's workers say where they run (a colocated TP engine narrowed
+    # CUDA_VISIBLE_DEVICES to its GPUs, which this process's CUDA may not have seen).
+    gpus = (tuple(getattr(sampler, "rank_gpus", ()) or visible_gpus())
+            if device == "cuda" else ())
+    return Endpoint(node_id(), os.getpid(), device, gpus,
                     sampler.weight_dtype, sampler.num_weight_ranks,
                     gpu_engines=bool(getattr(sampler, "takes_gpu_engines", False)),
                     in_driver=runner.worker_index == 0)
