@@ -35,6 +35,7 @@ from rllib_grpo.weights.wire import (
     DispatchInit,
     GroupInit,
     HostReceiver,
+    apply_patch,
     manifest_from_wire,
     manifest_to_wire,
 )
@@ -166,9 +167,7 @@ class HFSampler:
     def _apply_patches(self, patches: Iterable[Any]) -> None:
         live = self._live_tensors()
         for patch in patches:
-            target = live[patch.name]
-            target.view(-1)[patch.indices.long().to(target.device)] = patch.values.to(
-                device=target.device, dtype=target.dtype)
+            apply_patch(live[patch.name], patch)
 
     def join_weight_group(self, spec: GroupSpec, rank: int) -> None:
         """Join a weight group as ``rank`` (``grpo_gloo``/``grpo_shm``)."""

@@ -7,8 +7,9 @@ receives weights only through vLLM's API: ``init_weight_transfer_engine``, then 
   memory or a gloo broadcast, loaded with vLLM's layer-wise reload (as vLLM's ``nccl``
   engine loads: ``initialize_layerwise_reload`` at start, ``model.load_weights`` per
   bucket, ``finalize_layerwise_reload`` at finish).
-* ``grpo_sparse_gloo``: vLLM's ``sparse_nccl`` over gloo: flat-index patches applied with
-  vLLM's ``load_checkpoint_weight_patches`` (in place, no reload), for delta syncs on CPU.
+* ``grpo_sparse_gloo``: vLLM's ``sparse_nccl`` wire format over gloo, plus dense tensors
+  where they are fewer bytes (`rllib_grpo.weights.wire`): patches a host copy of the
+  checkpoint and reloads the touched layers (`SparseGlooEngine`); every delta sync.
 * ``grpo``: what every `VLLMSampler` engine is created with; its init info names one of
   the above or vLLM's ``nccl`` / ``ipc`` / ``sparse_nccl``, which it creates through the
   factory and hands every call to.
@@ -20,7 +21,6 @@ vLLM worker process (``rllib_grpo.samplers.vllm_worker`` is the engine's
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -137,13 +137,23 @@ class ShmBucketEngine(GlooBucketEngine):
 
 
 class SparseGlooEngine(GlooBucketEngine):
-    """vLLM's ``sparse_nccl`` wire format over gloo (int32 flat indices and values per
-    tensor).  Applied differently from vLLM's sparse engine: vLLM 0.32's in-place patch
-    loader needs each parameter's ``weight_loader``, which a layer-wise reload (any earlier
-    full sync) leaves behind; so the worker keeps the checkpoint tensors in host memory,
-    patches them, and reloads the touched layers (fused siblings and a tied head with
-    them) through vLLM's layer-wise reload.  The first sync after a join carries every
-    element (`rllib_grpo.weights.trainer.DeltaTracker`)."""
+    """Delta syncs, on every device: vLLM's ``sparse_nccl`` wire format over gloo (int32
+    flat indices and values per tensor), a tensor travelling whole where that is fewer
+    bytes.  The worker keeps the checkpoint tensors in host memory, patches them, and
+    reloads the touched layers (fused siblings and a tied head with them) through vLLM's
+    layer-wise reload.  The first sync after a join carries every tensor whole
+    (`rllib_grpo.weights.trainer.DeltaTracker`).
+
+    Why not vLLM's own ``sparse_nccl`` engine (in-place patches through
+    ``load_checkpoint_weight_patches``): (1) its format has no dense form, so a tensor
+    with more than itemsize / (4 + itemsize) of its elements changed (fp32: a half, bf16: a
+    third; one AdamW step changes most fp32 elements) costs more than a full sync; (2) the
+    in-place loader writes through each runtime parameter's ``weight_loader``: vLLM's CPU
+    linear layers replace their weight by an empty Parameter without one after packing it
+    for oneDNN (``dispatch_cpu_unquantized_gemm(remove_weight=True)``), so it fails there
+    ("'Parameter' object has no attribute 'weight_loader'"), as does any quantized layer
+    that re-creates its parameters; CUDA's unquantized layers keep theirs, but it has not
+    run on a GPU here.  Reloading touched layers works wherever a full sync does."""
 
     update_info_cls = _SparseUpdate
 
@@ -160,12 +170,13 @@ class SparseGlooEngine(GlooBucketEngine):
         touched = set()
         for patch in self.receiver.patches(update_info):
             held = self.checkpoint.get(patch.name)
-            if held is None:
-                if patch.indices.numel() != math.prod(patch.shape):
-                    raise RuntimeError(f"delta sync: {patch.name} arrived in part before it "
-                                       "arrived whole (the first delta after a join is whole)")
-                held = self.checkpoint[patch.name] = torch.empty(patch.shape, dtype=patch.dtype)
-            held.view(-1)[patch.indices.long()] = patch.values
+            if patch.indices is None:  # the whole tensor
+                self.checkpoint[patch.name] = patch.values.view(patch.shape)
+            elif held is None:
+                raise RuntimeError(f"delta sync: {patch.name} arrived in part before it "
+                                   "arrived whole (the first delta after a join is whole)")
+            else:
+                held.view(-1)[patch.indices.long()] = patch.values
             touched.add(module_of(patch.name))
         modules = fused_closure(touched)
         weights = [(n, t) for n, t in self.checkpoint.items() if module_of(n) in modules]

@@ -1,7 +1,7 @@
 """The trainer side of weight syncs through vLLM's weight-transfer API.
 
 A learner gets its trainer engine from vLLM's ``WeightTransferTrainerFactory.trainer_init``
-(`connect`): vLLM's own ``nccl`` / ``ipc`` / ``sparse_nccl`` engines on GPUs, ours
+(`connect`): vLLM's own ``nccl`` / ``ipc`` engines on GPUs, ours
 (`ShmTrainerEngine`, `GlooTrainerEngine`, `SparseGlooTrainerEngine`, registered with the
 same factory by `rllib_grpo.weights.engines.register_engines`) in host memory.  Every
 engine drives the receivers through a ``VLLMWeightSyncClient`` (four calls: init, start,
@@ -11,8 +11,9 @@ thread while the trainer sends, as vLLM's NCCL engine does).
 What is sent comes from a `ManifestSource`: vLLM's ``WeightSource`` contract (``metadata``
 and a fresh iteration per round, FSDP shards gathered in the same order on every rank) over
 our bucket layout, in the sampler's dtype, tied weights once (aliases follow their tensor
-for vLLM's engines, which have no aliases).  Delta syncs send `delta_patches`: the
-elements whose bits changed since the last sync, vLLM's sparse patches.
+for vLLM's engines, which have no aliases).  Delta syncs send `DeltaTracker.patches`: the
+elements whose bits changed since the last sync, as vLLM's sparse patches, or a tensor
+whole where that is fewer bytes (`sparse_pays`).
 
 No vLLM import at module level: our engines and sources are plain classes (vLLM's API is
 structural), so an install without vLLM still syncs a transformers sampler.
@@ -58,12 +59,18 @@ class ParamMeta(NamedTuple):
 
 @dataclass
 class SparsePatch:
-    """vLLM's ``SparseWeightPatch`` fields: flat int32 ``indices`` and their ``values``."""
+    """vLLM's ``SparseWeightPatch`` fields: flat int32 ``indices`` and their ``values``;
+    ``dense``: ``values`` is the whole flat tensor and no indices travel."""
 
     name: str
     indices: torch.Tensor
     values: torch.Tensor
     full_shape: tuple[int, ...]
+    dense: bool = False
+
+    @classmethod
+    def whole(cls, name: str, flat: torch.Tensor, shape: tuple[int, ...]) -> SparsePatch:
+        return cls(name, torch.empty(0, dtype=torch.int32), flat, shape, dense=True)
 
 
 class ManifestSource:
@@ -105,17 +112,32 @@ class ManifestSource:
 
 # --------------------------------------------------------------------------- delta syncs
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+INDEX_BYTES = 4  # int32 flat indices, as vLLM's sparse patches
 
 
 def _bits(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.reshape(-1).view(_BITS[tensor.element_size()])
 
 
+def sparse_pays(changed: int, numel: int, value_bytes: int) -> bool:
+    """Whether ``changed`` of ``numel`` elements travel in fewer bytes as (index, value)
+    pairs than the whole tensor does: ``changed / numel < value / (index + value)`` (fp32:
+    under half, bf16: under a third).  At equality the sparse form is kept."""
+    return changed * (INDEX_BYTES + value_bytes) <= numel * value_bytes and changed < numel
+
+
+def patch_nbytes(patch: SparsePatch) -> int:
+    """Bytes one patch puts on the wire: values only when dense (no indices)."""
+    values = patch.values.numel() * patch.values.element_size()
+    return values if patch.dense else values + patch.indices.numel() * INDEX_BYTES
+
+
 class DeltaTracker:
     """What the receivers hold (the last sync, in the wire dtype, on the learner's device)
     and the patches that bring them to the current weights: every element whose *bits*
-    changed (so -0.0 vs 0.0 counts; lossless), int32 flat indices as vLLM's sparse engine
-    takes them.  The first sync after a (re)join sends every element."""
+    changed (so -0.0 vs 0.0 counts; lossless), as int32 flat indices and values, or the
+    whole tensor where that is fewer bytes (`sparse_pays`).  The first sync after a
+    (re)join sends every tensor whole."""
 
     def __init__(self) -> None:
         self.baseline: dict[str, torch.Tensor] = {}
@@ -129,33 +151,32 @@ class DeltaTracker:
                 new = new.to(bucket.dtype) if new.dtype != bucket.dtype else new.clone()
                 old = self.baseline.get(entry.name)
                 flat = new.reshape(-1)
-                if old is None or old.shape != new.shape or old.dtype != new.dtype:
-                    index = torch.arange(flat.numel(), device=flat.device, dtype=torch.int32)
-                else:
-                    index = (_bits(old) != _bits(new)).nonzero().reshape(-1).to(torch.int32)
                 total += flat.numel()
-                if index.numel():
-                    _check_patchable(entry.name, new, flat, index)
-                    patches.append(SparsePatch(entry.name, index, flat[index], entry.shape))
-                    changed += index.numel()
                 self.baseline[entry.name] = new
+                if old is None or old.shape != new.shape or old.dtype != new.dtype:
+                    patches.append(SparsePatch.whole(entry.name, flat, entry.shape))
+                    changed += flat.numel()
+                    continue
+                index = (_bits(old) != _bits(new)).nonzero().reshape(-1)
+                if not index.numel():
+                    continue
+                changed += index.numel()
+                if sparse_pays(index.numel(), flat.numel(), flat.element_size()):
+                    _check_indexable(entry.name, flat)
+                    index = index.to(torch.int32)
+                    patches.append(SparsePatch(entry.name, index, flat[index], entry.shape))
+                else:
+                    patches.append(SparsePatch.whole(entry.name, flat, entry.shape))
         return patches, changed, total
 
     def reset(self) -> None:
         self.baseline = {}
 
 
-def _check_patchable(name: str, new: torch.Tensor, flat: torch.Tensor,
-                     index: torch.Tensor) -> None:
+def _check_indexable(name: str, flat: torch.Tensor) -> None:
     if flat.numel() >= 2**31:
-        raise ValueError(f"delta sync: {name} has {flat.numel()} elements; vLLM's sparse "
-                         "patches index with int32. Use weight_sync_transport='auto'.")
-    if not new.is_floating_point():
-        raise ValueError(f"delta sync: {name} ({new.dtype}) changed, but vLLM's sparse patches "
-                         "carry floating tensors only. Use weight_sync_transport='auto'.")
-    if torch.isnan(flat[index]).any():  # vLLM's sparse loader reads NaN as "unchanged"
-        raise ValueError(f"delta sync: {name} holds NaN, which vLLM's sparse patches cannot "
-                         "carry (NaN marks an unchanged element)")
+        raise ValueError(f"delta sync: {name} has {flat.numel()} elements; sparse patches "
+                         "index with int32. Use weight_sync_transport='auto'.")
 
 
 # --------------------------------------------------------------------------- our engines
@@ -263,7 +284,8 @@ class ShmTrainerEngine(GlooTrainerEngine):
 
 
 class SparseGlooTrainerEngine(_HostTrainerEngine):
-    """vLLM's ``sparse_nccl`` trainer over gloo: ``send_weights(patches)``."""
+    """vLLM's ``sparse_nccl`` trainer contract over gloo: ``send_weights(patches)`` (a
+    dense patch sends its values only)."""
 
     def send_weights(self, patches: Iterable[SparsePatch] | None = None) -> None:
         patches = list(patches or []) if self.is_sender else []
@@ -271,12 +293,13 @@ class SparseGlooTrainerEngine(_HostTrainerEngine):
             return
         info = SparseUpdate([p.name for p in patches], [dtype_name(p.values.dtype) for p in patches],
                             [list(p.full_shape) for p in patches],
-                            [p.indices.numel() for p in patches])
+                            [p.values.numel() for p in patches])
 
         def send() -> None:
             group = self.sender._group()
             for patch in patches:
-                group.broadcast(patch.indices.to("cpu")).wait()
+                if not patch.dense:
+                    group.broadcast(patch.indices.to("cpu")).wait()
                 group.broadcast(patch.values.to("cpu")).wait()
 
         self._round(as_dict(info), send)
@@ -304,7 +327,7 @@ def connect(init_info: Any, client: Any, source: Any = None) -> Any:
 
 def vllm_trainer_init(backend: str, *, host: str, port: int, world_size: int, rank: int,
                       packed: bool = True) -> Any:
-    """vLLM's own trainer init info for ``nccl`` / ``ipc`` / ``sparse_nccl``."""
+    """vLLM's own trainer init info for ``nccl`` / ``ipc``."""
     if backend == "ipc":
         from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
 
@@ -313,12 +336,6 @@ def vllm_trainer_init(backend: str, *, host: str, port: int, world_size: int, ra
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
         return NCCLTrainerInitInfo(host, port, world_size, packed=packed, rank=rank)
-    if backend == "sparse_nccl":
-        from vllm.distributed.weight_transfer.sparse_nccl_engine import (
-            SparseNCCLTrainerInitInfo,
-        )
-
-        return SparseNCCLTrainerInitInfo(host, port, world_size, rank=rank)
     raise ValueError(f"{backend!r} is not one of vLLM's trainer engines")
 
 

@@ -11,7 +11,11 @@ The dicts here are the ``init_info`` / ``update_info`` of our engines:
   offsets, tied aliases) plus, for ``grpo_shm``, the shared-memory slots.
 * ``grpo_sparse_gloo`` (delta): vLLM's ``sparse_nccl`` wire format over a gloo group
   (`SparseUpdate` has the fields of vLLM's ``SparseNCCLWeightTransferUpdateInfo``; per
-  tensor an int32 index vector and a value vector are broadcast).
+  tensor an int32 index vector and a value vector are broadcast), with one addition: a
+  tensor whose ``num_updates`` equals its element count travels dense, its values in
+  order and no indices (the sender does so wherever that is fewer bytes; vLLM's format
+  has no dense form, so a tensor with most elements changed would cost more than a full
+  sync there: 4 + itemsize bytes per element).
 
 ``grpo`` is the engine every vLLM sampler is created with (the backend is fixed when the
 engine starts, the transport only when the driver has seen the placement): its init info
@@ -39,9 +43,9 @@ from rllib_grpo.weights.transport import (
 DISPATCH_BACKEND = "grpo"
 SHM_BACKEND, GLOO_BACKEND, SPARSE_GLOO_BACKEND = "grpo_shm", "grpo_gloo", "grpo_sparse_gloo"
 HOST_BACKENDS = (SHM_BACKEND, GLOO_BACKEND, SPARSE_GLOO_BACKEND)  # ours, host memory
-VLLM_BACKENDS = ("nccl", "ipc", "sparse_nccl")  # vLLM's own, GPU only
-SPARSE_BACKENDS = (SPARSE_GLOO_BACKEND, "sparse_nccl")
-GROUP_BACKENDS = (SHM_BACKEND, GLOO_BACKEND, SPARSE_GLOO_BACKEND, "nccl", "sparse_nccl")
+VLLM_BACKENDS = ("nccl", "ipc")  # vLLM's own, GPU only (its sparse_nccl: see engines.py)
+SPARSE_BACKENDS = (SPARSE_GLOO_BACKEND,)
+GROUP_BACKENDS = (SHM_BACKEND, GLOO_BACKEND, SPARSE_GLOO_BACKEND, "nccl")
 
 
 @dataclass
@@ -102,13 +106,23 @@ class SparseUpdate:
 
 class Patch(NamedTuple):
     """One tensor's changed elements, in the field order of vLLM's ``CheckpointWeightPatch``
-    (flat int32 ``indices`` into a tensor of ``shape``)."""
+    (flat int32 ``indices`` into a tensor of ``shape``; None: ``values`` is the whole
+    tensor)."""
 
     name: str
     shape: tuple[int, ...]
     dtype: torch.dtype
     values: torch.Tensor
-    indices: torch.Tensor
+    indices: torch.Tensor | None
+
+
+def apply_patch(target: torch.Tensor, patch: Patch) -> None:
+    """Write ``patch`` into ``target`` (a tensor of the patch's shape, any device/dtype)."""
+    values = patch.values.to(device=target.device, dtype=target.dtype)
+    if patch.indices is None:
+        target.copy_(values.view(target.shape))
+    else:
+        target.view(-1)[patch.indices.long().to(target.device)] = values
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -137,9 +151,9 @@ def update_nbytes(update_info: dict) -> int:
         return sum(_itemsize(getattr(torch, dtype)) * numel
                    for dtype, numel, _ in update_info["manifest"]["buckets"])
     sizes = [_itemsize(getattr(torch, d)) for d in update_info.get("dtype_names", ())]
-    if "num_updates_list" in update_info:  # int32 index + value per changed element
-        return sum(n * (4 + s) for n, s in zip(update_info["num_updates_list"], sizes,
-                                                strict=True))
+    if "num_updates_list" in update_info:  # int32 index + value per element, or dense
+        return sum(n * s + (0 if n == math.prod(shape) else 4 * n) for n, s, shape in zip(
+            update_info["num_updates_list"], sizes, update_info["shapes"], strict=True))
     return sum(math.prod(shape) * s for shape, s in zip(update_info.get("shapes", ()), sizes,
                                                          strict=True))
 
@@ -171,15 +185,17 @@ class HostReceiver:
         return self.buckets.stream(manifest_from_wire(info.manifest), via, homes=homes)
 
     def patches(self, update_info: dict | SparseUpdate) -> list[Patch]:
-        """Receive each tensor's int32 indices and its values (vLLM's sparse order)."""
+        """Receive each tensor's int32 indices and its values (vLLM's sparse order), or
+        its values alone where they are the whole tensor."""
         info = update_info if isinstance(update_info, SparseUpdate) else SparseUpdate(**update_info)
         group = self.buckets._group()
         out = []
         for name, dtype, shape, n in zip(info.names, info.dtype_names, info.shapes,
                                          info.num_updates_list, strict=True):
-            indices = torch.empty(n, dtype=torch.int32)
+            indices = None if n == math.prod(shape) else torch.empty(n, dtype=torch.int32)
             values = torch.empty(n, dtype=getattr(torch, dtype))
-            group.broadcast(indices).wait()
+            if indices is not None:
+                group.broadcast(indices).wait()
             group.broadcast(values).wait()
             out.append(Patch(name, tuple(shape), values.dtype, values, indices))
         return out

@@ -1,5 +1,5 @@
 """Which weight-transfer engine carries each transport, and what we hand vLLM's GPU engines
-(nccl, ipc, sparse_nccl: they need GPUs, so the arguments are checked here, on CPU)."""
+(nccl, ipc: they need GPUs, so the arguments are checked here, on CPU)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 from rllib_grpo.weights.plan import ENGINE_TRANSPORTS, engine_backend
 
 
-def test_each_transport_has_its_engine_vllms_on_gpus_ours_in_host_memory():
+def test_each_transport_has_its_engine_vllms_on_gpus_ours_in_host_memory_and_for_deltas():
     assert {t: engine_backend(t, "nccl") for t in ENGINE_TRANSPORTS} == {
-        "ipc": "ipc", "shm": "grpo_shm", "collective": "nccl", "delta": "sparse_nccl"}
+        "ipc": "ipc", "shm": "grpo_shm", "collective": "nccl", "delta": "grpo_sparse_gloo"}
     assert {t: engine_backend(t, "gloo") for t in ENGINE_TRANSPORTS} == {
         "ipc": "ipc", "shm": "grpo_shm", "collective": "grpo_gloo", "delta": "grpo_sparse_gloo"}
     with pytest.raises(ValueError, match="object_store"):
@@ -36,15 +36,16 @@ def test_our_engines_are_registered_with_vllms_factories():
 def test_vllms_trainer_init_infos_carry_the_group_we_plan():
     from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
     from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
-    from vllm.distributed.weight_transfer.sparse_nccl_engine import SparseNCCLTrainerInitInfo
 
     from rllib_grpo.weights.trainer import vllm_trainer_init
 
     nccl = vllm_trainer_init("nccl", host="10.0.0.1", port=29511, world_size=5, rank=0)
     assert isinstance(nccl, NCCLTrainerInitInfo) and nccl.is_sender
     assert (nccl.master_address, nccl.master_port, nccl.world_size) == ("10.0.0.1", 29511, 5)
-    sparse = vllm_trainer_init("sparse_nccl", host="h", port=1, world_size=3, rank=1)
-    assert isinstance(sparse, SparseNCCLTrainerInitInfo) and not sparse.is_sender
+    follower = vllm_trainer_init("nccl", host="h", port=1, world_size=3, rank=1)
+    assert not follower.is_sender
+    with pytest.raises(ValueError, match="sparse_nccl"):
+        vllm_trainer_init("sparse_nccl", host="h", port=1, world_size=3, rank=0)
     ipc = vllm_trainer_init("ipc", host="h", port=0, world_size=2, rank=0)
     assert isinstance(ipc, IPCTrainerInitInfo) and ipc.backend == "ipc"
 

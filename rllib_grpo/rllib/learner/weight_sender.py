@@ -4,7 +4,7 @@ Each learner owns one `WeightSender` (`GRPOLearner.weight_sender`, made on first
 driver reaches it through the ``learner_*`` functions below, run on every learner by
 ``LearnerGroup.foreach_learner``.  The sender holds one trainer engine per weight-transfer
 backend in use, made by vLLM's ``WeightTransferTrainerFactory.trainer_init``
-(`rllib_grpo.weights.trainer.connect`): vLLM's ``nccl`` / ``ipc`` / ``sparse_nccl`` on GPUs,
+(`rllib_grpo.weights.trainer.connect`): vLLM's ``nccl`` / ``ipc`` on GPUs,
 our ``grpo_shm`` / ``grpo_gloo`` / ``grpo_sparse_gloo`` in host memory.  Each drives the env
 runners through the client the driver hands over (init, start, update, finish).  Learner
 rank 0 sends; with FSDP every learner gathers each tensor from its shards in the manifest's
@@ -43,6 +43,7 @@ from rllib_grpo.weights.trainer import (
     ManifestSource,
     connect,
     host_trainer_init,
+    patch_nbytes,
     vllm_trainer_init,
 )
 from rllib_grpo.weights.wire import HOST_BACKENDS, SPARSE_BACKENDS
@@ -184,8 +185,7 @@ class WeightSender:
                 else:  # nothing changed: the runners still take the new version
                     engine.client.start_weight_update()
                     engine.client.finish_weight_update()
-                stats = {"bytes": float(sum(p.indices.numel() * (4 + p.values.element_size())
-                                            for p in patches)),
+                stats = {"bytes": float(sum(patch_nbytes(p) for p in patches)),
                          "changed": float(changed), "elements": float(total)}
         return stats
 

@@ -145,10 +145,11 @@ def _connect(sampler, backend, source=None):
 def test_a_delta_sync_after_one_step_equals_a_full_sync_bit_for_bit(sampler, model_path):
     """Through vLLM's factories (our trainer engines from ``WeightTransferTrainerFactory``,
     our worker engines from ``WeightTransferEngineFactory``): a ``grpo_sparse_gloo`` sync
-    (whole, the first after a join), one SGD step at lr 1e-6 sent as a delta, leaves
-    the engine exactly where a full ``grpo_shm`` sync of the stepped weights does, for fewer
-    bytes; log-probs then equal the learner's."""
-    from rllib_grpo.weights.trainer import DeltaTracker, ManifestSource
+    (whole, the first after a join), one AdamW step at lr 1e-6 (as the learner steps: most
+    fp32 elements change, so tensors travel whole where patches would cost more) sent as a delta,
+    leaves the engine exactly where a full ``grpo_shm`` sync of the stepped weights does,
+    for no more bytes; log-probs then equal the learner's."""
+    from rllib_grpo.weights.trainer import DeltaTracker, ManifestSource, patch_nbytes
     from rllib_grpo.weights.wire import update_nbytes
 
     learner = _perturbed(model_path, seed=5)
@@ -162,7 +163,7 @@ def test_a_delta_sync_after_one_step_equals_a_full_sync_bit_for_bit(sampler, mod
         patches, changed, total = tracker.patches(source)
         assert changed == total  # the first sync after a join is whole
         delta.send_weights(patches)
-        optimizer = torch.optim.SGD(learner.parameters(), lr=1e-6)  # small moves: some round away
+        optimizer = torch.optim.AdamW(learner.parameters(), lr=1e-6)
         ids = torch.tensor([build_char_tokenizer().encode("3+4=7")])
         learner(ids, labels=ids).loss.backward()
         optimizer.step()
@@ -179,8 +180,9 @@ def test_a_delta_sync_after_one_step_equals_a_full_sync_bit_for_bit(sampler, mod
         for name, tensor in after_full.items():
             assert torch.equal(after_delta[name], tensor), name
         sent = update_nbytes(delta_client.updates[-1])
-        assert sent == changed * (4 + 4)  # an int32 index and an fp32 value per element
-        assert changed < total
+        assert sent == sum(patch_nbytes(p) for p in patches)
+        assert sent <= sum(t.numel() * 4 for t in unique.values())  # never above a full sync
+        assert changed > total / 2  # AdamW moves (nearly) every element: tensors go whole
         prompts = [build_char_tokenizer().encode(t) for t in ("3+4=", "12*5=")]
         params = SamplingParams(temperature=1.0, max_tokens=16, seed=3)
         assert max_log_prob_diff(learner, prompts, sampler.generate(prompts, 2, params),
@@ -191,7 +193,9 @@ def test_a_delta_sync_after_one_step_equals_a_full_sync_bit_for_bit(sampler, mod
                 tensor.view(-1)[::97] += 1e-3
         patches, changed, total = tracker.patches(source)
         assert 0 < changed < total / 2
-        assert sum(p.indices.numel() * 8 for p in patches) < update_nbytes(full_client.updates[-1])
+        assert not any(p.dense for p in patches)
+        assert sum(patch_nbytes(p) for p in patches) == changed * 8 \
+            < update_nbytes(full_client.updates[-1])
     finally:
         sampler.shutdown_weight_transfer_engine()
         sampler.load_weights(load_causal_lm(model_path).state_dict())
