@@ -346,3 +346,38 @@ def host_trainer_init(backend: str, *, host: str, world_size: int, rank: int,
            SPARSE_GLOO_BACKEND: SparseGlooTrainerInit}[backend]
     return cls(host, world_size, timeout_s, rank=rank)
 
+
+
+class ReceiverClient:
+    """vLLM's ``VLLMWeightSyncClient`` over one in-process `WeightReceiver` (a sampler): what
+    `rllib_grpo.rllib.algorithm.weight_client.EnvRunnerClient` does over env runner actors,
+    for benchmarks and checks that drive an engine directly.  ``last_update``: the update
+    info of the latest ``update_weights``."""
+
+    def __init__(self, receiver: Any, backend: str) -> None:
+        self.receiver, self.backend = receiver, backend
+        self.last_update: dict[str, Any] = {}
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self.receiver.init_weight_transfer_engine({"backend": self.backend,
+                                                   "init_info": init_info})
+
+    def start_weight_update(self) -> None:
+        self.receiver.start_weight_update()
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        self.last_update = update_info
+        self.receiver.update_weights(update_info)
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self.receiver.finish_weight_update()
+
+
+def connect_receiver(receiver: Any, backend: str, source: Any = None,
+                     timeout_s: float = 300.0) -> Any:
+    """One of our host engines (``grpo_shm`` / ``grpo_gloo`` / ``grpo_sparse_gloo``) from
+    this process to the in-process ``receiver``: its trainer engine, client at ``.client``."""
+    init = host_trainer_init(backend, host="127.0.0.1",
+                             world_size=1 + receiver.num_weight_ranks, rank=0,
+                             timeout_s=timeout_s)
+    return connect(init, ReceiverClient(receiver, backend), source)
