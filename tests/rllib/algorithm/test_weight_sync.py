@@ -135,7 +135,9 @@ def test_fsdp_learners_gather_each_bucket_from_their_shards(ray_session):
 
     config = tiny_config(weight_sync_bucket_mb=0.05)
     config.learners(num_learners=2, num_cpus_per_learner=1)
-    config.env_runners(num_env_runners=1, create_local_env_runner=False)
+    # The test session has 2 CPUs, both the learners': the runner asks for none.
+    config.env_runners(num_env_runners=1, create_local_env_runner=False,
+                       num_cpus_per_env_runner=0)
     config.resources(num_cpus_for_main_process=0)
     algo = config.build_algo()
     try:
