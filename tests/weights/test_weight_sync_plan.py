@@ -159,3 +159,12 @@ def test_cuda_ipc_only_when_every_rank_of_the_engine_is_on_the_learners_gpu():
         choose_transports("ipc", LEARNER_GPU, {1: tp2})
     tp1 = Endpoint("node1", 200, "cuda", (GPU_A, GPU_B), num_ranks=1, gpu_engines=True)
     assert choose_transports("auto", LEARNER_GPU, {1: tp1}) == {1: "ipc"}  # rank 0 on A
+
+
+def test_explain_names_the_weight_transfer_engine():
+    cpu = tiny_config(weight_sync_transport="delta")
+    cpu.env_runners(num_env_runners=1)
+    assert "delta, vLLM weight-transfer engine grpo_sparse_gloo" in cpu.explain()
+    shm = tiny_config()
+    shm.env_runners(num_env_runners=1)
+    assert "-> shm, vLLM weight-transfer engine grpo_shm" in shm.explain()
