@@ -178,7 +178,13 @@ class TextEnv(gymnasium.Env):
                 "(each episode is one reset (prompt) and one step (response))"
             )
         response, clipped = self._clip_response(action)
-        result = self.scorer(record.data_source, response, record.ground_truth, record.extra_info)
+        scorer: Any = self.scorer
+        if getattr(scorer, "needs_prompts", False):  # a mixture with reward models
+            result = scorer.score_many([(record.data_source, response, record.ground_truth,
+                                              record.extra_info)], prompts=[record.prompt])[0]
+        else:
+            result = self.scorer(record.data_source, response, record.ground_truth,
+                                 record.extra_info)
         next_observation = self._next_turn(record, response, result)
         terminated = next_observation is None
         if terminated:
@@ -198,7 +204,11 @@ class TextEnv(gymnasium.Env):
             clipped.append(was_clipped)
             requests.append((record.data_source, response, record.ground_truth,
                              record.extra_info))
-        results = self.scorer.score_many(requests)
+        scorer: Any = self.scorer
+        if getattr(scorer, "needs_prompts", False):  # a mixture with reward models
+            results = scorer.score_many(requests, prompts=[r.prompt for r in records])
+        else:
+            results = self.scorer.score_many(requests)
         return [self._step_info(record, result, self._epoch, was_clipped)
                 for record, result, was_clipped in zip(records, results, clipped, strict=True)]
 

@@ -51,6 +51,10 @@ class RolloutBatch:
     infos: list[dict[str, Any]] = field(default_factory=list)
     # (trajectories, response tokens): 1 on the model's own tokens; None = response_mask.
     loss_mask: np.ndarray | None = None
+    # (trajectories, response tokens): the weights version that sampled each token
+    # (continuous rollouts, whose responses may span a weight update); None = one version
+    # per trajectory (``weights_version``), the synchronous and one-step-off paths.
+    token_versions: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.scores)
@@ -64,7 +68,16 @@ class RolloutBatch:
         rows = np.asarray(rows, dtype=np.int64)
         columns = {name: getattr(self, name)[rows] for name in ARRAY_FIELDS}
         loss_mask = None if self.loss_mask is None else self.loss_mask[rows]
-        return RolloutBatch(**columns, infos=[self.infos[i] for i in rows], loss_mask=loss_mask)
+        versions = None if self.token_versions is None else self.token_versions[rows]
+        return RolloutBatch(**columns, infos=[self.infos[i] for i in rows], loss_mask=loss_mask,
+                            token_versions=versions)
+
+    def per_token_versions(self) -> np.ndarray:
+        """(trajectories, response tokens): each token's weights version (``weights_version``
+        broadcast where the batch has no ``token_versions``)."""
+        if self.token_versions is not None:
+            return self.token_versions
+        return np.broadcast_to(self.weights_version[:, None], self.response_ids.shape).copy()
 
     def metric(self, name: str) -> np.ndarray:
         """A per-trajectory value, as verl's ``filter_groups.metric`` reads it.
@@ -182,7 +195,11 @@ def concat_rollouts(batches: Sequence[RolloutBatch], *, pad_token_id: int) -> Ro
         loss_mask = np.concatenate([
             _repad(b.response_mask if b.loss_mask is None else b.loss_mask, response_width, 0,
                    left=False) for b in batches])
-    return RolloutBatch(**columns, infos=infos, loss_mask=loss_mask)
+    versions = None
+    if any(b.token_versions is not None for b in batches):
+        versions = np.concatenate([_repad(b.per_token_versions(), response_width, 0, left=False)
+                                   for b in batches])
+    return RolloutBatch(**columns, infos=infos, loss_mask=loss_mask, token_versions=versions)
 
 
 def data_metrics(batch: RolloutBatch, max_response_length: int) -> dict[str, float]:

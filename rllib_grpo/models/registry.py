@@ -24,7 +24,7 @@ from rllib_grpo.models.loading import BuiltinBuilder, save_model_dir
 
 # Modules whose import registers built-in models; imported by name on first use.
 BUILTIN_MODULES = ("rllib_grpo.models.builtins", "rllib_grpo.models.demo",
-                   "rllib_grpo.models.demo_agents")
+                   "rllib_grpo.models.demo_agents", "rllib_grpo.models.reward_models")
 
 _BUILTINS: dict[str, tuple[BuiltinBuilder, dict[str, Any]]] = {}
 _loaded_builtin_modules = False

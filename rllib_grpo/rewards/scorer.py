@@ -56,6 +56,10 @@ class RewardScorer:
         workers: most reward calls at once (`score_many`).
         isolation: ``"auto"`` (processes for user functions, threads for the built-in
             scorers), ``"process"``, ``"thread"`` or ``"inline"``.
+        none_means_not_applicable: a ``None`` return is "this reward does not apply to
+            this sample" (TRL's rule when several rewards are mixed,
+            `rllib_grpo.rewards.mixture`): the result says ``applies: False``.  Off (one
+            reward alone), ``None`` is a broken function (`RewardContractError`).
 
     Calling it returns ``{"score": float, "acc": bool | float, "pred": str | None,
     "reward_error": bool, "reward_error_message": str, **extras}``.
@@ -71,6 +75,7 @@ class RewardScorer:
         reward_kwargs: Mapping[str, Any] | None = None,
         workers: int = DEFAULT_REWARD_WORKERS,
         isolation: str = "auto",
+        none_means_not_applicable: bool = False,
     ) -> None:
         if isolation not in POOL_MODES:
             raise ValueError(f"reward isolation {isolation!r}: use one of {POOL_MODES}")
@@ -79,6 +84,7 @@ class RewardScorer:
         self.format_score = float(format_score)
         self.max_answer_chars = max_answer_chars
         self.reward_kwargs = dict(reward_kwargs or {})
+        self.none_means_not_applicable = none_means_not_applicable
         self.num_calls = 0
         self.num_errors = 0
         self.num_timeouts = 0
@@ -112,6 +118,9 @@ class RewardScorer:
         self.num_calls += len(calls)
         results = []
         for ok, value in self.pool.map(calls):
+            if ok and value is None and self.none_means_not_applicable:
+                results.append(not_applicable_result())
+                continue
             if ok and is_contract_violation(value):  # the function is wrong, not the sample
                 raise RewardContractError(self.reward_fn, value)
             try:  # a reward bug must not stop training
@@ -161,6 +170,12 @@ class RewardScorer:
             "reward_error": True,
             "reward_error_message": message,
         }
+
+
+def not_applicable_result() -> dict:
+    """The result of a reward that does not apply to a sample (it returned ``None``)."""
+    return {"score": 0.0, "acc": False, "pred": None, "reward_error": False,
+            "reward_error_message": "", "applies": False}
 
 
 class RewardContractError(TypeError):

@@ -56,6 +56,9 @@ class Sample:
     token_ids: list[int]
     log_probs: list[float]
     finish_reason: FinishReason
+    # Per token: the weights version that sampled it (continuous rollouts, where weights
+    # change mid-response); None where one call has one version.
+    token_versions: list[int] | None = None
 
 
 @runtime_checkable

@@ -203,6 +203,13 @@ class VLLMSampler(VLLMWeightTransfer):
         self.llm.reset_prefix_cache()
         return {"bytes": state_dict_bytes(state_dict), "seconds": time.perf_counter() - start}
 
+    def open_stream(self, version: int = 0) -> Any:
+        """Continuous generation on this engine, weights loadable between two steps
+        (`rllib_grpo.samplers.stream.GenerationStream`)."""
+        from rllib_grpo.samplers.stream import GenerationStream
+
+        return GenerationStream(self, version)
+
     def sleep(self, level: int = 1) -> None:
         """Free GPU memory (KV cache dropped, weights offloaded to host at level 1); a no-op
         on CPU and for an engine made without ``enable_sleep_mode``."""

@@ -33,7 +33,9 @@ from ray.tune.trainable import Trainable
 
 from rllib_grpo.data.rollout import RolloutBatch, concat_rollouts, data_metrics
 from rllib_grpo.rllib.algorithm.async_pipeline import PipelinedSampling
+from rllib_grpo.rllib.algorithm.continuous import ContinuousSampling
 from rllib_grpo.rllib.algorithm.evaluation import EvaluatingAlgorithm, prompt_slices
+from rllib_grpo.rllib.algorithm.reward_workers import RewardActors
 from rllib_grpo.rllib.algorithm.sampling import (
     SamplingServices,
     SamplingStrategy,
@@ -63,6 +65,9 @@ class GRPO(EvaluatingAlgorithm):
     @override(Algorithm)
     def setup(self, config: Any) -> None:
         self._startup_origin = startup_origin()
+        # Reward models and judges run on Ray actors of their own, started before the env
+        # runners that score through them (rllib_grpo.rllib.algorithm.reward_workers).
+        self._reward_actors = RewardActors.start(self.config)
         super().setup(config)
         self._no_signal_streak = 0
         self._startup_seconds: float | None = None
@@ -70,10 +75,13 @@ class GRPO(EvaluatingAlgorithm):
         self._data_position = 0
         self._weight_sync: WeightSync | None = None  # made on the first sync
         # max_staleness >= 1: the next step's groups are sampled while the learner trains.
-        services = self._sampling_services()
+        # rollout_mode="continuous": the env runners never stop (docs/async.md).
+        services, c = self._sampling_services(), self.config
         self._sampling: SamplingStrategy = (
-            PipelinedSampling(services, self.config.max_staleness) if self.config.max_staleness
-            else SynchronousSampling(services, sleep_samplers=self.config.sampler_sleeps))
+            ContinuousSampling(services, c.max_staleness, self._generation_batch_prompts())
+            if c.resolved_rollout_mode() == "continuous"
+            else PipelinedSampling(services, c.max_staleness) if c.max_staleness
+            else SynchronousSampling(services, sleep_samplers=c.sampler_sleeps))
 
     def _sampling_services(self) -> SamplingServices:
         """What the sampling strategy may use of this algorithm.  The operations look the
@@ -91,6 +99,7 @@ class GRPO(EvaluatingAlgorithm):
             aggregate_runner_metrics=lambda metrics: self.metrics.aggregate(
                 metrics, key=ENV_RUNNER_RESULTS),
             record_runner_state=self.runner_states.__setitem__,
+            restore_runners=lambda: self.restore_env_runners(self.env_runner_group),
         )
 
     @override(Algorithm)
@@ -140,8 +149,10 @@ class GRPO(EvaluatingAlgorithm):
         busy = sum(self.metrics.peek((ENV_RUNNER_RESULTS, key), default=0.0)
                    for key in ("timing_s/gen", "timing_s/reward"))
         step = max(step_time, 1e-9)
+        measured = self._sampling.sampler_idle_frac(step_time)  # continuous: the runners'
         self._log_value("async/learner_idle_frac", min(1.0, max(0.0, 1 - update_time / step)))
-        self._log_value("async/sampler_idle_frac", min(1.0, max(0.0, 1 - busy / step)))
+        self._log_value("async/sampler_idle_frac", min(1.0, max(0.0, 1 - busy / step))
+                        if measured is None else measured)
 
     def _generation_batch_prompts(self) -> int:
         """Prompts of one generation batch (dynamic sampling draws several per step)."""
@@ -171,6 +182,9 @@ class GRPO(EvaluatingAlgorithm):
             weight_sync.close()
             self._weight_sync = None
         super().cleanup()
+        reward_actors = getattr(self, "_reward_actors", None)
+        if reward_actors is not None:
+            reward_actors.stop()
 
     # ------------------------------------------------------------------ checkpoints
     @override(Algorithm)

@@ -1,4 +1,4 @@
-"""How the driver gets a step's groups: one interface, two strategies.
+"""How the driver gets a step's groups: one interface, three strategies.
 
 `GRPO.training_step` runs the paper's loop against a `SamplingStrategy`:
 
@@ -11,6 +11,8 @@
   then sync the new weights to the env runners.
 * `rllib_grpo.rllib.algorithm.async_pipeline.PipelinedSampling` (``max_staleness`` >= 1):
   the next step's groups are sampled in the background while the learners update.
+* `rllib_grpo.rllib.algorithm.continuous.ContinuousSampling` (``rollout_mode="continuous"``):
+  the env runners never stop generating; weights load between two decode steps.
 
 A strategy sees the algorithm only through `SamplingServices` (the env runner and
 learner groups and a few of the driver's operations), never its private members.
@@ -60,6 +62,8 @@ class SamplingServices:
     aggregate_runner_metrics: Callable[[list[dict]], None]
     # A remote runner's state after its last good sample (what a restarted one resumes).
     record_runner_state: Callable[[int, dict], None]
+    # `ResilientAlgorithm.restore_env_runners`: bring lost runners back (continuous mode).
+    restore_runners: Callable[[], Any] | None = None
 
 
 class SamplingStrategy(ABC):
@@ -94,6 +98,11 @@ class SamplingStrategy(ABC):
     @abstractmethod
     def in_flight_prompts(self) -> int:
         """Prompts handed out by the data order whose groups are not trained yet."""
+
+    def sampler_idle_frac(self, step_seconds: float) -> float | None:
+        """The env runners' idle share of the step where the strategy measures it (None:
+        derived from the runners' generation time, `GRPO._log_idle_fractions`)."""
+        return None
 
 
 class SynchronousSampling(SamplingStrategy):

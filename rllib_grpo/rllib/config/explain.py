@@ -7,6 +7,7 @@ from rllib_grpo.rllib.config.checks import find_errors, find_pitfalls
 from rllib_grpo.rllib.config.layout import layout_lines
 from rllib_grpo.rllib.config.memory import memory_lines
 from rllib_grpo.rllib.config.prompt_lengths import prompt_length_lines
+from rllib_grpo.rllib.config.reward_plan import reward_plan_lines
 from rllib_grpo.rllib.config.settings import GRPOSettings
 from rllib_grpo.rllib.config.staleness import async_line
 from rllib_grpo.weights.plan import ENGINE_TRANSPORTS, engine_backend, predict_transport
@@ -156,6 +157,7 @@ def explain_config(c: GRPOSettings) -> str:
         f"sequence budget:               prompt <= {c.max_prompt_length} tokens "
         f"(truncation={c.truncation}), response <= {c.max_response_length} tokens",
         *prompt_length_lines(c),
+        *reward_plan_lines(c),
         f"advantage:                     {c.adv_estimator}"
         + (" (Dr.GRPO: no std normalisation)" if not c.norm_adv_by_std_in_grpo else ""),
         f"policy loss:                   {c.policy_loss}, clip [{c.clip_ratio_low or c.clip_ratio}, "

@@ -19,6 +19,7 @@ from rllib_grpo.rllib.config.door_checks import (
     reward_fn_errors,
 )
 from rllib_grpo.rllib.config.prompt_lengths import prompt_length_errors
+from rllib_grpo.rllib.config.reward_plan import reward_plan_errors
 from rllib_grpo.rllib.config.settings import GRPOSettings
 
 # (field, predicate, requirement) for scalar settings; None values are skipped ("off").
@@ -138,4 +139,5 @@ def input_errors(c: GRPOSettings) -> list[str]:
     resources = resource_errors(c)
     lengths = [] if env_error or resources else prompt_length_errors(c)
     return (range_errors(c) + count_errors(c) + ([env_error] if env_error else [])
-            + resources + lengths + reward_fn_errors(c) + logger_errors(c))
+            + resources + lengths + reward_fn_errors(c) + reward_plan_errors(c)
+            + logger_errors(c))

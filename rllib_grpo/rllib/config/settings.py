@@ -15,7 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rllib_grpo.rllib.config.algorithm_settings import _ACTOR, _ROLLOUT, AlgorithmSettings, knob
+from rllib_grpo.rllib.config.algorithm_settings import _ACTOR, _ROLLOUT, knob
+from rllib_grpo.rllib.config.reward_settings import RewardSettings
 
 
 @dataclass(frozen=True)
@@ -36,11 +37,11 @@ class BatchPlan:
 
 
 @dataclass(eq=False, repr=False)  # GRPOConfig inherits these fields, not dataclass equality
-class GRPOSettings(AlgorithmSettings):
+class GRPOSettings(RewardSettings):
     """GRPO settings with their units; `GRPOConfig` inherits them as typed attributes.
 
-    The algorithm's fields come from `AlgorithmSettings` (first, in its order); the
-    system's follow here.
+    The algorithm's fields come from `AlgorithmSettings` (first, in its order), the
+    rewards' from `RewardSettings`; the system's follow here.
     """
 
     # --- FSDP -----------------------------------------------------------------------
@@ -121,7 +122,24 @@ class GRPOSettings(AlgorithmSettings):
         "generations; no trajectory older than K learner updates is trained on (its group is "
         "dropped and sampled again, counted in async/dropped_stale_groups). Needs "
         "num_env_runners >= 1. In-flight samples are not checkpointed: a restored run samples "
-        "those prompts again.")
+        "those prompts again. With rollout_mode='continuous' K bounds every trained token's "
+        "staleness and sets how many steps of groups are in flight.")
+    rollout_mode: str = knob(
+        "auto", "name", "'auto' ('sync' at max_staleness=0, else 'one_step_off') | 'sync' | "
+        "'one_step_off' (the next step's groups sampled during the update; weights between "
+        "generations) | 'continuous' (env runners never stop: up to max_staleness steps' worth "
+        "of groups in flight, finished groups stream to the learner, weights loaded between "
+        "two decode steps; vLLM sampler, single-turn envs).")
+    partial_rollout: bool = knob(
+        True, "bool", "rollout_mode='continuous': a response unfinished at a weight update "
+        "continues under the new weights (each token keeps the version that sampled it); "
+        "False samples it again from its prompt.")
+
+    def resolved_rollout_mode(self) -> str:
+        """``rollout_mode`` with 'auto' resolved from ``max_staleness``."""
+        if self.rollout_mode != "auto":
+            return self.rollout_mode
+        return "one_step_off" if self.max_staleness else "sync"
 
     # --- reporting ------------------------------------------------------------------
     peak_tflops: float | None = knob(

@@ -5,6 +5,7 @@ the update's own forward gives the old log-probs; the driver's pipeline
 from __future__ import annotations
 
 from rllib_grpo.rllib.config.settings import GRPOSettings
+from rllib_grpo.rllib.config.text_env import env_class
 
 
 def async_errors(c: GRPOSettings) -> list[str]:
@@ -13,13 +14,45 @@ def async_errors(c: GRPOSettings) -> list[str]:
     if isinstance(k, bool) or not isinstance(k, int) or k < 0:
         return [f"max_staleness={k!r} must be an integer >= 0 (0 = synchronous GRPO, 1 = "
                 "one step off policy)."]
+    mode = getattr(c, "rollout_mode", "auto")
+    if mode not in ROLLOUT_MODES:
+        return [f"rollout_mode={mode!r} must be one of {ROLLOUT_MODES}."]
+    if mode == "sync" and k:
+        return [f"rollout_mode='sync' trains on fresh samples only, but max_staleness={k}: "
+                "set max_staleness=0, or rollout_mode='one_step_off' / 'continuous'."]
+    if mode in ("one_step_off", "continuous") and not k:
+        return [f"rollout_mode={mode!r} needs max_staleness >= 1 (the bound on how many "
+                "updates old a trained token may be): set max_staleness=1 (or more)."]
     # (RLlib validates an evaluation copy too, with its own runner count: not GRPO's.)
     if k >= 1 and c.num_env_runners < 1 and not getattr(c, "in_evaluation", False):
         return [f"max_staleness={k} overlaps generation and training, which needs the "
                 "sampler in its own process: set num_env_runners >= 1 (e.g. "
                 ".env_runners(num_env_runners=1, create_local_env_runner=False)), or "
                 "max_staleness=0."]
+    if mode == "continuous":
+        return _continuous_errors(c)
     return []
+
+
+def _continuous_errors(c: GRPOSettings) -> list[str]:
+    """What ``rollout_mode='continuous'`` does not run, each with its fix."""
+    if c.sampler == "hf":
+        return ["rollout_mode='continuous' loads weights between two decode steps of a vLLM "
+                "engine; the transformers sampler generates a batch in one call: set "
+                "sampler='vllm' (or 'auto' with vLLM installed), or rollout_mode='one_step_off'."]
+    if c.adv_estimator == "remax":
+        return ["rollout_mode='continuous' does not sample ReMax's greedy baselines: use "
+                "another estimator, or rollout_mode='one_step_off'."]
+    if not isinstance(c.partial_rollout, bool):
+        return [f"partial_rollout={c.partial_rollout!r} must be True or False."]
+    env = env_class(getattr(c, "env", None))
+    if env is not None and getattr(env, "multi_turn", False):
+        return [f"rollout_mode='continuous' runs single-turn envs; {env.__name__} is "
+                "multi-turn: use rollout_mode='one_step_off' (max_staleness=1)."]
+    return []
+
+
+ROLLOUT_MODES = ("auto", "sync", "one_step_off", "continuous")
 
 
 def async_pitfalls(c: GRPOSettings) -> list[str]:
@@ -39,6 +72,14 @@ def async_line(c: GRPOSettings) -> str:
     if not k:
         return ("rollouts:                      synchronous (sample -> update -> sync weights; "
                 "max_staleness=0)")
+    if getattr(c, "rollout_mode", "auto") == "continuous":
+        return (f"rollouts:                      continuous: env runners never stop, up to {k} "
+                f"step(s) of groups in flight ({k * c.prompts_per_step} groups), finished groups "
+                "stream to the learner; weights loaded between two decode steps, unfinished "
+                "responses " + ("continue under the new weights (partial_rollout)"
+                                if c.partial_rollout else "sampled again (partial_rollout=False)")
+                + f"; tokens more than {k} update(s) old are never trained (their groups are "
+                "dropped and sampled again); in-flight samples are not checkpointed")
     return (f"rollouts:                      one step off policy: env runners generate step "
             f"k+1 while the learner trains on step k, weights synced between generations; "
             f"trained groups are 1 update old, never more than max_staleness={k} (older "

@@ -49,6 +49,7 @@ from rllib_grpo.rllib.env_runner.multiturn import (
     episode_limits,
     is_multi_turn,
 )
+from rllib_grpo.rllib.env_runner.rewards import install_reward_mixture, reward_metrics
 from rllib_grpo.rllib.placement import node_gpu_ids
 from rllib_grpo.samplers import SamplingParams, make_sampler
 
@@ -78,6 +79,7 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         self.tokenizer = load_tokenizer(model_path)
         # ... but all runners hold the same prompts in the same shared order.
         self.env = make_text_env(c, self.tokenizer, data_seed(c))
+        install_reward_mixture(self.env, c, self.worker_index)  # reward_funcs, reward models
         if is_multi_turn(self.env):
             check_multi_turn_config(c)  # before the (expensive) sampler starts
         self._val_env: gym.Env | None = None
@@ -170,7 +172,17 @@ class TextEnvRunner(EnvRunner, Checkpointable):
             pad_token_id=self.tokenizer.pad_token_id or 0, reward_baselines=rows["baselines"],
         )
         self._log_sample_metrics(len(batch), t_gen, time.perf_counter() - t0 - t_gen)
+        self._log_reward_metrics(rows["infos"])
         return batch
+
+    def _log_reward_metrics(self, infos: list[dict[str, Any]]) -> None:
+        """``reward/<name>/mean`` of a mixture's rewards and ``timing_s/reward/<name>``, the
+        seconds each took on the last batch (`rllib_grpo.rllib.env_runner.rewards`)."""
+        for key, value in reward_metrics(infos).items():
+            self.metrics.log_value(key, value, reduce="mean", window=1)
+        scorer: Any = getattr(self.env.unwrapped, "scorer", None)
+        for name, seconds in getattr(scorer, "last_seconds", {}).items():
+            self.metrics.log_value(f"timing_s/reward/{name}", seconds, reduce="mean", window=1)
 
     def _sample_episodes(self, num_prompts: int) -> RolloutBatch:
         """Multi-turn branch of `sample`: the step's episodes, every turn batched."""
@@ -254,6 +266,7 @@ class TextEnvRunner(EnvRunner, Checkpointable):
             self._val_env = make_text_env(
                 self.config, self.tokenizer, data_seed(self.config) + VALIDATION_SEED_OFFSET,
                 env_config=validation_env_config(self.config))
+            install_reward_mixture(self._val_env, self.config, self.worker_index)
         return self._val_env
 
     @staticmethod
@@ -279,7 +292,7 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         return [{"reward": reward, "prompt": prompt["text"], "index": prompt["index"],
                  "response": text, **{
             k: v for k, v in info.items() if k in ("score", "acc", "pred", "reward_error",
-                                                 "reward_error_message")}}
+                                                 "reward_error_message", "reward_components")}}
             for (prompt, _), text, reward, info in zip(items, texts, rewards, infos, strict=True)]
 
     def _log_sample_metrics(self, num_trajectories: int, t_gen: float, t_reward: float) -> None:
@@ -368,6 +381,9 @@ class TextEnvRunner(EnvRunner, Checkpointable):
 
     @override(EnvRunner)
     def stop(self) -> None:
+        loop = getattr(self, "rollout_loop", None)  # continuous rollouts: stop stepping first
+        if loop is not None:
+            loop.close()
         if self.sampler is not None and hasattr(self.sampler, "close"):
             self.sampler.close()
         for env in (self.env, self._val_env):  # end the reward worker processes
