@@ -233,7 +233,22 @@ class _HostTrainerEngine:
         return engine
 
     def _round(self, update_info: dict, send: Callable[[], None]) -> None:
-        """vLLM's round trip: start, update (side thread) while sending, finish."""
+        """One sync: the receivers run start, update, finish while the sender sends.
+
+        A client with ``begin_update`` (ours: `ReceiverClient`, the env runners'
+        ``EnvRunnerClient``) gets the three calls as one request per receiver, answered
+        when the receiver has finished: one control round trip per sync, no thread here
+        (each extra round trip costs a wake-up of the driver and of every runner, which
+        on a loaded host is what a sync spends its time on).  Other clients (vLLM's
+        ``VLLMWeightSyncClient``) get vLLM's round trip: start, update on a side thread
+        while sending, finish."""
+        begin = getattr(self.client, "begin_update", None)
+        if begin is not None:
+            pending = begin(update_info)
+            pending.check()  # refused before any byte moved: raise that, not a timeout
+            send()
+            pending.result()
+            return
         self.client.start_weight_update()
         pool = ThreadPoolExecutor(max_workers=1)
         try:
@@ -348,15 +363,34 @@ def host_trainer_init(backend: str, *, host: str, world_size: int, rank: int,
 
 
 
+class PendingUpdate:
+    """An update the receivers run (start, update, finish) while the sender sends: a future
+    per receiver; `check` raises the error of one that already failed, `result` waits."""
+
+    def __init__(self, futures: list[Any]) -> None:
+        self.futures = futures
+
+    def check(self) -> None:
+        for future in self.futures:
+            if future.done():
+                future.result()
+
+    def result(self) -> None:
+        for future in self.futures:
+            future.result()
+
+
 class ReceiverClient:
     """vLLM's ``VLLMWeightSyncClient`` over one in-process `WeightReceiver` (a sampler): what
     `rllib_grpo.rllib.algorithm.weight_client.EnvRunnerClient` does over env runner actors,
     for benchmarks and checks that drive an engine directly.  ``last_update``: the update
-    info of the latest ``update_weights``."""
+    info of the latest ``update_weights``.  ``begin_update`` runs one whole update (start,
+    update, finish) on a thread of its own, as an env runner runs it in its process."""
 
     def __init__(self, receiver: Any, backend: str) -> None:
         self.receiver, self.backend = receiver, backend
         self.last_update: dict[str, Any] = {}
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight_receiver")
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
         self.receiver.init_weight_transfer_engine({"backend": self.backend,
@@ -371,6 +405,14 @@ class ReceiverClient:
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         self.receiver.finish_weight_update()
+
+    def begin_update(self, update_info: dict[str, Any]) -> PendingUpdate:
+        def whole() -> None:
+            self.start_weight_update()
+            self.update_weights(update_info)
+            self.finish_weight_update()
+
+        return PendingUpdate([self._pool.submit(whole)])
 
 
 def connect_receiver(receiver: Any, backend: str, source: Any = None,

@@ -76,3 +76,61 @@ def test_the_client_gives_each_runner_its_own_ranks_in_one_group(monkeypatch):
     client.version = 7
     client.finish_weight_update()
     assert [kw["seq_no"] for _, _, kw in sent] == [7, 7]
+
+
+def test_a_host_engine_sync_is_one_request_per_runner_not_three(monkeypatch):
+    """Regression (10x slower syncs on a loaded host): our engines hand the runners start,
+    update and finish as one call each, the sender sending meanwhile; the client's separate
+    start/update/finish calls (three round trips) are not used."""
+    import ray
+
+    from rllib_grpo.rllib.algorithm import weight_client
+    from rllib_grpo.rllib.env_runner.weight_receiver import runner_update_round
+    from rllib_grpo.weights.trainer import ShmTrainerEngine
+
+    sent: list[tuple] = []
+
+    class Handle:
+        def __init__(self, index):
+            self.apply = type("Apply", (), {"remote": staticmethod(
+                lambda func, **kw: sent.append((index, func, kw)) or f"ref{index}")})
+
+    monkeypatch.setattr(ray, "get", lambda refs: refs)
+    monkeypatch.setattr(ray, "wait", lambda refs, **kw: ([], refs))
+    client = weight_client.EnvRunnerClient("grpo_shm", {1: Handle(1), 2: Handle(2)},
+                                           {1: 1, 2: 2}, token="t")
+    client.version = 5
+    for name in ("start_weight_update", "update_weights", "finish_weight_update"):
+        monkeypatch.setattr(client, name, lambda *a, name=name, **k: pytest.fail(name))
+    engine = ShmTrainerEngine(client=client)
+    order: list[str] = []
+    engine._round({"manifest": "m"}, lambda: order.append(f"sent after {len(sent)} calls"))
+    assert [(i, f) for i, f, _ in sent] == [(1, runner_update_round), (2, runner_update_round)]
+    assert all(kw == {"update_info": {"manifest": "m"}, "seq_no": 5} for _, _, kw in sent)
+    assert order == ["sent after 2 calls"]  # the runners were asked before the bytes went
+
+
+def test_an_update_round_gives_the_sampler_vllms_three_calls_in_order():
+    from rllib_grpo.rllib.env_runner.weight_receiver import runner_update_round
+
+    calls: list[str] = []
+
+    class Sampler:
+        def start_weight_update(self):
+            calls.append("start")
+
+        def update_weights(self, info):
+            calls.append("update")
+
+        def finish_weight_update(self):
+            calls.append("finish")
+
+    class Runner:
+        sampler = Sampler()
+        weight_update: dict = {}
+
+        def weights_received(self, stats, seq_no):
+            calls.append(f"received {seq_no}")
+
+    runner_update_round(Runner(), {"manifest": {"buckets": []}}, seq_no=3)
+    assert calls == ["start", "update", "finish", "received 3"]

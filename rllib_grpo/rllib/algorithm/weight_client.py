@@ -18,6 +18,7 @@ from rllib_grpo.rllib.env_runner.weight_receiver import (
     runner_finish_update,
     runner_init_engine,
     runner_start_update,
+    runner_update_round,
     runner_update_weights,
 )
 from rllib_grpo.weights.wire import DispatchInit, as_dict
@@ -58,3 +59,27 @@ class EnvRunnerClient:
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         version = self.version if weight_version is None else int(weight_version)
         self._each(runner_finish_update, seq_no=version)
+
+    def begin_update(self, update_info: dict[str, Any]) -> _PendingRunners:
+        """Start, update and finish as one call per runner (our host engines' round,
+        `rllib_grpo.weights.trainer._HostTrainerEngine._round`): one round trip per sync;
+        the runners block in the transfer until the sender has sent."""
+        return _PendingRunners([handle.apply.remote(
+            runner_update_round, update_info=update_info, seq_no=self.version)
+            for handle in self.handles.values()])
+
+
+class _PendingRunners:
+    """The runners' update calls in flight (`rllib_grpo.weights.trainer.PendingUpdate`'s
+    contract over Ray object refs)."""
+
+    def __init__(self, refs: list[Any]) -> None:
+        self.refs = refs
+
+    def check(self) -> None:
+        ready, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
+        if ready:
+            ray.get(ready)
+
+    def result(self) -> None:
+        ray.get(self.refs)

@@ -64,6 +64,14 @@ def runner_finish_update(runner: TextEnvRunner, seq_no: int) -> None:
                              - update.get("start", time.perf_counter())}, seq_no)
 
 
+def runner_update_round(runner: TextEnvRunner, update_info: dict, seq_no: int) -> None:
+    """A whole update in one call (start, update, finish: the sampler still gets vLLM's
+    three calls): the driver's client makes one round trip per sync, not three."""
+    runner_start_update(runner)
+    runner_update_weights(runner, update_info)
+    runner_finish_update(runner, seq_no)
+
+
 def runner_leave(runner: TextEnvRunner) -> None:
     """Leave (shut down) the runner's weight engine: the algorithm stops."""
     runner.sampler.shutdown_weight_transfer_engine()
