@@ -35,6 +35,7 @@ from rllib_grpo.weights.transport import (
     BucketSender,
     WeightGroup,
     open_store,
+    wait_for_members,
 )
 from rllib_grpo.weights.wire import (
     GLOO_BACKEND,
@@ -223,13 +224,15 @@ class _HostTrainerEngine:
             return engine
         store, spec = open_store(init_info.host, init_info.world_size, "gloo",
                                  init_info.timeout_s)
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            joining = pool.submit(client.init_weight_transfer_engine,
-                                  as_dict(GroupInit.of(spec, rank_offset=1)))
-            try:
-                engine.sender.group = WeightGroup(spec, 0, store)
-            finally:
-                joining.result()
+        pool = ThreadPoolExecutor(max_workers=1)
+        joining = pool.submit(client.init_weight_transfer_engine,
+                              as_dict(GroupInit.of(spec, rank_offset=1)))
+        try:
+            wait_for_members(store, spec, joining)  # a clear error, never a silent wait
+            engine.sender.group = WeightGroup(spec, 0, store)
+            joining.result()
+        finally:
+            pool.shutdown(wait=False)  # a joiner stuck elsewhere must not hold us here
         return engine
 
     def _round(self, update_info: dict, send: Callable[[], None]) -> None:

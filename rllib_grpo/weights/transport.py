@@ -24,6 +24,7 @@ import mmap
 import os
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -60,6 +61,31 @@ def open_store(host: str, world_size: int, backend: str, timeout_s: float = 300.
                             timeout_s)
 
 
+def wait_for_members(store: dist.Store, spec: GroupSpec, joining: Any,
+                     poll_s: float = 0.05) -> None:
+    """Rank 0, before its own rendezvous: wait until ranks 1.. have reached the store,
+    raising at once the error of a failed join (``joining``: a future) and, after
+    ``spec.timeout_s``, an error naming the ranks that never arrived, instead of waiting
+    in gloo's rendezvous (``TCPStore::doWait``) with no word of why."""
+    prefixed = dist.PrefixStore(f"rllib_grpo/weights/{spec.token}", store)
+    keys = [f"arrived/{r}" for r in range(1, spec.world_size)]
+    deadline = time.monotonic() + spec.timeout_s
+    while not prefixed.check(keys):
+        if joining.done():
+            joining.result()  # a join that failed raises its own error here
+            if prefixed.check(keys):
+                break
+            missing = [r for r, k in enumerate(keys, 1) if not prefixed.check([k])]
+            raise RuntimeError(f"weight group at {spec.host}:{spec.port}: the joiners "
+                               f"returned but ranks {missing} never reached the store")
+        if time.monotonic() > deadline:
+            missing = [r for r, k in enumerate(keys, 1) if not prefixed.check([k])]
+            raise TimeoutError(f"weight group at {spec.host}:{spec.port}: ranks {missing} "
+                               f"did not join within {spec.timeout_s:.0f} s (an env runner "
+                               "busy or gone, or the address unreachable from it)")
+        time.sleep(poll_s)
+
+
 class WeightGroup:
     """A standalone gloo process group (not the default one) for weight syncs; rank 0
     sends.  NCCL groups are vLLM's (``nccl``/``sparse_nccl`` engines), not ours."""
@@ -71,6 +97,7 @@ class WeightGroup:
                                   timeout=timeout)
         self._store: dist.Store | None = store  # keep the connection alive with the group
         prefixed = dist.PrefixStore(f"rllib_grpo/weights/{spec.token}", store)
+        prefixed.set(f"arrived/{rank}", "1")  # the sender's `wait_for_members` sees it
         self.spec, self.rank = spec, rank
         if spec.backend != "gloo":
             raise ValueError(f"weight group backend {spec.backend!r}: our groups are gloo "

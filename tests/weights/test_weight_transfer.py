@@ -224,3 +224,39 @@ def test_weight_groups_are_shut_down_when_closed_or_formed_again(monkeypatch):
     assert sorted(shut) == sorted(first_pgs + second_pgs)
     with pytest.raises(RuntimeError, match="closed"):
         groups[0][1].barrier()
+
+
+def test_the_sender_raises_a_clear_error_when_a_rank_never_joins():
+    """Regression (a sync hung in TCPStore::doWait): rank 0 waits for the joiners on the
+    store with a deadline and names the missing ranks; a join that failed raises its own
+    error at once."""
+    import concurrent.futures as cf
+    import time
+
+    from rllib_grpo.weights.transport import open_store, wait_for_members
+
+    store, spec = open_store("127.0.0.1", 2, "gloo", timeout_s=0.5)
+    never: cf.Future = cf.Future()  # a joiner that neither joins nor fails
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"ranks \[1\] did not join within"):
+        wait_for_members(store, spec, never)
+    assert time.monotonic() - start < 5
+    failed: cf.Future = cf.Future()
+    failed.set_exception(ValueError("runner refused the engine"))
+    with pytest.raises(ValueError, match="runner refused"):
+        wait_for_members(store, spec, failed)
+
+
+def test_joiners_reach_the_store_before_the_sender_forms_the_group():
+    import concurrent.futures as cf
+
+    from rllib_grpo.weights.transport import WeightGroup, open_store, wait_for_members
+
+    store, spec = open_store("127.0.0.1", 2, "gloo", timeout_s=30)
+    with cf.ThreadPoolExecutor(1) as pool:
+        joining = pool.submit(WeightGroup, spec, 1)
+        wait_for_members(store, spec, joining)
+        sender = WeightGroup(spec, 0, store)
+        joiner = joining.result()
+    sender.close()
+    joiner.close()
