@@ -19,7 +19,9 @@ For each shape, with the transformers sampler (it copies into its live parameter
 Every figure is the median of ``--reps`` rounds after a warm-up round; in a round each
 path runs once, in turns, so that all see the same load (the machine is shared).  A
 sync's time is the driver's wall time of `WeightSync.sync` (``timing_s/update_weights``);
-the remote paths take turns on one env runner and one weight group (see `_sync`).
+the remote paths take turns on one env runner (see `_sync`: since the sync moved onto
+vLLM's weight-transfer API a runner holds one engine, so a turn that switches paths
+reconnects; these figures were not re-measured after that change).
 """
 
 from __future__ import annotations
@@ -100,7 +102,13 @@ def _sync(algo: Any, via: str | None = None) -> dict[str, float]:
     if sync.transports is None:
         sync.sync()  # place the runners, form the group
     if via is not None:
+        from rllib_grpo.weights.plan import ENGINE_TRANSPORTS, engine_backend
+
         sync.transports = {i: t if t == "local" else via for i, t in sync.transports.items()}
+        ids = [i for i, t in sync.transports.items() if t in ENGINE_TRANSPORTS]
+        # A runner holds one engine: switching paths connects again (the driver notices
+        # the runner's token is another engine's).
+        sync.backends = {engine_backend(via): ids} if ids else {}
     return sync.sync()
 
 

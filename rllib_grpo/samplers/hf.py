@@ -27,7 +27,18 @@ from rllib_grpo.samplers.base import (
     state_dict_bytes,
 )
 from rllib_grpo.weights.layout import Manifest
-from rllib_grpo.weights.transport import BucketReceiver, GroupSpec, SlotsSpec, ipc_copies_done
+from rllib_grpo.weights.transport import GroupSpec, SlotsSpec
+from rllib_grpo.weights.wire import (
+    HOST_BACKENDS,
+    SPARSE_BACKENDS,
+    BucketUpdate,
+    DispatchInit,
+    GroupInit,
+    HostReceiver,
+    apply_patch,
+    manifest_from_wire,
+    manifest_to_wire,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +79,8 @@ class HFSampler:
         )
         self.seeds = CallSeeds(seed)
         self.max_batch_size = max_batch_size
-        self._weight_receiver = BucketReceiver()
+        self._weight_receiver = HostReceiver()
+        self._transfer_backend: str | None = None
         self._live: dict[str, torch.Tensor] | None = None  # parameters and buffers by name
         self._checked_names: tuple | None = None
         self._homes: list[torch.Tensor | None] = []  # per bucket: the parameters' memory
@@ -120,40 +132,80 @@ class HFSampler:
         """One rank in a weight group: the sampler's own process."""
         return 1
 
+    def init_weight_transfer_engine(self, init_info: dict) -> None:
+        """vLLM's API on the transformers sampler: join the group of one of our host-memory
+        engines (``grpo_shm``, ``grpo_gloo``, ``grpo_sparse_gloo``; vLLM's own are GPU
+        engines for vLLM models)."""
+        info = DispatchInit(**init_info)
+        if info.backend not in HOST_BACKENDS:
+            raise ValueError(f"the transformers sampler takes weights through "
+                             f"{', '.join(HOST_BACKENDS)}, not {info.backend!r}")
+        self._weight_receiver.init(GroupInit(**info.init_info))
+        self._transfer_backend = info.backend
+
+    def start_weight_update(self) -> None:
+        """Nothing to prepare: weights are copied into the live parameters."""
+
+    def update_weights(self, update_info: dict) -> None:
+        """Receive one update into the model: dense buckets (into the parameters themselves
+        where `prepare_weights` laid them out so) or sparse patches, in place."""
+        if self._transfer_backend in SPARSE_BACKENDS:
+            self._apply_patches(self._weight_receiver.patches(update_info))
+            return
+        manifest = manifest_from_wire(update_info["manifest"])
+        homes = self._homes if manifest.fingerprint == self._homed else None
+        self._copy_into_model(self._weight_receiver.stream(update_info, homes=homes))
+
+    def finish_weight_update(self) -> None:
+        """Nothing to finish: the copies are done when `update_weights` returns."""
+
+    def shutdown_weight_transfer_engine(self) -> None:
+        self._weight_receiver.close()
+        self._transfer_backend = None
+
+    @torch.no_grad()
+    def _apply_patches(self, patches: Iterable[Any]) -> None:
+        live = self._live_tensors()
+        for patch in patches:
+            apply_patch(live[patch.name], patch)
+
     def join_weight_group(self, spec: GroupSpec, rank: int) -> None:
-        """Join a weight group as ``rank`` (`rllib_grpo.weights.transport.WeightGroup`)."""
-        self._weight_receiver.join(spec, rank)
+        """Join a weight group as ``rank`` (``grpo_gloo``/``grpo_shm``)."""
+        self._weight_receiver.init(GroupInit.of(spec, rank_offset=rank))
+        self._transfer_backend = "grpo_gloo"
 
     def prepare_weights(self, manifest: Manifest, slots: SlotsSpec | None = None,
                         check: bool = True, in_place: bool = True) -> None:
-        """Refuse a partial or foreign manifest (before any byte moves); map the slots;
+        """Refuse a partial or foreign manifest (before any byte moves); keep the slots;
         with ``in_place``, lay the parameters out like the manifest's buckets (once per
         layout), so that a broadcast bucket lands in the parameters themselves."""
         if check:
             self._check_names(manifest.names(), manifest.partial)
-        if slots is not None:
-            self._weight_receiver.map_slots(slots)
+        self._slots = slots
         if in_place and not manifest.partial and manifest.fingerprint != self._homed:
             self._home(manifest)
 
     def receive_weights(self, manifest: Manifest, via: str, ipc: dict | None = None,
                         materialize: bool = False) -> dict:
-        """Stream a sync in and copy it into the model; ``materialize`` returns the tensors
-        (copies) instead, for a payload the caller rebuilds (LoRA)."""
+        """Stream a sync from the joined group into the model; ``materialize`` returns the
+        tensors (copies) instead, for a payload the caller rebuilds (LoRA)."""
+        if ipc is not None or via not in ("shm", "collective"):
+            raise ValueError(f"receive_weights takes 'shm' or 'collective' syncs, not {via!r}")
         start = time.perf_counter()
+        slots = getattr(self, "_slots", None) if via == "shm" else None
+        info = BucketUpdate(manifest_to_wire(manifest), list(slots.paths) if slots else None,
+                            slots.nbytes if slots else 0)
         homes = self._homes if manifest.fingerprint == self._homed else None
-        stream = self._weight_receiver.stream(manifest, via, ipc, homes=homes)
+        stream = self._weight_receiver.stream(info, homes=homes)
         if materialize:
             tensors = {name: tensor.detach().to("cpu", copy=True) for name, tensor in stream}
-            ipc_copies_done(via)
             return {"tensors": tensors, "seconds": time.perf_counter() - start}
         self._copy_into_model(stream)
-        ipc_copies_done(via)  # the learner may overwrite its shared tensors once we return
         return {"bytes": manifest.nbytes, "seconds": time.perf_counter() - start}
 
     def leave_weight_group(self) -> None:
         """Leave the weight group (a no-op outside one)."""
-        self._weight_receiver.close()
+        self.shutdown_weight_transfer_engine()
 
     def _check_names(self, names: set[str], partial: bool) -> None:
         key = (frozenset(names), partial)

@@ -10,7 +10,6 @@ through files or pickling.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import random
@@ -29,14 +28,11 @@ from rllib_grpo.samplers.vllm_engine import (
     platform_engine_args,
     with_version_args,
 )
-from rllib_grpo.samplers.vllm_worker import require_layerwise_reload
-from rllib_grpo.weights.layout import Manifest
-from rllib_grpo.weights.names import fused_closure, module_of
-from rllib_grpo.weights.transport import GroupSpec, SlotsSpec
+from rllib_grpo.samplers.vllm_weights import VLLMWeightTransfer
+from rllib_grpo.samplers.vllm_worker import register_in_this_process, require_layerwise_reload
 
 logger = logging.getLogger(__name__)
 
-EMBED_KEY, LM_HEAD_KEY = "model.embed_tokens.weight", "lm_head.weight"
 # HF modules that vLLM fuses into one layer (llama/qwen/mistral families).  A partial
 # reload must give every tensor of a layer it touches: vLLM refills the rest with garbage.
 RELOAD_LOGGER = "vllm.model_executor.model_loader.reload"
@@ -61,7 +57,7 @@ class _ComputedBufferNotice(logging.Filter):
 _COMPUTED_BUFFER_NOTICE = _ComputedBufferNotice()
 
 
-class VLLMSampler:
+class VLLMSampler(VLLMWeightTransfer):
     """Samples with ``vllm.LLM``; one request per prompt carries its whole group (``n``)."""
 
     def __init__(
@@ -100,6 +96,7 @@ class VLLMSampler:
         from vllm.platforms import current_platform
 
         require_layerwise_reload()
+        register_in_this_process()  # the in-process worker creates its engine from the factory
 
         logging.getLogger(LAYERWISE_LOGGER).addFilter(_COMPUTED_BUFFER_NOTICE)  # idempotent
 
@@ -206,63 +203,6 @@ class VLLMSampler:
         self.llm.reset_prefix_cache()
         return {"bytes": state_dict_bytes(state_dict), "seconds": time.perf_counter() - start}
 
-    # ------------------------------------------------------------------ weight transfer
-    # Each vLLM worker joins the learner's weight group itself (`vllm_worker.WeightSyncExtension`).
-    @property
-    def device(self) -> torch.device:
-        """Where the engine's weights live: ``cpu`` or ``cuda`` (its workers hold the GPUs)."""
-        return torch.device("cpu" if self.on_cpu else "cuda")
-
-    @property
-    def weight_dtype(self) -> torch.dtype:
-        """The dtype weights should travel in: the engine's."""
-        return self.llm.llm_engine.model_config.dtype
-
-    @property
-    def num_weight_ranks(self) -> int:
-        """Ranks this engine takes in a weight group: one per worker."""
-        return self.llm.llm_engine.vllm_config.parallel_config.world_size
-
-    def join_weight_group(self, spec: GroupSpec, rank: int) -> None:
-        """Every worker joins, as ranks ``rank`` .. ``rank + num_weight_ranks - 1``."""
-        self.llm.collective_rpc("grpo_join_weight_group",
-                                kwargs={"spec": spec, "rank_offset": rank})
-
-    def prepare_weights(self, manifest: Manifest, slots: SlotsSpec | None = None,
-                        check: bool = True, in_place: bool = True) -> None:
-        """Refuse a partial or foreign manifest (before any byte moves); map the slots.
-        (``in_place`` is the transformers sampler's: vLLM's loader always copies.)"""
-        if check:
-            self._check_keys(self._with_tied_head(manifest).names(), partial=manifest.partial)
-        if slots is not None:
-            self.llm.collective_rpc("grpo_map_slots", kwargs={"slots": slots})
-
-    def receive_weights(self, manifest: Manifest, via: str, ipc: dict | None = None,
-                        materialize: bool = False) -> dict:
-        """Stream a sync into the engine's ``reload_weights``, then drop cached prefixes;
-        ``materialize`` returns copies of the tensors instead (LoRA payloads)."""
-        start = time.perf_counter()
-        manifest = manifest if materialize else self._with_tied_head(manifest)
-        result = self.llm.collective_rpc(
-            "grpo_receive_weights",
-            kwargs={"manifest": manifest, "via": via, "ipc": ipc, "materialize": materialize})
-        if materialize:
-            return {"tensors": result[0], "seconds": time.perf_counter() - start}
-        self.llm.reset_prefix_cache()
-        return {"bytes": manifest.nbytes, "seconds": time.perf_counter() - start}
-
-    def leave_weight_group(self) -> None:
-        """Every worker leaves the weight group (a no-op outside one)."""
-        self.llm.collective_rpc("grpo_leave_weight_group")
-
-    def _with_tied_head(self, manifest: Manifest) -> Manifest:
-        """vLLM keeps a tied head it is not given: send the embeddings under its name too."""
-        names = manifest.names()
-        if self.tied_embeddings and LM_HEAD_KEY not in names and EMBED_KEY in names:
-            return dataclasses.replace(manifest,
-                                       aliases=(*manifest.aliases, (LM_HEAD_KEY, EMBED_KEY)))
-        return manifest
-
     def open_stream(self, version: int = 0) -> Any:
         """Continuous generation on this engine, weights loadable between two steps
         (`rllib_grpo.samplers.stream.GenerationStream`)."""
@@ -322,31 +262,6 @@ class VLLMSampler:
             tensors = {name: t.detach().to("cpu").clone() for name, t in weights.items()}
             save_file(tensors, os.path.join(folder, "model.safetensors"))
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": folder})
-
-    def _with_lm_head(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        weights = dict(state_dict)
-        if LM_HEAD_KEY not in weights and EMBED_KEY in weights and self.tied_embeddings:
-            weights[LM_HEAD_KEY] = weights[EMBED_KEY]
-        return weights
-
-    def _check_keys(self, weights: Mapping[str, torch.Tensor] | set[str],
-                    partial: bool = False) -> None:
-        """vLLM keeps any weight it is not given; refuse a partial (unless ``partial``: then
-        an incomplete fused layer) or foreign state dict."""
-        if not self._checkpoint_keys:  # a hub id: nothing on disk to compare with
-            return
-        required = self._checkpoint_keys
-        if partial:
-            touched = fused_closure({module_of(k) for k in weights})
-            required = {k for k in required if module_of(k) in touched}
-        missing = required - set(weights)
-        unexpected = set(weights) - self._checkpoint_keys - {LM_HEAD_KEY}
-        if missing or unexpected:
-            raise KeyError(
-                f"state dict does not match the checkpoint: missing {sorted(missing)}, "
-                f"unexpected {sorted(unexpected)}"
-            )
-
 
 @contextlib.contextmanager
 def _logger_level(name: str, level: int) -> Iterator[None]:

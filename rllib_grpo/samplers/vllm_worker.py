@@ -1,12 +1,12 @@
-"""The vLLM side of weight transfer: a worker extension, vLLM's documented route for RLHF
-weight updates (``worker_extension_cls`` plus ``LLM.collective_rpc``, as in vLLM's
-``examples/offline_inference/rlhf_utils.py``).
+"""The vLLM side of weight transfer: vLLM's own weight-transfer API.
 
-Every vLLM worker joins the learner's weight group itself (one rank per worker, so a
-tensor-parallel engine works the same way) and streams the buckets straight into
-``reload_weights``: no state dict is assembled, no file written.  `VLLMSampler` names this
-class in its engine arguments; its ``join_weight_group`` / ``prepare_weights`` /
-``receive_weights`` call the methods below through ``collective_rpc``.
+Every `VLLMSampler` engine starts with ``weight_transfer_config={"backend": "grpo"}``
+(`rllib_grpo.weights.engines.DispatchEngine`), which creates the backend the driver picks
+(ours in host memory, vLLM's ``nccl`` / ``ipc`` / ``sparse_nccl`` on GPUs) at
+``init_weight_transfer_engine``.  Our engines must be registered with vLLM's factory in
+each worker process before the worker loads the model: vLLM imports this module there
+(`rllib_grpo.samplers.vllm_extension` is the engine's ``worker_extension_cls``), and
+importing that module registers them.  This module imports no vLLM.
 """
 
 from __future__ import annotations
@@ -14,10 +14,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from rllib_grpo.weights.layout import Manifest
-from rllib_grpo.weights.transport import BucketReceiver, GroupSpec, SlotsSpec, ipc_copies_done
-
-EXTENSION_QUALNAME = "rllib_grpo.samplers.vllm_worker.WeightSyncExtension"
+EXTENSION_QUALNAME = "rllib_grpo.samplers.vllm_extension.WeightSyncExtension"
 # The first vLLM with ``reload_weights(weights_iterator=...)`` (the layerwise reload, vLLM
 # PR #32133); pyproject's ``[vllm]`` extra pins the same (a test keeps them equal).
 MIN_VLLM = "0.16"
@@ -25,48 +22,29 @@ MIN_VLLM = "0.16"
 
 def require_layerwise_reload() -> None:
     """Refuse, at start-up, a vLLM whose workers cannot ``reload_weights`` from an iterator
-    (every sync would fail with a TypeError)."""
+    or have no weight-transfer API (every sync would fail)."""
     import vllm
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    from vllm.v1.worker.gpu_worker import Worker
 
     reload = getattr(GPUModelRunner, "reload_weights", None)
-    if reload is None or "weights_iterator" not in inspect.signature(reload).parameters:
+    if (reload is None or "weights_iterator" not in inspect.signature(reload).parameters
+            or not hasattr(Worker, "init_weight_transfer_engine")):
         raise RuntimeError(
             f"vLLM {getattr(vllm, '__version__', '?')} has no reload_weights(weights_iterator="
-            f"...), which weight syncs stream into: install vllm>={MIN_VLLM} "
-            "(pip install 'rllib-grpo[vllm]').")
+            f"...) or no weight-transfer API, which weight syncs go through: install "
+            f"vllm>={MIN_VLLM} (pip install 'rllib-grpo[vllm]').")
 
 
-class WeightSyncExtension:
-    """Mixed into vLLM's worker class (methods only: vLLM refuses clashing names)."""
+def register_in_this_process() -> None:
+    """Register our weight-transfer engines with vLLM's factory (idempotent)."""
+    from rllib_grpo.weights.engines import register_engines
 
-    def grpo_weight_receiver(self) -> BucketReceiver:
-        receiver = self.__dict__.get("_grpo_weight_receiver")
-        if receiver is None:
-            receiver = self.__dict__["_grpo_weight_receiver"] = BucketReceiver()
-        return receiver
+    register_engines()
 
-    def grpo_join_weight_group(self, spec: GroupSpec, rank_offset: int) -> None:
-        """Join as rank ``rank_offset`` + this worker's rank in the engine."""
-        self.grpo_weight_receiver().join(spec, rank_offset + int(getattr(self, "rank", 0)))
 
-    def grpo_map_slots(self, slots: SlotsSpec) -> None:
-        self.grpo_weight_receiver().map_slots(slots)
+def worker_gpu_uuid(worker: Any) -> str:
+    """Run on a vLLM worker (``collective_rpc``): the UUID of the GPU it drives."""
+    import torch
 
-    def grpo_receive_weights(self, manifest: Manifest, via: str, ipc: dict | None = None,
-                             materialize: bool = False) -> Any:
-        """Stream a sync into ``reload_weights`` (the weights are loaded layer by layer as
-        the buckets arrive), or return copies of the tensors (``materialize``)."""
-        stream = self.grpo_weight_receiver().stream(manifest, via, ipc)
-        if materialize:
-            tensors = {name: tensor.detach().to("cpu", copy=True) for name, tensor in stream}
-            ipc_copies_done(via)
-            return tensors
-        self.reload_weights(weights_iterator=stream)  # type: ignore[attr-defined]  # vLLM's worker
-        # After reload_weights, not after the stream: the layerwise reload copies some
-        # tensors (a layer's last, the tied embeddings) only once the stream has ended.
-        ipc_copies_done(via)
-        return None
-
-    def grpo_leave_weight_group(self) -> None:
-        self.grpo_weight_receiver().close()
+    return str(torch.cuda.get_device_properties(worker.device).uuid)

@@ -1,4 +1,5 @@
-"""Which weight transport each env runner gets, from where the learner and the runner live.
+"""Which weight transport each env runner gets, from where the learner and the runner live,
+and which weight-transfer engine (vLLM's factory name, `engine_backend`) carries it.
 
 ``weight_sync_transport="auto"`` picks the fastest path the placement allows:
 
@@ -8,7 +9,18 @@
 | same node, the runner sees the learner's GPU    | ``ipc``        | CUDA IPC handles (FSDP: of a full gather on rank 0); receiver copies |
 | same node, CPU, or a payload in host memory     | ``shm``        | buckets through shared memory |
 | same node on other GPUs, or other node          | ``collective`` | buckets broadcast (NCCL / gloo) |
-| no group can be formed                          | ``object_store`` | the state dict through Ray |
+| no group can be formed; a LoRA payload; the     | ``object_store`` | the state dict through Ray |
+| driver's env runner with a remote learner       |                |                            |
+
+Every transport but ``local`` and ``object_store`` is a weight-transfer engine driven
+through vLLM's API (`engine_backend`): ``ipc`` -> vLLM's ``ipc``; ``collective`` -> vLLM's
+``nccl`` (GPUs) or our ``grpo_gloo``; ``shm`` -> our ``grpo_shm``; ``delta`` (never picked
+by ``auto``: set ``weight_sync_transport="delta"``) -> our ``grpo_sparse_gloo`` on every
+device: only the elements that changed since the last sync travel (a tensor whole where
+that is fewer bytes), over a gloo group.  vLLM's ``sparse_nccl`` is not used: it has no
+dense form and its in-place loader fails on vLLM's CPU layers
+(`rllib_grpo.weights.engines.SparseGlooEngine` says why).  vLLM's
+GPU engines load into vLLM models only: a transformers sampler gets our host engines.
 
 A runner on the learner's GPU never becomes an NCCL rank next to the learner: NCCL
 refuses two ranks of one communicator on one GPU ("Duplicate GPU detected",
@@ -28,19 +40,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-WEIGHT_SYNC_TRANSPORTS = ("auto", "local", "ipc", "shm", "collective", "object_store")
+WEIGHT_SYNC_TRANSPORTS = ("auto", "local", "ipc", "shm", "collective", "delta", "object_store")
 # Numeric codes for the `weight_sync/transport` metric (metrics are numbers).
-TRANSPORT_CODES = {"local": 0, "ipc": 1, "shm": 2, "collective": 3, "object_store": 4}
+TRANSPORT_CODES = {"local": 0, "ipc": 1, "shm": 2, "collective": 3, "object_store": 4,
+                   "delta": 5}
 TRANSPORT_NAMES = {code: name for name, code in TRANSPORT_CODES.items()}
-GROUP_TRANSPORTS = ("shm", "collective")  # those that need a weight group
+GROUP_TRANSPORTS = ("shm", "collective", "delta")  # those that need a weight group
+ENGINE_TRANSPORTS = ("ipc", *GROUP_TRANSPORTS)  # those a weight-transfer engine carries
 
 
 @dataclass(frozen=True)
 class Endpoint:
     """Where one side of a weight sync lives.
 
-    ``gpus``: the sender's GPU (one UUID) or the GPUs a receiver sees (its ranks use the
-    first ``num_ranks`` of them, as a sampler on ``cuda`` and vLLM's workers do);
+    ``gpus``: the sender's GPU (one UUID) or the GPUs a receiver's ranks run on, in rank
+    order (a vLLM engine's workers report theirs: a colocated tensor-parallel engine narrows
+    ``CUDA_VISIBLE_DEVICES`` to its own, which its env runner need not see; otherwise the
+    GPUs the receiver sees, its ranks on the first ``num_ranks``);
     ``dtype``: the sampler's weight dtype (receivers); ``num_ranks``: ranks a receiver
     takes in a group (vLLM: one per worker); ``sharded``: the sender's weights are FSDP
     shards; ``host_payload``: what the sender sends lives in host memory (LoRA payloads).
@@ -54,6 +70,8 @@ class Endpoint:
     num_ranks: int = 1
     sharded: bool = False
     host_payload: bool = False
+    gpu_engines: bool = False
+    in_driver: bool = False
 
     def same_process(self, other: Endpoint) -> bool:
         return self.node_id == other.node_id and self.pid == other.pid
@@ -64,9 +82,12 @@ class Endpoint:
 
 
 def _sees_sender_gpu(sender: Endpoint, receiver: Endpoint) -> bool:
-    """The receiver can open CUDA IPC handles of the sender's (GPU) payload."""
+    """Every rank of the receiver runs on the sender's GPU, so each can open the CUDA IPC
+    handles of the sender's payload (vLLM's ``ipc`` engine looks its own GPU's UUID up in
+    them): a tensor-parallel engine's other ranks are on other GPUs and cannot."""
     return (sender.device == receiver.device == "cuda" and not sender.host_payload
-            and bool(sender.gpus) and sender.gpus[0] in receiver.gpus
+            and receiver.gpu_engines and bool(sender.gpus)
+            and set(receiver.rank_gpus()) == {sender.gpus[0]}
             and receiver.node_id == sender.node_id)
 
 
@@ -77,7 +98,8 @@ def _auto(sender: Endpoint, receiver: Endpoint) -> str:
         return "ipc"  # never an NCCL rank on the learner's GPU
     if receiver.node_id != sender.node_id:
         return "collective"
-    if sender.device == "cuda" and receiver.device == "cuda" and not sender.host_payload:
+    if (sender.device == "cuda" and receiver.device == "cuda" and receiver.gpu_engines
+            and not sender.host_payload):
         return "collective"  # NCCL between two GPUs of the node
     return "shm"
 
@@ -103,12 +125,16 @@ def choose_transports(setting: str, sender: Endpoint, receivers: dict[int, Endpo
     for index, receiver in receivers.items():
         if receiver.same_process(sender):
             chosen[index] = "local"  # nothing beats handing the tensors over
+        elif sender.host_payload or receiver.in_driver:
+            chosen[index] = _through_ray(setting, receiver, index)
         elif setting == "auto":
             chosen[index] = _auto(sender, receiver)
         else:
             chosen[index] = _forced(setting, sender, receiver, index)
     if any(t == "collective" for t in chosen.values()):  # one group: one path through it
         chosen = {i: "collective" if t == "shm" else t for i, t in chosen.items()}
+    if setting == "delta":
+        chosen = {i: "delta" if t in GROUP_TRANSPORTS else t for i, t in chosen.items()}
     if setting == "collective":
         members = [receivers[i] for i, t in chosen.items() if t == "collective"]
         shared = shared_gpus(sender, members)
@@ -119,6 +145,29 @@ def choose_transports(setting: str, sender: Endpoint, receivers: dict[int, Endpo
                 "NVIDIA/nccl#1241): use 'auto' (CUDA IPC for a runner on the learner's GPU) "
                 "or give each env runner a GPU of its own.")
     return chosen
+
+
+def _through_ray(setting: str, receiver: Endpoint, index: int) -> str:
+    """A LoRA payload (adapter-only, host copies, merged on the runner) or the driver's own
+    runner with a remote learner: Ray's object store; a forced engine transport is refused."""
+    if setting in ("auto", "object_store"):
+        return "object_store"
+    why = ("the driver's env runner cannot be called by a remote learner's weight engine: "
+           "use num_env_runners >= 1" if receiver.in_driver else
+           "LoRA syncs carry the adapter (host copies) through Ray's object store")
+    raise ValueError(f"weight_sync_transport={setting!r} for env runner {index}: {why}, or "
+                     "weight_sync_transport='auto'.")
+
+
+def engine_backend(transport: str, group: str = "gloo") -> str:
+    """The weight-transfer engine (vLLM's factory name) of a transport; ``group``: the
+    group's backend (`group_backend`: ``nccl`` when every rank has a GPU of its own)."""
+    engines = {"ipc": "ipc", "shm": "grpo_shm",
+               "collective": "nccl" if group == "nccl" else "grpo_gloo",
+               "delta": "grpo_sparse_gloo"}  # on GPUs too: see engines.SparseGlooEngine
+    if transport not in engines:
+        raise ValueError(f"transport {transport!r} has no weight-transfer engine")
+    return engines[transport]
 
 
 def _forced(setting: str, sender: Endpoint, receiver: Endpoint, index: int) -> str:
@@ -134,6 +183,8 @@ def _forced(setting: str, sender: Endpoint, receiver: Endpoint, index: int) -> s
     if setting == "ipc" and sender.host_payload:
         raise ValueError("weight_sync_transport='ipc' shares CUDA memory, but the payload "
                          "(LoRA) lives in host memory: use 'shm' or 'auto'.")
+    if setting == "delta":
+        return "collective" if receiver.node_id != sender.node_id else "shm"  # its group
     if setting == "ipc" and not _sees_sender_gpu(sender, receiver):
         raise ValueError(f"weight_sync_transport='ipc' needs the learner's weights on a GPU "
                          f"that {where} sees: use 'shm', 'collective' or 'auto'.")
@@ -142,10 +193,11 @@ def _forced(setting: str, sender: Endpoint, receiver: Endpoint, index: int) -> s
 
 def group_backend(sender: Endpoint, receivers: list[Endpoint], refuse_shared: bool = True
                   ) -> str:
-    """NCCL when the sender and every receiver of the group are on GPUs, each rank on a GPU
-    of its own; else gloo (which does not mind two ranks on one GPU).  ``refuse_shared``
-    False: the backend the devices alone would give."""
-    on_gpus = sender.device == "cuda" and all(r.device == "cuda" for r in receivers)
+    """NCCL when the sender and every receiver of the group are on GPUs with vLLM's engines,
+    each rank on a GPU of its own; else gloo (which does not mind two ranks on one GPU).
+    ``refuse_shared`` False: the backend the devices alone would give."""
+    on_gpus = sender.device == "cuda" and all(r.device == "cuda" and r.gpu_engines
+                                              for r in receivers)
     if on_gpus and refuse_shared and shared_gpus(sender, receivers):
         return "gloo"
     return "nccl" if on_gpus else "gloo"
@@ -158,13 +210,18 @@ def predict_transport(config: Any) -> tuple[str, str]:
     runners = config.num_env_runners
     if local_learner and runners == 0:
         return "local", "learner and sampler in the driver: device tensors copied in place"
+    if setting == "delta":
+        return "delta", ("changed elements only (a tensor whole where that is fewer bytes), "
+                         "through the grpo_sparse_gloo engine over a gloo group")
     if setting != "auto":
         return setting, "forced by weight_sync_transport"
     learner_gpu = (config.num_gpus_per_learner or 0) > 0
     runner_gpu = (config.num_gpus_per_env_runner or 0) > 0
     sharded = config.num_learners >= 2 and getattr(config, "fsdp", False)
     lora = getattr(config, "lora_rank", 0) > 0
-    if learner_gpu and runner_gpu and not lora:
+    if lora:
+        return "object_store", "LoRA syncs carry the adapter only, through Ray's object store"
+    if learner_gpu and runner_gpu:
         gathered = " of the full tensors gathered from the FSDP shards" if sharded else ""
         return "ipc", (f"learner and env runners on one node's GPUs: CUDA IPC handles{gathered} "
                        "(collective NCCL across nodes or GPUs the runner cannot see)")

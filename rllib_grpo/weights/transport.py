@@ -1,27 +1,20 @@
-"""Weight transfer, the data paths between one sender and its receivers (no Ray here):
+"""Host-memory data paths of our own weight-transfer engines (no Ray, no vLLM here): the
+``grpo_shm``/``grpo_gloo``/``grpo_sparse_gloo`` engines of `rllib_grpo.weights.engines`
+(registered with vLLM's ``WeightTransferEngineFactory``) move their bytes with these.  GPU
+paths are vLLM's own engines (``nccl``, ``ipc``, ``sparse_nccl``); nothing here touches CUDA.
 
-* ``collective``: a `torch.distributed` group of its own (gloo on CPU, NCCL on GPUs, never
-  the default group, which the learners or vLLM may own), rank 0 the sender.  Buckets are
-  broadcast one after the other through two buffers per side: the sender packs bucket k+1
-  while bucket k travels, a receiver loads bucket k while k+1 arrives.  Neither side holds
-  more than two buckets besides the model.
+* ``collective``: a gloo `torch.distributed` group of its own (never the default group,
+  which the learners or vLLM may own), rank 0 the sender.  Buckets are broadcast one after
+  the other through two buffers per side: the sender packs bucket k+1 while bucket k
+  travels, a receiver loads bucket k while k+1 arrives.
 * ``shm``: the same group for signalling only; the bytes go through two shared-memory
   slots (files in ``/dev/shm`` mapped by every process on the node): the sender packs
   bucket k into slot k % 2, one barrier, the receivers load it from there.
-* ``ipc`` (CUDA): the sender's own device tensors, shared with `torch.multiprocessing`'s
-  CUDA IPC handles (``reduce_tensor``, as verl and OpenRLHF do); receivers copy straight
-  from them (casting to their dtype), so nothing is packed at all.  Copies are queued on
-  the receiver's stream: a receiver calls `ipc_copies_done` before it returns, or the
-  learner's next optimizer step could overwrite the tensors mid-copy (vLLM's colocate
-  example and OpenRLHF synchronize the same way).
 
-A weight group is shut down (`WeightGroup.close`: the communicator, the connections, the
-store) whenever its owner closes or joins a new one.
-
-`BucketSender.send` and `BucketReceiver.stream` are the two halves; what a receiver
-does with the ``(name, tensor)`` pairs it streams (copy into live parameters, vLLM's
-``reload_weights``) is the sampler's business.  It yields views of its buffers, no copies; a view the
-consumer still holds when it asks for the next bucket is given memory of its own first.
+A weight group is shut down (`WeightGroup.close`: the connections, the store) whenever its
+owner closes or joins a new one.  `BucketSender.send` and `BucketReceiver.stream` are the
+two halves; the receiver yields views of its buffers, no copies; a view the consumer still
+holds when it asks for the next bucket is given memory of its own first.
 """
 
 from __future__ import annotations
@@ -31,6 +24,7 @@ import mmap
 import os
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -41,7 +35,7 @@ import torch.distributed as dist
 
 from rllib_grpo.weights.layout import Manifest, pack_bucket, typed
 
-VIA_COLLECTIVE, VIA_SHM, VIA_IPC = "collective", "shm", "ipc"
+VIA_COLLECTIVE, VIA_SHM = "collective", "shm"
 NUM_SLOTS = 2  # double buffering
 
 
@@ -67,8 +61,34 @@ def open_store(host: str, world_size: int, backend: str, timeout_s: float = 300.
                             timeout_s)
 
 
+def wait_for_members(store: dist.Store, spec: GroupSpec, joining: Any,
+                     poll_s: float = 0.05) -> None:
+    """Rank 0, before its own rendezvous: wait until ranks 1.. have reached the store,
+    raising at once the error of a failed join (``joining``: a future) and, after
+    ``spec.timeout_s``, an error naming the ranks that never arrived, instead of waiting
+    in gloo's rendezvous (``TCPStore::doWait``) with no word of why."""
+    prefixed = dist.PrefixStore(f"rllib_grpo/weights/{spec.token}", store)
+    keys = [f"arrived/{r}" for r in range(1, spec.world_size)]
+    deadline = time.monotonic() + spec.timeout_s
+    while not prefixed.check(keys):
+        if joining.done():
+            joining.result()  # a join that failed raises its own error here
+            if prefixed.check(keys):
+                break
+            missing = [r for r, k in enumerate(keys, 1) if not prefixed.check([k])]
+            raise RuntimeError(f"weight group at {spec.host}:{spec.port}: the joiners "
+                               f"returned but ranks {missing} never reached the store")
+        if time.monotonic() > deadline:
+            missing = [r for r, k in enumerate(keys, 1) if not prefixed.check([k])]
+            raise TimeoutError(f"weight group at {spec.host}:{spec.port}: ranks {missing} "
+                               f"did not join within {spec.timeout_s:.0f} s (an env runner "
+                               "busy or gone, or the address unreachable from it)")
+        time.sleep(poll_s)
+
+
 class WeightGroup:
-    """A standalone process group (not the default one) for weight syncs; rank 0 sends."""
+    """A standalone gloo process group (not the default one) for weight syncs; rank 0
+    sends.  NCCL groups are vLLM's (``nccl``/``sparse_nccl`` engines), not ours."""
 
     def __init__(self, spec: GroupSpec, rank: int, store: dist.Store | None = None) -> None:
         timeout = datetime.timedelta(seconds=spec.timeout_s)
@@ -77,18 +97,13 @@ class WeightGroup:
                                   timeout=timeout)
         self._store: dist.Store | None = store  # keep the connection alive with the group
         prefixed = dist.PrefixStore(f"rllib_grpo/weights/{spec.token}", store)
+        prefixed.set(f"arrived/{rank}", "1")  # the sender's `wait_for_members` sees it
         self.spec, self.rank = spec, rank
-        self.pg: Any
-        if spec.backend == "nccl":
-            options = dist.ProcessGroupNCCL.Options()
-            options._timeout = timeout
-            self.pg = dist.ProcessGroupNCCL(prefixed, rank, spec.world_size, options)
-            self.device = torch.device("cuda", torch.cuda.current_device())
-        elif spec.backend == "gloo":
-            self.pg = dist.ProcessGroupGloo(prefixed, rank, spec.world_size, timeout)
-            self.device = torch.device("cpu")
-        else:
-            raise ValueError(f"weight group backend {spec.backend!r}: use 'gloo' or 'nccl'")
+        if spec.backend != "gloo":
+            raise ValueError(f"weight group backend {spec.backend!r}: our groups are gloo "
+                             "(NCCL transfers go through vLLM's nccl/sparse_nccl engines)")
+        self.pg: Any = dist.ProcessGroupGloo(prefixed, rank, spec.world_size, timeout)
+        self.device = torch.device("cpu")
         self._flag = torch.zeros(1, device=self.device)
 
     def _pg(self) -> Any:
@@ -106,8 +121,8 @@ class WeightGroup:
         self._pg().allreduce([self._flag]).wait()
 
     def close(self) -> None:
-        """Shut the group down: NCCL's communicator (its GPU memory and threads) or gloo's
-        connections, then the store (the sender's: its listening port).  Idempotent."""
+        """Shut the group down: gloo's connections, then the store (the sender's: its
+        listening port).  Idempotent."""
         pg, self.pg = self.pg, None
         if pg is not None:
             pg.shutdown()
@@ -169,51 +184,6 @@ class SharedSlots:
             except BufferError:  # a view is still alive somewhere; the OS frees it at exit
                 pass
         self._maps.clear()
-
-
-# --------------------------------------------------------------------------- CUDA IPC
-def share_cuda_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """CUDA IPC handles of the sender's own tensors (no copy), after its pending work."""
-    from torch.multiprocessing.reductions import reduce_tensor
-
-    devices = {t.device for t in tensors.values()}
-    for device in devices:
-        torch.cuda.current_stream(device).synchronize()
-    handles = {}
-    for name, tensor in tensors.items():
-        if tensor.device.type != "cuda":
-            raise ValueError(f"CUDA IPC needs CUDA tensors; {name} is on {tensor.device}")
-        handles[name] = reduce_tensor(tensor.detach())
-    return {"handles": handles, "uuids": {str(torch.cuda.get_device_properties(d).uuid): d.index
-                                          for d in devices}}
-
-
-def ipc_copies_done(via: str) -> None:
-    """After consuming a ``via`` sync: with CUDA IPC, wait until this process's copies out
-    of the sender's tensors have run (they were only queued), so that the sender may write
-    them again.  Every receiver calls it before its receive returns."""
-    if via == VIA_IPC and torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def _local_cuda_index(device_uuid: str) -> int:
-    for index in range(torch.cuda.device_count()):
-        if str(torch.cuda.get_device_properties(index).uuid) == device_uuid:
-            return index
-    raise RuntimeError(f"CUDA IPC: the sender's GPU {device_uuid} is not visible here")
-
-
-def open_cuda_tensors(shared: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """The sender's tensors, opened from `share_cuda_tensors`'s handles on this process's
-    index of the same GPU (each process numbers its visible GPUs from 0, as verl notes)."""
-    index_of = {sender_index: _local_cuda_index(device_uuid)
-                for device_uuid, sender_index in shared["uuids"].items()}
-    out = {}
-    for name, (rebuild, args) in shared["handles"].items():
-        args = list(args)
-        args[6] = index_of.get(args[6], args[6])  # rebuild_cuda_tensor's storage_device
-        out[name] = rebuild(*args)
-    return out
 
 
 # --------------------------------------------------------------------------- the two halves
@@ -338,21 +308,12 @@ class BucketReceiver(_GroupMember):
                 self.slots.tensors.clear()
             self.slots = SharedSlots(spec)
 
-    def stream(self, manifest: Manifest, via: str, ipc: dict[str, Any] | None = None,
+    def stream(self, manifest: Manifest, via: str,
                homes: list[torch.Tensor | None] | None = None
                ) -> Iterator[tuple[str, torch.Tensor]]:
         """The manifest's tensors (and aliases) as they arrive.  ``homes`` (collective
         only): per bucket, memory to receive it into, e.g. the very parameters it fills."""
         aliases_of = manifest.aliases_of()
-        if via == VIA_IPC:
-            if ipc is None:
-                raise ValueError("a CUDA IPC sync needs the sender's handles (ipc=...)")
-            tensors = open_cuda_tensors(ipc)
-            for name, tensor in tensors.items():
-                yield name, tensor
-                for alias in aliases_of.get(name, ()):
-                    yield alias, tensor
-            return
         if via == VIA_SHM:
             for k, bucket in enumerate(manifest.buckets):
                 self._group().barrier()  # the sender has packed bucket k

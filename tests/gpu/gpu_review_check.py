@@ -3,7 +3,7 @@
 
 Run from the repository root (nothing to install; the image's torch/transformers/peft do):
 
-    PYTHONPATH=. PYTHONUNBUFFERED=1 python /path/to/gpu_review_check.py [--only c2,c4] [--no-big]
+    PYTHONPATH=. PYTHONUNBUFFERED=1 python /path/to/gpu_review_check.py [--only c2,c4b] [--no-big]
 
 One JSON line per check (``ok``: the code behaved as a correct GPU path must; ``finding``:
 what the review predicted, ``observed``: what happened).  Also written to
@@ -15,7 +15,6 @@ GPU-only checks are skipped (a dry run of the script itself).
 from __future__ import annotations
 
 import argparse
-import glob
 import importlib.util as _iu  # noqa: E402
 import json
 import os
@@ -251,126 +250,28 @@ def c3_sampler(root):
 
 
 # -- CUDA IPC ----------------------------------------------------------------
-def _ipc_child(q_in, q_out):
-    try:
-        import torch as t
-
-        from rllib_grpo.weights.transport import BucketReceiver, ipc_copies_done, open_cuda_tensors
-
-        t.cuda.set_device(0)
-        manifest, ipc = q_in.get(timeout=120)
-        got = {}
-        for name, tensor in BucketReceiver().stream(manifest, "ipc", ipc):
-            dst = t.empty(tensor.shape, dtype=t.bfloat16, device="cuda")
-            dst.copy_(tensor)  # what HFSampler._copy_into_model / vLLM's loaders do (cast)
-            got[name] = float(dst.double().sum())
-        t.cuda.synchronize()
-        q_out.put(("sums", got))
-        # Race: the receiver returns before its copy ran; the sender then writes in place.
-        handles = q_in.get(timeout=120)
-        src = open_cuda_tensors(handles)["race"]
-        dst = t.empty_like(src)
-        a = t.randn(8192, 8192, device="cuda", dtype=t.bfloat16)
-        for _ in range(60):  # ~0.1-0.3 s of queued work ahead of the copy
-            a = (a @ a).clamp_(-1, 1)
-        dst.copy_(src)          # enqueued, not run yet
-        ipc_copies_done("ipc")  # what every receiver does before its receive returns
-        q_out.put(("done", None))   # = runner_receive returning
-        t.cuda.synchronize()
-        q_out.put(("race", float(dst.float().mean())))
-    except Exception as e:  # noqa: BLE001
-        q_out.put(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()[-800:]}"))
-
-
-def c4_ipc(root):
-    if not GPU:
-        return record("c4_ipc", None, skipped="no GPU")
-    from rllib_grpo.weights.layout import plan_manifest, split_aliases
-    from rllib_grpo.weights.transport import share_cuda_tensors
-
-    torch.manual_seed(0)
-    emb = torch.randn(4096, 256, device=DEV)
-    state = {"model.embed_tokens.weight": emb, "lm_head.weight": emb,
-             **{f"model.layers.{i}.mlp.up_proj.weight": torch.randn(512, 256, device=DEV)
-                for i in range(4)}}
-    unique, aliases = split_aliases(state)
-    manifest = plan_manifest(unique, wire_dtype=torch.bfloat16, aliases=aliases)
-    expected = {k: float(v.to(torch.bfloat16).double().sum()) for k, v in state.items()}
-    ctx = mp.get_context("spawn")
-    q_in, q_out = ctx.Queue(), ctx.Queue()
-    child = ctx.Process(target=_ipc_child, args=(q_in, q_out), daemon=True)
-    child.start()
-    try:
-        q_in.put((manifest, share_cuda_tensors(unique)))
-        kind, sums = q_out.get(timeout=150)
-        if kind == "error":
-            return record("c4_ipc", False, error=sums)
-        sums_ok = set(sums) == set(expected) and all(abs(sums[k] - expected[k]) < 1e-3 for k in sums)
-        race = torch.ones(64 * 2**20, device=DEV)  # 256 MB
-        q_in.put(share_cuda_tensors({"race": race}))
-        kind, _ = q_out.get(timeout=150)
-        race.fill_(2.0)  # the learner's next optimizer step writing its live parameters
-        torch.cuda.synchronize()
-        kind, mean = q_out.get(timeout=150)
-        record("c4_ipc", sums_ok, names_and_cast_ok=sums_ok, aliases=[a for a, _ in aliases],
-               race_receiver_saw=mean,
-               finding="receiver returns before its copy kernels ran (no synchronize); "
-                       "mean 2.0 = it copied the sender's later write",
-               race_reproduced=mean is not None and mean > 1.5)
-    finally:
-        child.join(timeout=20)
-        if child.is_alive():
-            child.kill()
-
-
+# c4 (our CUDA IPC transport's copy race) and c5 (re-sharing live tensors) checked home-made
+# code that is gone: CUDA IPC is vLLM's ``ipc`` weight-transfer engine now (issue #28).
 def c4b_lora_ipc(root):
     """LoRA payloads are CPU copies: CUDA IPC cannot share them, so the plan must not offer
     'ipc' for them (it gives 'shm')."""
     from rllib_grpo.models import lora
     from rllib_grpo.models.loading import load_causal_lm
     from rllib_grpo.weights.plan import Endpoint, choose_transports
-    from rllib_grpo.weights.transport import share_cuda_tensors
 
     path = model_dir(root, "small")
     lm = lora.wrap_with_lora(load_causal_lm(path, dtype="float32").to(DEV), lora.LoRASettings(rank=8))
     payload = lora.sync_payload(lm, lora.LoRASettings(rank=8), first=True)
     tensors = payload.to_tensors()  # what WeightSender.stage shares
     devices = sorted({str(v.device) for v in tensors.values()})
-    try:
-        share_cuda_tensors(tensors)
-        raised = None
-    except Exception as e:  # noqa: BLE001
-        raised = f"{type(e).__name__}: {e}"[:300]
     gpu = "GPU-learner"
     learner = Endpoint("node", 1, "cuda", (gpu,), host_payload=any(d == "cpu" for d in devices))
-    chosen = choose_transports("auto", learner, {1: Endpoint("node", 2, "cuda", (gpu,))})[1]
-    record("c4b_lora_ipc", raised is None or chosen != "ipc", payload_devices=devices,
-           share_cuda_tensors=raised or "ok", planned_transport=chosen,
+    runner = Endpoint("node", 2, "cuda", (gpu,), gpu_engines=True)
+    chosen = choose_transports("auto", learner, {1: runner})[1]
+    record("c4b_lora_ipc", chosen != "ipc", payload_devices=devices, planned_transport=chosen,
            finding="WeightSender.stage(vias=('ipc',)) with lora_rank>0 raised at the first sync")
 
 
-def c5_reshare(_root):
-    """Re-sharing the same live tensors every sync (what stage() does) vs. one shared buffer."""
-    if not GPU:
-        return record("c5_reshare", None, skipped="no GPU")
-    from rllib_grpo.weights.transport import share_cuda_tensors
-
-    tensors = {f"w{i}": torch.empty(4096, device=DEV) for i in range(300)}
-    files0 = len(glob.glob("/dev/shm/torch_*"))
-    t = time.perf_counter()
-    for _ in range(20):
-        share_cuda_tensors(tensors)
-    per = (time.perf_counter() - t) / (20 * 300)
-    files1 = len(glob.glob("/dev/shm/torch_*"))
-    torch.cuda.ipc_collect()
-    files2 = len(glob.glob("/dev/shm/torch_*"))
-    record("c5_reshare", None, shares=6000, us_per_share=round(per * 1e6, 1),
-           shm_refcount_files=(files0, files1, files2),
-           finding="each share wraps the storage in a new CudaIPCSentData (refcount slot + IPC "
-                   "event) that lives as long as the parameter")
-
-
-# -- weight groups (gloo / shm / NCCL) -----------------------------------------
 def _group_child(spec, rank, manifest, via, slots, q_out):
     try:
         import torch as t
@@ -693,7 +594,7 @@ def c11_throughput(root):
 
 
 CHECKS = [("c0", c0_env), ("c1", c1_perf), ("c2", c2_packing), ("c3", c3_sampler),
-          ("c4", c4_ipc), ("c4b", c4b_lora_ipc), ("c5", c5_reshare), ("c6", c6_gloo_shm),
+          ("c4b", c4b_lora_ipc), ("c6", c6_gloo_shm),
           ("c7", c7_nccl_world1), ("c8", c8_nccl_same_gpu), ("c9", c9_fsdp), ("c10", c10_offload),
           ("c11", c11_throughput)]
 

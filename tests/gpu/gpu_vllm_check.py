@@ -16,9 +16,13 @@ On a random model of Qwen2.5-0.5B's shape in bf16 (`benchmarks.workloads`'s
   (`rllib_grpo.rllib.env_runner.engine.engine_options`), not the model's full context;
 * ``sleep_wake``: ``sleep()`` frees most of the engine's memory (weights and KV cache) and
   ``wake_up()`` restores it; greedy tokens are the same before and after;
-* ``sync``: the learner's (perturbed) weights loaded into the engine (seconds, bytes); the
-  engine's sampled-token log-probs against the learner's own forward pass (bf16:
-  ``rollout_log_probs_diff_max``) before and after the load;
+* ``sync``: the learner's (perturbed) weights sent into the engine through vLLM's
+  weight-transfer API (``grpo_shm``, as an env runner on the node takes them; seconds,
+  bytes); the engine's sampled-token log-probs against the learner's own forward pass
+  (bf16: ``rollout_log_probs_diff_max``) before and after;
+* ``delta`` (recorded by ``sync``): a ``delta`` sync (``grpo_sparse_gloo``) of a step that
+  moved 2% of the elements (changed fraction, seconds, bytes) and the log-probs after it:
+  the GPU check of the delta path, which has run on CPU only;
 * ``throughput``: generation tokens/s with and without per-request seeds, and the decode
   MFU (2 x parameters FLOPs per generated token over the GPU's dense bf16 peak,
   `rllib_grpo.rllib.learner.perf.peak_flops`).
@@ -148,30 +152,63 @@ def check_sleep_wake(model_dir: str, vocab: int) -> None:
 
 
 def check_sync(model_dir: str, vocab: int) -> None:
+    """Through vLLM's weight-transfer API, as an env runner takes weights: a full sync
+    (``grpo_shm``: shared memory, the learner's tensors cast to the wire dtype on its GPU),
+    then a ``delta`` sync (``grpo_sparse_gloo``: whole, then a step's changed elements
+    patched on the worker's host copy and the touched layers reloaded)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from rllib_grpo.samplers import SamplingParams
     from rllib_grpo.samplers.base import max_log_prob_diff
+    from rllib_grpo.weights.layout import plan_manifest, split_aliases
+    from rllib_grpo.weights.trainer import DeltaTracker, ManifestSource, connect_receiver
+    from rllib_grpo.weights.wire import update_nbytes
 
     learner = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).cuda().eval()
-    with torch.no_grad():  # a step's worth of change: the engine must pick it up
-        generator = torch.Generator(device="cuda").manual_seed(1)
-        for param in learner.parameters():
-            param.add_(torch.randn(param.shape, device="cuda", generator=generator,
-                                   dtype=param.dtype) * 0.02)
+    generator = torch.Generator(device="cuda").manual_seed(1)
+
+    def step(scale: float, every: int = 1) -> None:  # a step's worth of change
+        with torch.no_grad():
+            for param in learner.parameters():
+                flat = param.view(-1)[::every]
+                flat.add_(torch.randn(flat.shape, device="cuda", generator=generator,
+                                      dtype=param.dtype) * scale)
+
+    step(0.02)
     engine = make_engine(model_dir)
     params = SamplingParams(temperature=1.0, max_tokens=32, seed=0)
     batch = prompts(8, vocab)
     stale = max_log_prob_diff(learner, batch, engine.generate(batch, 2, params), params)
+    unique, aliases = split_aliases(learner.state_dict())
+    manifest = plan_manifest(unique, aliases=aliases, wire_dtype=engine.weight_dtype)
+    source = ManifestSource(manifest, lambda name: unique[name].detach())
+    engine.prepare_weights(manifest)  # a partial or foreign layout is refused here
+    full = connect_receiver(engine, "grpo_shm", source)
     torch.cuda.synchronize()
-    stats = engine.load_weights(learner.state_dict())
+    start = time.perf_counter()
+    full.send_weights()
+    sync_s = time.perf_counter() - start
+    full.shutdown()
     synced = max_log_prob_diff(learner, batch, engine.generate(batch, 2, params), params)
-    engine.close()
     # bf16 kernels differ between vLLM and transformers: the gap measured before was 0.04.
     record("sync", synced < 0.1 < stale, rollout_log_probs_diff_max=round(synced, 4),
-           before_sync=round(stale, 4), sync_s=round(stats["seconds"], 3),
-           sync_gb=round(stats["bytes"] / 1e9, 3))
+           before_sync=round(stale, 4), sync_s=round(sync_s, 3),
+           sync_gb=round(update_nbytes(full.client.last_update) / 1e9, 3))
+    delta, tracker = connect_receiver(engine, "grpo_sparse_gloo"), DeltaTracker()
+    delta.send_weights(tracker.patches(source)[0])  # whole: the first after a join
+    step(0.02, every=50)  # 2% of the elements move
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    patches, changed, total = tracker.patches(source)
+    delta.send_weights(patches)
+    delta_s = time.perf_counter() - start
+    delta.shutdown()
+    after = max_log_prob_diff(learner, batch, engine.generate(batch, 2, params), params)
+    engine.close()
+    record("delta", after < 0.1, rollout_log_probs_diff_max=round(after, 4),
+           changed_frac=round(changed / total, 4), delta_s=round(delta_s, 3),
+           delta_gb=round(update_nbytes(delta.client.last_update) / 1e9, 4))
 
 
 def check_throughput(model_dir: str, vocab: int, params_count: int) -> None:

@@ -8,18 +8,18 @@ import types
 from pathlib import Path
 
 import pytest
-import torch
 
-from rllib_grpo.samplers.vllm_worker import MIN_VLLM, WeightSyncExtension, require_layerwise_reload
-from rllib_grpo.weights import transport
-from rllib_grpo.weights.layout import plan_manifest
+from rllib_grpo.samplers.vllm_worker import MIN_VLLM, require_layerwise_reload
 
 
 def _fake_vllm(monkeypatch, reload_weights) -> None:
     runner_module = types.ModuleType("vllm.v1.worker.gpu_model_runner")
     runner_module.GPUModelRunner = type("GPUModelRunner", (), {"reload_weights": reload_weights})
+    worker_module = types.ModuleType("vllm.v1.worker.gpu_worker")
+    worker_module.Worker = type("Worker", (), {"init_weight_transfer_engine": lambda self: None})
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__="0.12.0"))
     monkeypatch.setitem(sys.modules, "vllm.v1.worker.gpu_model_runner", runner_module)
+    monkeypatch.setitem(sys.modules, "vllm.v1.worker.gpu_worker", worker_module)
 
 
 def test_a_vllm_without_iterator_reloads_is_refused_at_start_up(monkeypatch):
@@ -33,22 +33,3 @@ def test_a_vllm_without_iterator_reloads_is_refused_at_start_up(monkeypatch):
 def test_the_vllm_extra_pins_the_release_the_check_names():
     pyproject = (Path(__file__).parents[2] / "pyproject.toml").read_text()
     assert re.search(rf'^vllm = \["vllm>={re.escape(MIN_VLLM)}"\]', pyproject, re.M)
-
-
-def test_an_ipc_receive_synchronizes_after_the_layerwise_reload(monkeypatch):
-    """vLLM's layerwise reload copies some tensors only after the stream ended: the worker
-    synchronizes after ``reload_weights`` returns, before its receive returns."""
-    events: list[str] = []
-
-    class Worker(WeightSyncExtension):
-        def reload_weights(self, weights_iterator):
-            for _name, _tensor in weights_iterator:
-                pass
-            events.append("reloaded")
-
-    tensors = {"w": torch.ones(4)}
-    monkeypatch.setattr(transport, "open_cuda_tensors", lambda shared: shared)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append("sync"))
-    Worker().grpo_receive_weights(plan_manifest(tensors), "ipc", ipc=tensors)
-    assert events == ["reloaded", "sync"]

@@ -17,7 +17,10 @@ from rllib_grpo.samplers.vllm import VLLMSampler  # imports no vLLM until one is
 from rllib_grpo.weights.receiver import WeightReceiver
 
 CONTRACT = {"device", "weight_dtype", "num_weight_ranks", "join_weight_group",
-            "prepare_weights", "receive_weights", "leave_weight_group"}
+            "prepare_weights", "receive_weights", "leave_weight_group",
+            # vLLM's weight-transfer API, which every sync now goes through
+            "init_weight_transfer_engine", "start_weight_update", "update_weights",
+            "finish_weight_update", "shutdown_weight_transfer_engine"}
 
 
 def _members(protocol: type) -> dict[str, object]:

@@ -4,32 +4,29 @@ overrides).
 
 * ``local``: the learner's live tensors handed to the sampler in the same process, which
   copies them into its own in place (no host copy, no clone, no numpy).
-* ``ipc``: CUDA IPC handles of the learner's tensors; each runner copies from them.
-* ``shm`` / ``collective``: a weight group (learner rank 0 = rank 0, every vLLM worker or
-  transformers sampler one rank) streams fixed-size buckets in the sampler's dtype, through
-  shared memory on one node or by broadcast (gloo / NCCL) across nodes
-  (`rllib_grpo.weights.transport`); with FSDP each bucket is gathered from the shards.
-* ``object_store``: RLlib's own ``sync_weights`` (a state dict through Ray), the fallback
-  where no group can be formed or a sampler cannot join one.
+* ``ipc`` / ``collective`` / ``shm`` / ``delta``: a weight-transfer engine through vLLM's
+  API (`rllib_grpo.weights.plan.engine_backend`: vLLM's ``ipc`` / ``nccl`` /
+  ``sparse_nccl`` on GPUs, our ``grpo_shm`` / ``grpo_gloo`` / ``grpo_sparse_gloo`` in
+  host memory).  The learners' trainer engine (`rllib_grpo.rllib.learner.weight_sender`)
+  drives the runners through an `EnvRunnerClient`: init once, then start, update, finish.
+* ``object_store``: RLlib's own ``sync_weights`` (a state dict through Ray): where no
+  engine can be connected, for LoRA payloads (adapter-only) and for the driver's own env
+  runner when the learner is remote.
 
-Per sync the driver stages the sync on the learners (the bucket layout); for a layout the
-runners have not seen it has every runner check it (a partial or foreign state is refused
-before a byte moves) and map the slots; then it runs the learners' send and the runners'
-receive together.  A runner that restarted (RLlib's restart count moves) or left makes
-the driver look at the placement again and form a new group.  Metrics: ``weight_sync/bytes``
-(one runner's bytes), ``weight_sync/gbps`` (10^9 bytes per second of the whole sync) and
-``weight_sync/transport`` (`TRANSPORT_CODES`); the runners log their own load time.
-
-This module is the driver only.  Each learner's side:
-`rllib_grpo.rllib.learner.weight_sender` (the ``learner_*`` calls); each env runner's:
-`rllib_grpo.rllib.env_runner.weight_receiver` (the ``runner_*`` calls, on the sampler's
-`rllib_grpo.weights.receiver.WeightReceiver`).
+Per sync the driver stages the layout on the learners; for a layout the runners have not
+seen it has every runner check it (a partial or foreign state is refused before a byte
+moves); then each engine sends.  A runner that restarted (RLlib's restart count moves, or
+its engine token is gone) makes the driver connect again.  Metrics: ``weight_sync/bytes``
+(one runner's bytes), ``weight_sync/gbps`` (10^9 bytes per second of the whole sync),
+``weight_sync/transport`` (`TRANSPORT_CODES`) and, for delta syncs,
+``weight_sync/changed_frac`` (changed elements / all); the runners log their load time.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
@@ -37,29 +34,29 @@ from typing import Any
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 
+from rllib_grpo.rllib.algorithm.weight_client import EnvRunnerClient
 from rllib_grpo.rllib.env_runner.env_runner import COMPONENT_RL_MODULE, WEIGHTS_SEQ_NO
 from rllib_grpo.rllib.env_runner.weight_receiver import (
     runner_endpoint,
-    runner_join,
     runner_leave,
     runner_prepare,
-    runner_receive,
 )
 from rllib_grpo.rllib.learner.weight_sender import (
     learner_close,
+    learner_connect,
     learner_done,
     learner_endpoint,
-    learner_join_group,
     learner_local_state,
-    learner_open_group,
     learner_send,
     learner_stage,
 )
 from rllib_grpo.weights.plan import (
+    ENGINE_TRANSPORTS,
     GROUP_TRANSPORTS,
     TRANSPORT_CODES,
     Endpoint,
     choose_transports,
+    engine_backend,
     group_backend,
 )
 
@@ -86,8 +83,9 @@ class WeightSync:
         self.wire_dtype: torch.dtype | None = None
         self.state_nbytes = 0
         self._members: tuple | None = None
-        self._token: str | None = None
-        self._prepared: set[tuple] = set()  # (group, layout, path) the runners have checked
+        self.backends: dict[str, list[int]] = {}  # engine backend -> its env runners
+        self._tokens: dict[str, str] = {}  # connected engine backend -> its token
+        self._prepared: set[tuple] = set()  # (tokens, layout) the runners have checked
 
     @property
     def runners(self) -> Any:
@@ -107,14 +105,20 @@ class WeightSync:
         if "object_store" in used:
             nbytes = self._sync_object_store()
             used = {"object_store"}
-        else:
+        changed_frac = None
+        if "object_store" not in used:
             nbytes = self._sync_local() if "local" in used else 0
             if used - {"local"}:
-                nbytes = max(nbytes, self._sync_remote())
+                remote_bytes, changed_frac = self._sync_remote()
+                nbytes = max(nbytes, remote_bytes)
+                used = set(self.transports.values())  # object_store if no engine connected
         seconds = max(time.perf_counter() - start, 1e-9)
         slowest = max(used, key=TRANSPORT_CODES.__getitem__)
-        return {"weight_sync/bytes": float(nbytes), "weight_sync/gbps": nbytes / seconds / 1e9,
-                "weight_sync/transport": float(TRANSPORT_CODES[slowest])}
+        metrics = {"weight_sync/bytes": float(nbytes), "weight_sync/gbps": nbytes / seconds / 1e9,
+                   "weight_sync/transport": float(TRANSPORT_CODES[slowest])}
+        if changed_frac is not None:
+            metrics["weight_sync/changed_frac"] = changed_frac
+        return metrics
 
     def transport_names(self) -> dict[int, str]:
         """The transport of each env runner (0 = the local one), after the first sync."""
@@ -123,10 +127,10 @@ class WeightSync:
     def close(self) -> None:
         """Shut the weight group down on every member (the runners, then the learners' side
         with its store) and free the shared memory."""
-        if self._token is not None:
-            self._while_stopping("runners", self._on_runners, self._ids(*GROUP_TRANSPORTS),
-                                 runner_leave)
-            self._token = None
+        connected = sorted({i for b in self._tokens for i in self.backends.get(b, ())})
+        if connected:
+            self._while_stopping("runners", self._on_runners, connected, runner_leave)
+        self._tokens = {}
         self._while_stopping("learners", self._on_learners, learner_close)
         self._pool.shutdown(wait=False)
 
@@ -151,7 +155,13 @@ class WeightSync:
                            else t for i, t in self.transports.items()}
         dtypes = {ep.dtype for ep in self.endpoints.values() if ep.dtype is not None}
         self.wire_dtype = dtypes.pop() if len(dtypes) == 1 else None
-        self._members, self._token, self._prepared = members, None, set()
+        group_ids = self._ids(*GROUP_TRANSPORTS)
+        group = group_backend(self.sender, [self.endpoints[i] for i in group_ids])
+        self.backends = {}
+        for i in self._ids(*ENGINE_TRANSPORTS):
+            backend = engine_backend(self.transports[i], group)
+            self.backends.setdefault(backend, []).append(i)
+        self._members, self._tokens, self._prepared = members, {}, set()
         logger.info("weight sync (%s): %s", self.setting, ", ".join(
             f"env runner {i} -> {t}" for i, t in sorted(self.transports.items())))
 
@@ -170,82 +180,77 @@ class WeightSync:
         runner.set_state({COMPONENT_RL_MODULE: {DEFAULT_MODULE_ID: state}, WEIGHTS_SEQ_NO: seq_no})
         return int(runner.last_weight_sync.get("bytes", 0))
 
-    def _sync_remote(self) -> int:
-        group_ids, ipc_ids = self._ids(*GROUP_TRANSPORTS), self._ids("ipc")
-        via = self.transports[group_ids[0]] if group_ids else ""  # "": no group
-        if group_ids and self._token is None and not self._form_group(group_ids, via):
-            return self._sync_object_store()
-        staged = self._stage_and_prepare(group_ids, ipc_ids, via)
-        manifest, seq_no = staged["manifest"], staged["seq_no"]
-        if ipc_ids:
-            self._on_runners(ipc_ids, partial(runner_receive, manifest=manifest, via="ipc",
-                                              ipc=staged["ipc"], seq_no=seq_no))
-        if group_ids:
-            sending = self._pool.submit(self._on_learners, partial(learner_send, via=via))
-            try:
-                self._on_runners(group_ids, partial(runner_receive, manifest=manifest, via=via,
-                                                    ipc=None, seq_no=seq_no))
-            finally:
-                sending.result()
-        if ipc_ids:
-            # Each runner synchronized its copies before returning: the shared tensors (with
-            # FSDP the whole gathered model on rank 0) can go.
+    def _sync_remote(self) -> tuple[int, float | None]:
+        """Every engine's sync; ``(one runner's bytes, changed fraction of a delta sync)``."""
+        for backend in self.backends:
+            if backend not in self._tokens and not self._connect(backend):
+                return self._sync_object_store(), None
+        staged = self._stage_and_prepare()
+        nbytes, changed_frac = staged["manifest"].nbytes, None
+        try:
+            for backend in self.backends:
+                stats = dict(self._on_learners(partial(learner_send, backend=backend)))[0]
+                nbytes = int(stats["bytes"])
+                if stats["elements"]:
+                    changed_frac = stats["changed"] / stats["elements"]
+        except Exception:
+            self._members = None  # a runner may be gone: look at the placement again
+            raise
+        finally:
             self._on_learners(learner_done)
-        return manifest.nbytes
+        return nbytes, changed_frac
 
-    def _stage_and_prepare(self, group_ids: list[int], ipc_ids: list[int], via: str
-                           ) -> dict:
+    def _stage_and_prepare(self) -> dict:
+        ids = sorted(i for ids in self.backends.values() for i in ids)
         for attempt in range(2):
             staged = dict(self._on_learners(partial(
-                learner_stage, wire_dtype=self.wire_dtype, bucket_bytes=self.bucket_bytes,
-                vias=tuple(v for v in (via, "ipc" if ipc_ids else None) if v))))[0]
-            prepared = (self._token, staged["manifest"].fingerprint, via, bool(ipc_ids))
-            if prepared in self._prepared:  # the same layout, already checked and mapped
+                learner_stage, wire_dtype=self.wire_dtype, bucket_bytes=self.bucket_bytes)))[0]
+            prepared = (tuple(sorted(self._tokens.items())), staged["manifest"].fingerprint)
+            if prepared in self._prepared:  # the same layout, already checked
                 return staged
-            tokens = self._on_runners(group_ids + ipc_ids, partial(
-                runner_prepare, manifest=staged["manifest"], slots=staged["slots"]))
-            stale = [i for i in group_ids if tokens[i] != self._token]
+            tokens = self._on_runners(ids, partial(runner_prepare, manifest=staged["manifest"]))
+            stale = {b for b, members in self.backends.items()
+                     if any(tokens[i] != self._tokens.get(b) for i in members)}
             if not stale:
                 self._prepared.add(prepared)
                 return staged
-            # A runner restarted (fault tolerance) and lost its group: form it again.
-            logger.warning("weight sync: env runners %s are not in the weight group (restarted?)"
-                           "; forming it again", stale)
+            # A runner restarted (fault tolerance) and lost its engine: connect again.
+            logger.warning("weight sync: env runners of %s are not connected (restarted?); "
+                           "connecting again", sorted(stale))
             self._prepared = set()
-            if attempt or not self._form_group(group_ids, via):
+            if attempt or not all(self._connect(b) for b in stale):
                 break
-        raise RuntimeError(f"weight sync: env runners {stale} could not join the weight group")
+        raise RuntimeError(f"weight sync: env runners of {sorted(stale)} could not connect")
 
-    def _form_group(self, group_ids: list[int], via: str) -> bool:
-        """Form the weight group; False (``auto``: use the object store) if it cannot be."""
-        members = {i: self.endpoints[i] for i in group_ids}
-        ranks, next_rank = {}, 1
+    def _connect(self, backend: str) -> bool:
+        """Connect ``backend``'s engine (vLLM's ``trainer_init`` on the learners, the
+        runners' ``init_weight_transfer_engine``); False (``auto``: the object store from
+        now on) if it cannot be."""
+        members = self.backends[backend]
+        offsets, next_rank = {}, 1
         for i in sorted(members):
-            ranks[i], next_rank = next_rank, next_rank + max(1, members[i].num_ranks)
-        # Shared memory needs only host-side barriers: gloo, whatever the devices.
-        assert self.sender is not None  # set by _discover
-        backend = "gloo" if via == "shm" else group_backend(self.sender, list(members.values()))
+            offsets[i], next_rank = next_rank, next_rank + max(1, self.endpoints[i].num_ranks)
+        handles = self.runners._worker_manager._actors
+        token = uuid.uuid4().hex
+        client = EnvRunnerClient(backend, {i: handles[i] for i in members}, offsets, token)
+        self._tokens.pop(backend, None)
         try:
-            spec = dict(self._on_learners(partial(
-                learner_open_group, world_size=next_rank, backend=backend,
-                timeout_s=GROUP_TIMEOUT_S)))[0]
-            joining = self._pool.submit(self._on_learners, partial(learner_join_group, spec=spec))
-            try:
-                self._on_runners(group_ids, partial(runner_join, spec=spec, ranks=ranks))
-            finally:
-                joining.result()
+            self._on_learners(partial(learner_connect, backend=backend, world_size=next_rank,
+                                      client=client, timeout_s=GROUP_TIMEOUT_S))
         except Exception as error:
             if self.setting != "auto":
-                raise RuntimeError(f"weight_sync_transport={self.setting!r}: the weight group "
-                                   f"({backend}) could not be formed: {error}") from error
-            logger.warning("weight sync: no %s weight group could be formed (%s); the weights "
-                           "go through Ray's object store from now on", backend, error)
+                raise RuntimeError(f"weight_sync_transport={self.setting!r}: the {backend} "
+                                   f"weight engine could not be connected: {error}") from error
+            logger.warning("weight sync: the %s weight engine could not be connected (%s); "
+                           "the weights go through Ray's object store from now on", backend,
+                           error)
             self.transports = {i: "object_store" if t != "local" else t
                                for i, t in self.transports.items()}
+            self.backends, self._tokens = {}, {}
             return False
-        self._token = spec.token
-        logger.info("weight sync: %s group of %d ranks (%s buckets of <= %d MB)", backend,
-                    next_rank, via, self.bucket_bytes // 2**20)
+        self._tokens[backend] = token
+        logger.info("weight sync: %s engine, %d ranks (buckets of <= %d MB)", backend,
+                    next_rank, self.bucket_bytes // 2**20)
         return True
 
     # ---------------------------------------------------------------- calls

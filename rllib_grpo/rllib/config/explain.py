@@ -10,7 +10,7 @@ from rllib_grpo.rllib.config.prompt_lengths import prompt_length_lines
 from rllib_grpo.rllib.config.reward_plan import reward_plan_lines
 from rllib_grpo.rllib.config.settings import GRPOSettings
 from rllib_grpo.rllib.config.staleness import async_line
-from rllib_grpo.weights.plan import predict_transport
+from rllib_grpo.weights.plan import ENGINE_TRANSPORTS, engine_backend, predict_transport
 
 
 def _lora_line(c: GRPOSettings) -> str:
@@ -37,7 +37,11 @@ def _precision_line(c: GRPOSettings) -> str:
             f"{c.compute_dtype}; samplers get {c.sampler_dtype} weights")
 def _weight_sync_line(c: GRPOSettings) -> str:
     transport, why = predict_transport(c)
-    return (f"weight sync:                   {c.weight_sync_transport} -> {transport} ({why}); "
+    on_gpus = (c.num_gpus_per_learner or 0) > 0 and (c.num_gpus_per_env_runner or 0) > 0
+    engine = (f", vLLM weight-transfer engine {engine_backend(transport, 'nccl' if on_gpus else 'gloo')}"
+              if transport in ENGINE_TRANSPORTS else "")
+    return (f"weight sync:                   {c.weight_sync_transport} -> {transport}{engine} "
+            f"({why}); "
             f"buckets of {c.weight_sync_bucket_mb:g} MiB in the sampler's dtype")
 
 

@@ -103,8 +103,12 @@ class GRPOSettings(RewardSettings):
         "(by placement: 'local' in one process, 'ipc' on one node's GPUs, 'shm' on one node, "
         "'collective' across nodes), 'local' (device tensors copied in place), 'ipc' (CUDA "
         "IPC handles), 'shm' (buckets through shared memory), 'collective' (buckets "
-        "broadcast over a gloo/NCCL group) or 'object_store' (a state dict through Ray, "
-        "RLlib's sync_weights; also auto's fallback when no group can be formed).")
+        "broadcast over a gloo/NCCL group), 'delta' (only the elements changed since the "
+        "last sync, a tensor whole where that is fewer bytes; logs weight_sync/changed_frac) "
+        "or 'object_store' (a state dict through Ray, RLlib's sync_weights; also auto's "
+        "fallback when no group can be formed). All but 'local' and 'object_store' go through "
+        "vLLM's weight-transfer engines (nccl, ipc; ours grpo_shm, grpo_gloo, "
+        "grpo_sparse_gloo).")
     weight_sync_bucket_mb: float = knob(
         512, "MiB", "Size of one weight-sync bucket (in the sampler's dtype): each side of a "
         "'shm' or 'collective' sync holds at most two of them besides the model; a tensor "

@@ -93,8 +93,10 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         self._group_counter = 0
         self._torch_gen_seed = seed
         self.last_weight_sync: dict[str, float] = {}
-        # The weight group the sampler joined (`weight_receiver.runner_join`); None: none yet.
+        # The weight engine the sampler joined (`weight_receiver.runner_init_engine`); None:
+        # none yet.  The update in progress: bytes so far and its start (perf_counter).
         self.weight_group_token: str | None = None
+        self.weight_update: dict[str, float] = {}
         self._episodes = (EpisodeSampler(self.env, self.sampler, self.tokenizer,
                                          episode_limits(c), seed)
                           if is_multi_turn(self.env) else None)
@@ -351,7 +353,7 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         return self._lora_merger.apply(self.sampler, module_state)
 
     def weights_received(self, stats: dict[str, Any], seq_no: int) -> None:
-        """Record a sync that streamed straight into the sampler (`weight_receiver.runner_receive`)."""
+        """Record a sync that streamed straight into the sampler (`weight_receiver`)."""
         self.last_weight_sync = stats
         self._weights_seq_no = max(self._weights_seq_no, seq_no)
         self.metrics.log_value("weight_sync/bytes", stats.get("bytes", 0), reduce="mean",

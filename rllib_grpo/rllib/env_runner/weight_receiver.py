@@ -1,73 +1,85 @@
-"""The env runner's side of a weight sync (`rllib_grpo.rllib.algorithm.weight_sync` calls these
-on each `TextEnvRunner`, in its own process).
+"""The env runner's side of a weight sync, in its own process: the calls a learner's trainer
+engine makes through its client (`rllib_grpo.rllib.algorithm.weight_client`) and the
+driver's checks (`rllib_grpo.rllib.algorithm.weight_sync`).
 
-The runner's sampler does the receiving (`rllib_grpo.weights.receiver.WeightReceiver`);
-here the runner describes where it lives, joins a weight group (and keeps the group's
-token: after a restart it has none, which tells the driver to form the group again), checks
-and maps each new layout, and records what arrived: a whole state streamed into the
-sampler, or a LoRA payload rebuilt and merged as before (`rllib_grpo.models.lora`).
+The runner's sampler does the receiving through vLLM's weight-transfer API
+(`rllib_grpo.weights.receiver.WeightReceiver`: ``init_weight_transfer_engine``, then per
+sync ``start_weight_update`` / ``update_weights`` / ``finish_weight_update``).  Here the
+runner describes where it lives, keeps the token of the engine it joined (after a restart it
+has none, which tells the driver to connect again), checks each new layout before a byte
+moves, and records what arrived (bytes, seconds, the weights' sequence number).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+import time
 
-from ray.rllib.core import DEFAULT_MODULE_ID
-
-from rllib_grpo.models.lora import LoRAPayload, is_lora_sync
-from rllib_grpo.rllib.env_runner.env_runner import (
-    COMPONENT_RL_MODULE,
-    WEIGHTS_SEQ_NO,
-    TextEnvRunner,
-)
+from rllib_grpo.rllib.env_runner.env_runner import TextEnvRunner
 from rllib_grpo.rllib.placement import node_id, visible_gpus
 from rllib_grpo.weights.layout import Manifest
 from rllib_grpo.weights.plan import Endpoint
-from rllib_grpo.weights.transport import GroupSpec, SlotsSpec
+from rllib_grpo.weights.wire import update_nbytes
 
 
 def runner_endpoint(runner: TextEnvRunner) -> Endpoint:
-    """Where a runner's sampler lives, its dtype and how many group ranks it takes (0: it
-    cannot join a weight group, so only ``local`` or the object store reach it)."""
+    """Where a runner's sampler lives (its ranks' GPUs), its dtype, how many group ranks it takes (0: it
+    cannot join a weight engine, so only ``local`` or the object store reach it), whether it
+    loads vLLM's GPU engines, and whether it is the driver's own runner (index 0)."""
     sampler = runner.sampler
     device = sampler.device.type
-    return Endpoint(node_id(), os.getpid(), device,
-                    visible_gpus() if device == "cuda" else (),
-                    sampler.weight_dtype, sampler.num_weight_ranks)
+    # A vLLM engine's workers say where they run (a colocated TP engine narrowed
+    # CUDA_VISIBLE_DEVICES to its GPUs, which this process's CUDA may not have seen).
+    gpus = (tuple(getattr(sampler, "rank_gpus", ()) or visible_gpus())
+            if device == "cuda" else ())
+    return Endpoint(node_id(), os.getpid(), device, gpus,
+                    sampler.weight_dtype, sampler.num_weight_ranks,
+                    gpu_engines=bool(getattr(sampler, "takes_gpu_engines", False)),
+                    in_driver=runner.worker_index == 0)
 
 
-def runner_join(runner: TextEnvRunner, spec: GroupSpec, ranks: dict[int, int]) -> None:
-    """Join the weight group ``spec`` at this runner's first rank (``ranks`` by runner index)."""
-    runner.sampler.join_weight_group(spec, ranks[runner.worker_index])
-    runner.weight_group_token = spec.token
+def runner_init_engine(runner: TextEnvRunner, init_info: dict, token: str) -> None:
+    """vLLM's ``init_weight_transfer_engine`` on the sampler; keep the engine's token."""
+    runner.weight_group_token = None
+    runner.sampler.init_weight_transfer_engine(init_info)
+    runner.weight_group_token = token
+
+
+def runner_start_update(runner: TextEnvRunner) -> None:
+    runner.sampler.start_weight_update()
+    runner.weight_update = {"bytes": 0.0, "start": time.perf_counter()}
+
+
+def runner_update_weights(runner: TextEnvRunner, update_info: dict) -> None:
+    runner.sampler.update_weights(update_info)
+    runner.weight_update["bytes"] = runner.weight_update.get("bytes", 0.0) + float(
+        update_nbytes(update_info))
+
+
+def runner_finish_update(runner: TextEnvRunner, seq_no: int) -> None:
+    """Finish the update and record it (the runner's ``weight_sync/bytes``, load time)."""
+    runner.sampler.finish_weight_update()
+    update, runner.weight_update = runner.weight_update, {}
+    runner.weights_received({"bytes": update.get("bytes", 0.0), "seconds": time.perf_counter()
+                             - update.get("start", time.perf_counter())}, seq_no)
+
+
+def runner_update_round(runner: TextEnvRunner, update_info: dict, seq_no: int) -> None:
+    """A whole update in one call (start, update, finish: the sampler still gets vLLM's
+    three calls): the driver's client makes one round trip per sync, not three."""
+    runner_start_update(runner)
+    runner_update_weights(runner, update_info)
+    runner_finish_update(runner, seq_no)
 
 
 def runner_leave(runner: TextEnvRunner) -> None:
-    """Leave (shut down) the runner's weight group: the algorithm stops."""
-    runner.sampler.leave_weight_group()
+    """Leave (shut down) the runner's weight engine: the algorithm stops."""
+    runner.sampler.shutdown_weight_transfer_engine()
     runner.weight_group_token = None
 
 
-def runner_prepare(runner: TextEnvRunner, manifest: Manifest, slots: SlotsSpec | None
-                   ) -> str | None:
-    """Check the names (LoRA payloads are checked where they are merged) and map the
-    slots; returns the runner's group token (None after a restart)."""
-    whole = not is_lora_sync(dict(manifest.meta))
-    runner.sampler.prepare_weights(manifest, slots, check=whole, in_place=whole)
+def runner_prepare(runner: TextEnvRunner, manifest: Manifest) -> str | None:
+    """Refuse a partial or foreign layout before a byte moves; returns the runner's engine
+    token (None after a restart)."""
+    runner.sampler.prepare_weights(manifest, None, check=True, in_place=True)
     return runner.weight_group_token
-
-
-def runner_receive(runner: TextEnvRunner, manifest: Manifest, via: str, ipc: dict | None,
-                   seq_no: int) -> dict[str, Any]:
-    """Receive one sync ``via`` a transport into the sampler; returns the load stats."""
-    meta = dict(manifest.meta)
-    if is_lora_sync(meta):  # rebuilt and merged as before (`models.lora.AdapterMerger`)
-        got = runner.sampler.receive_weights(manifest, via, ipc, materialize=True)
-        payload = LoRAPayload.from_tensors(got["tensors"], meta)
-        runner.set_state({COMPONENT_RL_MODULE: {DEFAULT_MODULE_ID: payload},
-                          WEIGHTS_SEQ_NO: seq_no})
-        return dict(runner.last_weight_sync)
-    stats = runner.sampler.receive_weights(manifest, via, ipc)
-    runner.weights_received(stats, seq_no)
-    return stats

@@ -2,25 +2,25 @@
 
 Each learner owns one `WeightSender` (`GRPOLearner.weight_sender`, made on first use); the
 driver reaches it through the ``learner_*`` functions below, run on every learner by
-``LearnerGroup.foreach_learner``.  Learner rank 0 is rank 0 of the weight group; with FSDP
-every learner takes part in gathering each tensor from its shards, bucket by bucket, in the
-manifest's order (a collective over the learners), and rank 0 packs and sends it: no
-learner ever holds the whole gathered model.
+``LearnerGroup.foreach_learner``.  The sender holds one trainer engine per weight-transfer
+backend in use, made by vLLM's ``WeightTransferTrainerFactory.trainer_init``
+(`rllib_grpo.weights.trainer.connect`): vLLM's ``nccl`` / ``ipc`` on GPUs,
+our ``grpo_shm`` / ``grpo_gloo`` / ``grpo_sparse_gloo`` in host memory.  Each drives the env
+runners through the client the driver hands over (init, start, update, finish).  Learner
+rank 0 sends; with FSDP every learner gathers each tensor from its shards in the manifest's
+order (a collective), as vLLM's engines iterate a ``WeightSource`` on every rank.
 
 What is sent: the policy's HF state dict as it lives on the learner's device (no host
-copy, no clone; the wire cast happens while packing), or with LoRA the module's sync
-payload (`rllib_grpo.models.lora.LoRAPayload`, flattened to named tensors; host copies,
-so the plan never offers it to CUDA IPC: ``Endpoint.host_payload``).
-
-CUDA IPC with FSDP (a runner on learner 0's GPU): every learner takes part in gathering
-each full tensor, and rank 0 shares the gathered tensors; it holds them (the whole model,
-once more) until the next sync or `WeightSender.done`.
+copy; the wire cast happens while packing), laid out by `rllib_grpo.weights.layout`; for a
+delta sync, the elements that changed since the last one (`DeltaTracker`, rank 0).  LoRA
+payloads go through Ray's object store (`rllib_grpo.weights.plan`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import socket
 from typing import Any, Protocol
 
 import ray
@@ -38,15 +38,15 @@ from rllib_grpo.weights.layout import (
     wire_nbytes,
 )
 from rllib_grpo.weights.plan import Endpoint
-from rllib_grpo.weights.transport import (
-    VIA_IPC,
-    VIA_SHM,
-    BucketSender,
-    GroupSpec,
-    WeightGroup,
-    open_store,
-    share_cuda_tensors,
+from rllib_grpo.weights.trainer import (
+    DeltaTracker,
+    ManifestSource,
+    connect,
+    host_trainer_init,
+    patch_nbytes,
+    vllm_trainer_init,
 )
+from rllib_grpo.weights.wire import HOST_BACKENDS, SPARSE_BACKENDS
 
 # Tensors this large that need no cast are broadcast from where they lie (no packing copy);
 # smaller ones share a bucket, one message for many.
@@ -69,17 +69,23 @@ def _gathered(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor().detach()
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return int(probe.getsockname()[1])
+
+
 class WeightSender:
-    """A learner's half of weight syncs: what to send, the group, the buckets."""
+    """A learner's half of weight syncs: what to send and the trainer engines sending it."""
 
     def __init__(self, learner: Any) -> None:
         self.learner = learner
-        self.store: Any = None
-        self.buckets = BucketSender()
         self.manifest: Manifest | None = None
         self._planned_for: tuple | None = None
         self._tensors: dict[str, torch.Tensor] = {}
-        self._shared: dict[str, torch.Tensor] = {}  # what rank 0 shares by CUDA IPC
+        self.source = ManifestSource(Manifest(()), self.tensor)
+        self.engines: dict[str, Any] = {}  # backend -> trainer engine
+        self.deltas: dict[str, DeltaTracker] = {}  # sparse backend -> what its receivers hold
 
     @property
     def module(self) -> Any:
@@ -117,47 +123,22 @@ class WeightSender:
             return module.get_state(inference_only=True)
         return {k: v.detach() for k, v in module.lm.state_dict().items()}
 
-    def stage(self, wire_dtype: torch.dtype | None, bucket_bytes: int,
-              vias: tuple[str, ...]) -> dict:
-        """Lay out this sync, with the shared-memory slots (``shm``) or the shared tensors
-        (``ipc``) rank 0 sends it through.  On every learner."""
-        module = self.module
-        meta: dict[str, Any] = {}
-        if module.lora is not None:
-            payload = module.get_state(inference_only=True)
-            tensors = payload.to_tensors()
-            aliases: tuple[tuple[str, str], ...] = ()
-            meta = payload.sync_meta()
-        else:
-            tensors, aliases = split_aliases(module.lm.state_dict())
+    def stage(self, wire_dtype: torch.dtype | None, bucket_bytes: int) -> dict:
+        """Lay out this sync (the manifest every engine sends by).  On every learner."""
+        tensors, aliases = split_aliases(self.module.lm.state_dict())
         self._tensors = tensors
         # The layout changes only with the tensors' names, shapes and dtypes: plan it once.
         key = (tuple((n, tuple(t.shape), t.dtype, t.is_contiguous()) for n, t in tensors.items()),
-               aliases, wire_dtype, bucket_bytes, tuple(sorted(meta.items())))
+               aliases, wire_dtype, bucket_bytes)
         if key != self._planned_for:
             total = wire_nbytes(tensors, wire_dtype)
             self.manifest = plan_manifest(
-                tensors, wire_dtype=wire_dtype, aliases=aliases, meta=meta,
+                tensors, wire_dtype=wire_dtype, aliases=aliases,
                 bucket_bytes=pipelined_bucket_bytes(total, bucket_bytes),
                 direct_min_bytes=DIRECT_MIN_BYTES)
             self._planned_for = key
-        manifest = self._manifest()
-        staged: dict[str, Any] = {"manifest": manifest, "rank": rank(), "slots": None,
-                                  "ipc": None, "seq_no": self.weights_seq_no()}
-        if rank() == 0 and VIA_SHM in vias:
-            staged["slots"] = self.buckets.ensure_slots(max(1, manifest.max_bucket_bytes))
-        if VIA_IPC in vias:
-            staged["ipc"] = self._share(tensors)
-        return staged
-
-    def _share(self, tensors: dict[str, torch.Tensor]) -> dict | None:
-        """CUDA IPC handles of the full tensors on rank 0 (None elsewhere).  FSDP shards are
-        gathered first, a collective every learner joins in the same order."""
-        full = {name: _gathered(t) for name, t in tensors.items()} if self.sharded else tensors
-        if rank() != 0:
-            return None
-        self._shared = full  # alive until the receivers have copied (next stage or done)
-        return share_cuda_tensors(full)
+        self.source.manifest = self._manifest()
+        return {"manifest": self._manifest(), "rank": rank(), "seq_no": self.weights_seq_no()}
 
     def _manifest(self) -> Manifest:
         if self.manifest is None:
@@ -167,42 +148,60 @@ class WeightSender:
     def tensor(self, name: str) -> torch.Tensor:
         return _gathered(self._tensors[name])
 
-    # ------------------------------------------------------------------ the group
-    def open_group(self, world_size: int, backend: str, timeout_s: float) -> GroupSpec | None:
-        """Host the group's rendezvous (learner rank 0); returns the `GroupSpec` (None on
-        the other ranks)."""
-        if rank() != 0:
-            return None
-        self.close()
-        self.store, spec = open_store(ray.util.get_node_ip_address(), world_size, backend,
-                                      timeout_s)
-        return spec
+    # ------------------------------------------------------------------ the engines
+    def connect(self, backend: str, world_size: int, client: Any, timeout_s: float) -> None:
+        """vLLM's ``trainer_init`` for ``backend`` on every learner; rank 0 drives the
+        runners' ``init_weight_transfer_engine`` through ``client``."""
+        self.disconnect(backend)
+        host = ray.util.get_node_ip_address()
+        if backend in HOST_BACKENDS:
+            init_info = host_trainer_init(backend, host=host, world_size=world_size,
+                                          rank=rank(), timeout_s=timeout_s)
+        else:
+            init_info = vllm_trainer_init(backend, host=host, port=_free_port(),
+                                          world_size=world_size, rank=rank())
+        sparse = backend in SPARSE_BACKENDS
+        with self._on_device():
+            self.engines[backend] = connect(init_info, client, None if sparse else self.source)
+        if sparse:
+            self.deltas[backend] = DeltaTracker()  # new receivers: the first sync is whole
 
-    def join_group(self, spec: GroupSpec) -> None:
-        if rank() == 0:
-            with self._on_device():
-                self.buckets.group = WeightGroup(spec, 0, self.store)
-
-    def send(self, via: str) -> None:
-        """Stream the staged sync; other FSDP ranks only gather, in the same order."""
-        if rank() == 0:
-            if via == VIA_SHM and self.buckets.slots is not None:
-                self.buckets.slots.unlink()  # every receiver has mapped them by now
-            with self._on_device():
-                self.buckets.send(self._manifest(), self.tensor, via)
-        elif self.sharded:
-            for bucket in self._manifest().buckets:
-                for entry in bucket.entries:
-                    self.tensor(entry.name)
-        self._tensors = {}
+    def send(self, backend: str) -> dict[str, float]:
+        """One sync through ``backend``'s engine; returns ``{"bytes", "changed",
+        "elements"}`` (bytes one receiver took; changed elements for a delta)."""
+        engine = self.engines[backend]
+        engine.client.version = self.weights_seq_no()
+        manifest = self._manifest()
+        stats = {"bytes": float(manifest.nbytes), "changed": 0.0, "elements": 0.0}
+        with self._on_device():
+            if backend not in SPARSE_BACKENDS:
+                engine.send_weights()
+            elif rank() != 0:
+                self.source.replay()  # gather in the same order as rank 0
+            else:
+                patches, changed, total = self.deltas[backend].patches(self.source)
+                if patches:
+                    engine.send_weights(patches)
+                else:  # nothing changed: the runners still take the new version
+                    engine.client.start_weight_update()
+                    engine.client.finish_weight_update()
+                stats = {"bytes": float(sum(patch_nbytes(p) for p in patches)),
+                         "changed": float(changed), "elements": float(total)}
+        return stats
 
     def done(self) -> None:
-        """The sync is over: drop the references to this step's tensors (IPC kept them)."""
-        self._tensors, self._shared = {}, {}
+        """The sync is over: drop the references to this step's tensors."""
+        self._tensors = {}
+
+    def disconnect(self, backend: str) -> None:
+        engine = self.engines.pop(backend, None)
+        self.deltas.pop(backend, None)
+        if engine is not None:
+            engine.shutdown()
 
     def close(self) -> None:
-        self.buckets.close()
-        self.store = None
+        for backend in list(self.engines):
+            self.disconnect(backend)
 
 
 # --------------------------------------------------------------------------- the driver's calls
@@ -221,26 +220,20 @@ def learner_endpoint(learner: SendingLearner) -> tuple[int, Endpoint, int]:
     return rank(), sender.endpoint(), sender.state_nbytes()
 
 
-def learner_open_group(learner: SendingLearner, world_size: int, backend: str,
-                       timeout_s: float) -> tuple[int, GroupSpec | None]:
-    """``(rank, the new group's spec)``: rank 0 hosts the rendezvous."""
-    return rank(), learner.weight_sender.open_group(world_size=world_size, backend=backend,
-                                                   timeout_s=timeout_s)
+def learner_connect(learner: SendingLearner, backend: str, world_size: int, client: Any,
+                    timeout_s: float) -> None:
+    learner.weight_sender.connect(backend, world_size, client, timeout_s)
 
 
-def learner_join_group(learner: SendingLearner, spec: GroupSpec) -> None:
-    learner.weight_sender.join_group(spec)
-
-
-def learner_stage(learner: SendingLearner, wire_dtype: torch.dtype | None, bucket_bytes: int,
-                  vias: tuple[str, ...]) -> tuple[int, dict]:
+def learner_stage(learner: SendingLearner, wire_dtype: torch.dtype | None, bucket_bytes: int
+                  ) -> tuple[int, dict]:
     """``(rank, what `WeightSender.stage` staged)``."""
-    return rank(), learner.weight_sender.stage(wire_dtype=wire_dtype, bucket_bytes=bucket_bytes,
-                                              vias=vias)
+    return rank(), learner.weight_sender.stage(wire_dtype=wire_dtype, bucket_bytes=bucket_bytes)
 
 
-def learner_send(learner: SendingLearner, via: str) -> None:
-    learner.weight_sender.send(via)
+def learner_send(learner: SendingLearner, backend: str) -> tuple[int, dict[str, float]]:
+    """``(rank, the send's stats)``."""
+    return rank(), learner.weight_sender.send(backend)
 
 
 def learner_local_state(learner: SendingLearner) -> tuple[Any, int]:
@@ -251,7 +244,7 @@ def learner_local_state(learner: SendingLearner) -> tuple[Any, int]:
 
 
 def learner_done(learner: SendingLearner) -> None:
-    """The runners have copied this sync (IPC): drop the shared tensors (FSDP: the gather)."""
+    """The sync is over: drop this step's tensors."""
     learner.weight_sender.done()
 
 

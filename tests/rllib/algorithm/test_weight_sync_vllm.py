@@ -105,3 +105,97 @@ def test_remote_vllm_env_runner_log_probs_match_the_learner(ray_session, setting
     for result in results[1:]:
         assert result["training/rollout_log_probs_diff_max"] < 1e-5
     assert results[-1]["actor/grad_norm"] > 0
+
+
+class _SamplerClient:
+    """vLLM's ``VLLMWeightSyncClient`` over one in-process sampler (what `EnvRunnerClient`
+    does over env runner actors)."""
+
+    def __init__(self, sampler, backend: str) -> None:
+        self.sampler, self.backend, self.updates = sampler, backend, []
+
+    def init_weight_transfer_engine(self, init_info):
+        self.sampler.init_weight_transfer_engine({"backend": self.backend, "init_info": init_info})
+
+    def start_weight_update(self):
+        self.sampler.start_weight_update()
+
+    def update_weights(self, update_info):
+        self.updates.append(update_info)
+        self.sampler.update_weights(update_info)
+
+    def finish_weight_update(self, weight_version=None):
+        self.sampler.finish_weight_update()
+
+
+def _engine_state(sampler) -> dict[str, torch.Tensor]:
+    return sampler.llm.collective_rpc(
+        lambda worker: {n: p.detach().clone()
+                        for n, p in worker.model_runner.model.named_parameters()})[0]
+
+
+def _connect(sampler, backend, source=None):
+    from rllib_grpo.weights.trainer import connect, host_trainer_init
+
+    client = _SamplerClient(sampler, backend)
+    init = host_trainer_init(backend, host="127.0.0.1", world_size=2, rank=0, timeout_s=120)
+    return connect(init, client, source), client
+
+
+def test_a_delta_sync_after_one_step_equals_a_full_sync_bit_for_bit(sampler, model_path):
+    """Through vLLM's factories (our trainer engines from ``WeightTransferTrainerFactory``,
+    our worker engines from ``WeightTransferEngineFactory``): a ``grpo_sparse_gloo`` sync
+    (whole, the first after a join), one AdamW step at lr 1e-6 (as the learner steps: most
+    fp32 elements change, so tensors travel whole where patches would cost more) sent as a delta,
+    leaves the engine exactly where a full ``grpo_shm`` sync of the stepped weights does,
+    for no more bytes; log-probs then equal the learner's."""
+    from rllib_grpo.weights.trainer import DeltaTracker, ManifestSource, patch_nbytes
+    from rllib_grpo.weights.wire import update_nbytes
+
+    learner = _perturbed(model_path, seed=5)
+    unique, aliases = split_aliases(learner.state_dict())
+    manifest = plan_manifest(unique, aliases=aliases, wire_dtype=sampler.weight_dtype,
+                             bucket_bytes=64 * 1024)
+    source = ManifestSource(manifest, lambda name: unique[name].detach())
+    try:
+        delta, delta_client = _connect(sampler, "grpo_sparse_gloo")
+        tracker = DeltaTracker()
+        patches, changed, total = tracker.patches(source)
+        assert changed == total  # the first sync after a join is whole
+        delta.send_weights(patches)
+        optimizer = torch.optim.AdamW(learner.parameters(), lr=1e-6)
+        ids = torch.tensor([build_char_tokenizer().encode("3+4=7")])
+        learner(ids, labels=ids).loss.backward()
+        optimizer.step()
+        patches, changed, total = tracker.patches(source)
+        assert 0 < changed <= total
+        delta.send_weights(patches)
+        after_delta = _engine_state(sampler)
+        delta.shutdown()
+        full, full_client = _connect(sampler, "grpo_shm", source)
+        full.send_weights()
+        full.shutdown()
+        after_full = _engine_state(sampler)
+        assert after_delta.keys() == after_full.keys()
+        for name, tensor in after_full.items():
+            assert torch.equal(after_delta[name], tensor), name
+        sent = update_nbytes(delta_client.updates[-1])
+        assert sent == sum(patch_nbytes(p) for p in patches)
+        assert sent <= sum(t.numel() * 4 for t in unique.values())  # never above a full sync
+        assert changed > total / 2  # AdamW moves (nearly) every element: tensors go whole
+        prompts = [build_char_tokenizer().encode(t) for t in ("3+4=", "12*5=")]
+        params = SamplingParams(temperature=1.0, max_tokens=16, seed=3)
+        assert max_log_prob_diff(learner, prompts, sampler.generate(prompts, 2, params),
+                                 params) < 1e-5
+        # fp32: a delta is cheaper while under half the elements change (bf16: a third).
+        with torch.no_grad():
+            for tensor in unique.values():  # what the source sends
+                tensor.view(-1)[::97] += 1e-3
+        patches, changed, total = tracker.patches(source)
+        assert 0 < changed < total / 2
+        assert not any(p.dense for p in patches)
+        assert sum(patch_nbytes(p) for p in patches) == changed * 8 \
+            < update_nbytes(full_client.updates[-1])
+    finally:
+        sampler.shutdown_weight_transfer_engine()
+        sampler.load_weights(load_causal_lm(model_path).state_dict())
