@@ -3,6 +3,7 @@ connected once, measured in one run, interleaved, on SmolLM2-135M's shape (fp32,
 weights built in code):
 
     python -m benchmarks.weight_sync_vllm_api --reps 5 --json benchmarks/results/weight_sync_vllm_api.json
+    python -m benchmarks.weight_sync_vllm_api --reps 5 --dtype bfloat16  # a bf16 wire
 
 * **full**: ``grpo_shm`` (buckets through shared memory, what ``auto`` gives a runner on the
   learner's node) into a transformers sampler, against a memcpy of the same bytes;
@@ -29,14 +30,14 @@ DEMO_LR = 1e-3  # rllib_grpo.cli.demos: the demos' lr
 LRS = (DEMO_LR, 1e-6)
 
 
-def _setup() -> tuple[Any, Any, dict[str, torch.Tensor]]:
+def _setup(dtype: str) -> tuple[Any, Any, dict[str, torch.Tensor]]:
     from benchmarks.weight_sync import _model_folder
     from rllib_grpo.models import load_causal_lm
     from rllib_grpo.samplers import make_sampler
 
     folder = _model_folder("smollm2")
     learner = load_causal_lm(folder)
-    sampler = make_sampler("hf", model_path=folder, dtype="float32", seed=0)
+    sampler = make_sampler("hf", model_path=folder, dtype=dtype, seed=0)
     return learner, sampler, folder
 
 
@@ -56,15 +57,17 @@ def _timed(func: Any) -> float:
     return time.perf_counter() - start
 
 
-def run(reps: int) -> dict[str, Any]:
+def run(reps: int, dtype: str = "float32") -> dict[str, Any]:
+    """``dtype``: the receivers' (so the wire's) dtype; the learner keeps fp32 weights, as
+    it does over bf16 samplers (verl's 1-3% changed elements are bf16 bits)."""
     from rllib_grpo.weights.trainer import DeltaTracker, connect_receiver, patch_nbytes
     from rllib_grpo.weights.wire import update_nbytes
 
     torch.set_num_threads(1)
-    learner, full_receiver, folder = _setup()
+    learner, full_receiver, folder = _setup(dtype)
     from rllib_grpo.samplers import make_sampler
 
-    delta_receiver = make_sampler("hf", model_path=folder, dtype="float32", seed=0)
+    delta_receiver = make_sampler("hf", model_path=folder, dtype=dtype, seed=0)
     source = _source(learner, full_receiver.weight_dtype)
     full_receiver.prepare_weights(source.manifest)
     full = connect_receiver(full_receiver, "grpo_shm", source)  # once: no reconnect per path
@@ -116,8 +119,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                        help="the samplers' weights, so the wire's (the learner stays fp32)")
     args = parser.parse_args()
-    out = run(args.reps)
+    out = run(args.reps, args.dtype)
     for key, value in out.items():
         print(f"{key:28s} {value:.4g}")
     if args.json:
