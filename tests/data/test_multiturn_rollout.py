@@ -133,17 +133,18 @@ def test_env_turn_limit_and_observation_cut():
     assert [i["truncation"] for i in batch.infos] == ["turn_limit"] * 6
 
 
+def binary_search(context: str) -> str:
+    """GuessNumber from the feedback in the context: wins in 1-3 turns."""
+    low, high = 1, 7
+    parts = context.split("guess 1-7:")[1].split("<eos>")
+    for guess, reply in zip(parts[:-1], parts[1:], strict=True):
+        value = int(guess.split(":")[-1])
+        low, high = (value + 1, high) if reply.startswith("higher") else (low, value - 1)
+    return str((low + high) // 2)
+
+
 def test_per_turn_rewards_are_discounted_by_gamma():
     env = GuessNumberEnv(num_problems=20, seed=0, tokenizer=TOKENIZER)
-    # Binary search from the feedback in the context: wins in 1-3 turns.
-    def binary_search(context: str) -> str:
-        low, high = 1, 7
-        parts = context.split("guess 1-7:")[1].split("<eos>")
-        for guess, reply in zip(parts[:-1], parts[1:], strict=True):
-            value = int(guess.split(":")[-1])
-            low, high = (value + 1, high) if reply.startswith("higher") else (low, value - 1)
-        return str((low + high) // 2)
-
     _, _, _, batch = _run(env, binary_search, EpisodeLimits(48, gamma=0.5), group_size=1,
                           num_prompts=6)
     turns = np.asarray([i["num_turns"] for i in batch.infos])

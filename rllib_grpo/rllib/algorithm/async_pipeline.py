@@ -36,7 +36,11 @@ import numpy as np
 
 from rllib_grpo.data.recipes import first_groups
 from rllib_grpo.data.rollout import RolloutBatch, concat_rollouts
-from rllib_grpo.rllib.algorithm.sampling import SamplingServices, SamplingStrategy
+from rllib_grpo.rllib.algorithm.sampling import (
+    SamplingServices,
+    SamplingStrategy,
+    read_learner_version,
+)
 
 _REQUEST_IDS = itertools.count()
 
@@ -71,9 +75,7 @@ class PipelinedSampling(SamplingStrategy):
     def learner_version(self) -> int:
         """Learner updates done (RLlib's weights sequence number of learner 0)."""
         if self._learner_version is None:
-            group = self.services.learner_group
-            self._learner_version = int(group._get_results(group.foreach_learner(
-                lambda learner: learner._weights_seq_no))[0])
+            self._learner_version = read_learner_version(self.services.learner_group)
         return self._learner_version
 
     def after_update(self) -> None:

@@ -66,6 +66,13 @@ class SamplingServices:
     restore_runners: Callable[[], Any] | None = None
 
 
+def read_learner_version(learner_group: Any) -> int:
+    """Learner updates done: RLlib's weights sequence number of learner 0 (one remote call;
+    the asynchronous strategies read it once and count their own updates after)."""
+    return int(learner_group._get_results(learner_group.foreach_learner(
+        lambda learner: learner._weights_seq_no))[0])
+
+
 class SamplingStrategy(ABC):
     """When the env runners sample and when they get the learners' new weights."""
 

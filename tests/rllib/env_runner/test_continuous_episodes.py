@@ -20,22 +20,13 @@ from tests.data.test_multiturn_rollout import (
     TOKENIZER,
     ScriptedSampler,
     _prompts,
+    binary_search,
     calculator_agent,
 )
 
 
 def always_tool(context: str) -> str:
     return "<tool>calculator: 1+1</tool>"
-
-
-def binary_search(context: str) -> str:
-    """GuessNumber from the feedback in the context: wins in 1-3 turns."""
-    low, high = 1, 7
-    parts = context.split("guess 1-7:")[1].split("<eos>")
-    for guess, reply in zip(parts[:-1], parts[1:], strict=True):
-        value = int(guess.split(":")[-1])
-        low, high = (value + 1, high) if reply.startswith("higher") else (low, value - 1)
-    return str((low + high) // 2)
 
 
 class FakeStream:
