@@ -16,7 +16,9 @@ overrides).
 Per sync the driver stages the layout on the learners; for a layout the runners have not
 seen it has every runner check it (a partial or foreign state is refused before a byte
 moves); then each engine sends.  A runner that restarted (RLlib's restart count moves, or
-its engine token is gone) makes the driver connect again.  Metrics: ``weight_sync/bytes``
+its engine token is gone) makes the driver connect again.  A runner holds one engine: a
+re-plan (after a restart, or `WeightSync.use_transport`) shuts every engine it no longer
+uses down on the learners, so none is left with a group whose runners joined another.  Metrics: ``weight_sync/bytes``
 (one runner's bytes), ``weight_sync/gbps`` (10^9 bytes per second of the whole sync),
 ``weight_sync/transport`` (`TRANSPORT_CODES`) and, for delta syncs,
 ``weight_sync/changed_frac`` (changed elements / all); the runners log their load time.
@@ -44,6 +46,7 @@ from rllib_grpo.rllib.env_runner.weight_receiver import (
 from rllib_grpo.rllib.learner.weight_sender import (
     learner_close,
     learner_connect,
+    learner_disconnect,
     learner_done,
     learner_endpoint,
     learner_local_state,
@@ -54,6 +57,7 @@ from rllib_grpo.weights.plan import (
     ENGINE_TRANSPORTS,
     GROUP_TRANSPORTS,
     TRANSPORT_CODES,
+    WEIGHT_SYNC_TRANSPORTS,
     Endpoint,
     choose_transports,
     engine_backend,
@@ -150,6 +154,28 @@ class WeightSync:
             self.endpoints[0] = runner_endpoint(self.runners.local_env_runner)
         if remote:
             self.endpoints.update(self._on_runners(remote, runner_endpoint))
+        self._members = members
+        self._plan(keep_engines=False)  # a runner may have restarted: every engine anew
+
+    def use_transport(self, setting: str) -> None:
+        """From the next sync on, ``setting`` (one of ``weight_sync_transport``'s values)
+        instead of the configured one, on the runners placed already: engines the new plan
+        no longer uses are shut down on the learners (their runners re-join another
+        engine), engines it keeps stay connected."""
+        if setting not in WEIGHT_SYNC_TRANSPORTS:
+            raise ValueError(f"weight sync transport {setting!r}: use one of "
+                             f"{', '.join(WEIGHT_SYNC_TRANSPORTS)}")
+        self.setting = setting
+        if self.sender is not None:
+            self._plan(keep_engines=True)
+
+    def _plan(self, keep_engines: bool) -> None:
+        """Transports and engine backends for the known endpoints.  A runner holds one
+        engine: an engine of the old plan is kept only with ``keep_engines`` and the very
+        same runners; every other one is shut down on the learners (its group is gone
+        once its runners join another engine, and a send through it would fail)."""
+        assert self.sender is not None
+        old = self.backends
         self.transports = choose_transports(self.setting, self.sender, self.endpoints)
         self.transports = {i: "object_store" if t != "local" and self.endpoints[i].num_ranks == 0
                            else t for i, t in self.transports.items()}
@@ -161,9 +187,25 @@ class WeightSync:
         for i in self._ids(*ENGINE_TRANSPORTS):
             backend = engine_backend(self.transports[i], group)
             self.backends.setdefault(backend, []).append(i)
-        self._members, self._tokens, self._prepared = members, {}, set()
+        engine_ids = {i for ids in self.backends.values() for i in ids}
+        for backend in list(self._tokens):
+            if not keep_engines or old.get(backend) != self.backends.get(backend):
+                # Runners placed already that no engine takes now leave theirs (a restarted
+                # one, keep_engines=False, has none left).
+                self._disconnect(backend, [i for i in old.get(backend, ())
+                                           if keep_engines and i not in engine_ids])
+        self._prepared = set()
         logger.info("weight sync (%s): %s", self.setting, ", ".join(
             f"env runner {i} -> {t}" for i, t in sorted(self.transports.items())))
+
+    def _disconnect(self, backend: str, leaving: list[int] | tuple[int, ...] = ()) -> None:
+        """Forget ``backend``'s engine and shut its trainer side down on the learners (and
+        on the runners ``leaving``)."""
+        self._tokens.pop(backend, None)
+        if leaving:
+            self._while_stopping("runners", self._on_runners, leaving, runner_leave)
+        self._while_stopping("learners", self._on_learners,
+                             partial(learner_disconnect, backend=backend))
 
     def _ids(self, *transports: str) -> list[int]:
         return sorted(i for i, t in self.transports.items() if t in transports)

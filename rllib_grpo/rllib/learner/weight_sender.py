@@ -30,6 +30,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from rllib_grpo.rllib.learner.distributed import rank
 from rllib_grpo.rllib.placement import node_id
+from rllib_grpo.weights.delta import DeltaTracker, patch_nbytes
 from rllib_grpo.weights.layout import (
     Manifest,
     pipelined_bucket_bytes,
@@ -39,11 +40,9 @@ from rllib_grpo.weights.layout import (
 )
 from rllib_grpo.weights.plan import Endpoint
 from rllib_grpo.weights.trainer import (
-    DeltaTracker,
     ManifestSource,
     connect,
     host_trainer_init,
-    patch_nbytes,
     vllm_trainer_init,
 )
 from rllib_grpo.weights.wire import HOST_BACKENDS, SPARSE_BACKENDS
@@ -223,6 +222,11 @@ def learner_endpoint(learner: SendingLearner) -> tuple[int, Endpoint, int]:
 def learner_connect(learner: SendingLearner, backend: str, world_size: int, client: Any,
                     timeout_s: float) -> None:
     learner.weight_sender.connect(backend, world_size, client, timeout_s)
+
+
+def learner_disconnect(learner: SendingLearner, backend: str) -> None:
+    """Shut ``backend``'s trainer engine down (its runners joined another one)."""
+    learner.weight_sender.disconnect(backend)
 
 
 def learner_stage(learner: SendingLearner, wire_dtype: torch.dtype | None, bucket_bytes: int

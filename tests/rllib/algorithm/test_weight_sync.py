@@ -99,6 +99,46 @@ def test_remote_env_runner_gets_the_learners_weights_exactly(ray_session, settin
         algo.stop()
 
 
+def _engines(algo) -> set[str]:
+    return set(algo.learner_group._learner.weight_sender.engines)
+
+
+def test_a_runner_re_joined_with_another_backend_syncs_through_it(ray_session):
+    """A runner holds one engine: switching its transport (``use_transport``, a re-plan)
+    re-joins it with another backend.  Before, the old engine stayed connected on the
+    learner with a group whose peer had left, and a send through it failed with gloo's
+    "Connection closed by peer"; now each switch shuts the old engine down and the next
+    sync goes through the new one, exactly, in both directions and back."""
+    config = tiny_config(lr=1e-2, weight_sync_bucket_mb=0.05)
+    config.env_runners(num_env_runners=1, create_local_env_runner=False)
+    algo = config.build_algo()
+    try:
+        algo.train()
+        sync = algo._weight_sync
+        assert sync.transport_names() == {1: "shm"} and _engines(algo) == {"grpo_shm"}
+        for setting, transport, backend in (("collective", "collective", "grpo_gloo"),
+                                            ("shm", "shm", "grpo_shm"),
+                                            ("delta", "delta", "grpo_sparse_gloo"),
+                                            ("shm", "shm", "grpo_shm")):
+            sync.use_transport(setting)
+            algo.train()
+            assert sync.transport_names() == {1: transport}
+            assert _engines(algo) == {backend}  # the old one shut down, not left dangling
+            assert set(sync._tokens) == {backend}
+            _assert_equal(_remote_sampler_state(algo), _learner_state(algo))
+        # Away from any engine: the runner leaves its group too.
+        sync.use_transport("object_store")
+        algo.train()
+        assert _engines(algo) == set() and sync._tokens == {}
+        assert algo.env_runner_group.foreach_env_runner(
+            lambda er: er.sampler._weight_receiver.token, local_env_runner=False) == [None]
+        _assert_equal(_remote_sampler_state(algo), _learner_state(algo))
+        with pytest.raises(ValueError, match="use one of"):
+            sync.use_transport("nvlink")
+    finally:
+        algo.stop()
+
+
 def test_auto_falls_back_to_the_object_store_when_no_group_forms(ray_session, monkeypatch):
     from rllib_grpo.rllib.learner import weight_sender
 
