@@ -60,7 +60,8 @@ def _timed(func: Any) -> float:
 def run(reps: int, dtype: str = "float32") -> dict[str, Any]:
     """``dtype``: the receivers' (so the wire's) dtype; the learner keeps fp32 weights, as
     it does over bf16 samplers (verl's 1-3% changed elements are bf16 bits)."""
-    from rllib_grpo.weights.trainer import DeltaTracker, connect_receiver, patch_nbytes
+    from rllib_grpo.weights.delta import DeltaTracker, patch_nbytes
+    from rllib_grpo.weights.trainer import connect_receiver
     from rllib_grpo.weights.wire import update_nbytes
 
     torch.set_num_threads(1)

@@ -142,7 +142,7 @@ class SparseGlooEngine(GlooBucketEngine):
     bytes.  The worker keeps the checkpoint tensors in host memory, patches them, and
     reloads the touched layers (fused siblings and a tied head with them) through vLLM's
     layer-wise reload.  The first sync after a join carries every tensor whole
-    (`rllib_grpo.weights.trainer.DeltaTracker`).
+    (`rllib_grpo.weights.delta.DeltaTracker`).
 
     Why not vLLM's own ``sparse_nccl`` engine (in-place patches through
     ``load_checkpoint_weight_patches``): (1) its format has no dense form, so a tensor

@@ -11,9 +11,8 @@ thread while the trainer sends, as vLLM's NCCL engine does).
 What is sent comes from a `ManifestSource`: vLLM's ``WeightSource`` contract (``metadata``
 and a fresh iteration per round, FSDP shards gathered in the same order on every rank) over
 our bucket layout, in the sampler's dtype, tied weights once (aliases follow their tensor
-for vLLM's engines, which have no aliases).  Delta syncs send `DeltaTracker.patches`: the
-elements whose bits changed since the last sync, as vLLM's sparse patches, or a tensor
-whole where that is fewer bytes (`sparse_pays`).
+for vLLM's engines, which have no aliases).  Delta syncs send the patches of
+`rllib_grpo.weights.delta.DeltaTracker`.
 
 No vLLM import at module level: our engines and sources are plain classes (vLLM's API is
 structural), so an install without vLLM still syncs a transformers sampler.
@@ -28,6 +27,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import torch
 
+from rllib_grpo.weights.delta import SparsePatch
 from rllib_grpo.weights.layout import Manifest
 from rllib_grpo.weights.transport import (
     VIA_COLLECTIVE,
@@ -56,22 +56,6 @@ class ParamMeta(NamedTuple):
     name: str
     dtype: torch.dtype
     shape: tuple[int, ...]
-
-
-@dataclass
-class SparsePatch:
-    """vLLM's ``SparseWeightPatch`` fields: flat int32 ``indices`` and their ``values``;
-    ``dense``: ``values`` is the whole flat tensor and no indices travel."""
-
-    name: str
-    indices: torch.Tensor
-    values: torch.Tensor
-    full_shape: tuple[int, ...]
-    dense: bool = False
-
-    @classmethod
-    def whole(cls, name: str, flat: torch.Tensor, shape: tuple[int, ...]) -> SparsePatch:
-        return cls(name, torch.empty(0, dtype=torch.int32), flat, shape, dense=True)
 
 
 class ManifestSource:
@@ -109,75 +93,6 @@ class ManifestSource:
         for bucket in self.manifest.buckets:
             for entry in bucket.entries:
                 self.tensor_of(entry.name)
-
-
-# --------------------------------------------------------------------------- delta syncs
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-INDEX_BYTES = 4  # int32 flat indices, as vLLM's sparse patches
-
-
-def _bits(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.reshape(-1).view(_BITS[tensor.element_size()])
-
-
-def sparse_pays(changed: int, numel: int, value_bytes: int) -> bool:
-    """Whether ``changed`` of ``numel`` elements travel in fewer bytes as (index, value)
-    pairs than the whole tensor does: ``changed / numel < value / (index + value)`` (fp32:
-    under half, bf16: under a third).  At equality the sparse form is kept."""
-    return changed * (INDEX_BYTES + value_bytes) <= numel * value_bytes and changed < numel
-
-
-def patch_nbytes(patch: SparsePatch) -> int:
-    """Bytes one patch puts on the wire: values only when dense (no indices)."""
-    values = patch.values.numel() * patch.values.element_size()
-    return values if patch.dense else values + patch.indices.numel() * INDEX_BYTES
-
-
-class DeltaTracker:
-    """What the receivers hold (the last sync, in the wire dtype, on the learner's device)
-    and the patches that bring them to the current weights: every element whose *bits*
-    changed (so -0.0 vs 0.0 counts; lossless), as int32 flat indices and values, or the
-    whole tensor where that is fewer bytes (`sparse_pays`).  The first sync after a
-    (re)join sends every tensor whole."""
-
-    def __init__(self) -> None:
-        self.baseline: dict[str, torch.Tensor] = {}
-
-    def patches(self, source: ManifestSource) -> tuple[list[SparsePatch], int, int]:
-        """``(patches, changed elements, all elements)``; the baseline moves to the source."""
-        patches, changed, total = [], 0, 0
-        for bucket in source.manifest.buckets:
-            for entry in bucket.entries:
-                new = source.tensor(entry.name).detach()
-                new = new.to(bucket.dtype) if new.dtype != bucket.dtype else new.clone()
-                old = self.baseline.get(entry.name)
-                flat = new.reshape(-1)
-                total += flat.numel()
-                self.baseline[entry.name] = new
-                if old is None or old.shape != new.shape or old.dtype != new.dtype:
-                    patches.append(SparsePatch.whole(entry.name, flat, entry.shape))
-                    changed += flat.numel()
-                    continue
-                index = (_bits(old) != _bits(new)).nonzero().reshape(-1)
-                if not index.numel():
-                    continue
-                changed += index.numel()
-                if sparse_pays(index.numel(), flat.numel(), flat.element_size()):
-                    _check_indexable(entry.name, flat)
-                    index = index.to(torch.int32)
-                    patches.append(SparsePatch(entry.name, index, flat[index], entry.shape))
-                else:
-                    patches.append(SparsePatch.whole(entry.name, flat, entry.shape))
-        return patches, changed, total
-
-    def reset(self) -> None:
-        self.baseline = {}
-
-
-def _check_indexable(name: str, flat: torch.Tensor) -> None:
-    if flat.numel() >= 2**31:
-        raise ValueError(f"delta sync: {name} has {flat.numel()} elements; sparse patches "
-                         "index with int32. Use weight_sync_transport='auto'.")
 
 
 # --------------------------------------------------------------------------- our engines

@@ -161,8 +161,9 @@ def check_sync(model_dir: str, vocab: int) -> None:
 
     from rllib_grpo.samplers import SamplingParams
     from rllib_grpo.samplers.base import max_log_prob_diff
+    from rllib_grpo.weights.delta import DeltaTracker
     from rllib_grpo.weights.layout import plan_manifest, split_aliases
-    from rllib_grpo.weights.trainer import DeltaTracker, ManifestSource, connect_receiver
+    from rllib_grpo.weights.trainer import ManifestSource, connect_receiver
     from rllib_grpo.weights.wire import update_nbytes
 
     learner = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).cuda().eval()

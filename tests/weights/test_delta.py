@@ -1,4 +1,4 @@
-"""Delta syncs' trainer side (`rllib_grpo.weights.trainer.DeltaTracker`) and the wire bytes
+"""Delta syncs' trainer side (`rllib_grpo.weights.delta.DeltaTracker`) and the wire bytes
 (`rllib_grpo.weights.wire.update_nbytes`): a tensor travels as (int32 index, value) pairs
 only while that is fewer bytes than the tensor itself; applied on a host copy, a delta
 gives the full sync's tensors bit for bit."""
@@ -8,13 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rllib_grpo.weights.delta import DeltaTracker, patch_nbytes, sparse_pays
 from rllib_grpo.weights.layout import plan_manifest
-from rllib_grpo.weights.trainer import (
-    DeltaTracker,
-    ManifestSource,
-    patch_nbytes,
-    sparse_pays,
-)
+from rllib_grpo.weights.trainer import ManifestSource
 from rllib_grpo.weights.wire import Patch, SparseUpdate, apply_patch, as_dict, update_nbytes
 
 

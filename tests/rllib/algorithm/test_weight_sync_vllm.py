@@ -149,7 +149,8 @@ def test_a_delta_sync_after_one_step_equals_a_full_sync_bit_for_bit(sampler, mod
     fp32 elements change, so tensors travel whole where patches would cost more) sent as a delta,
     leaves the engine exactly where a full ``grpo_shm`` sync of the stepped weights does,
     for no more bytes; log-probs then equal the learner's."""
-    from rllib_grpo.weights.trainer import DeltaTracker, ManifestSource, patch_nbytes
+    from rllib_grpo.weights.delta import DeltaTracker, patch_nbytes
+    from rllib_grpo.weights.trainer import ManifestSource
     from rllib_grpo.weights.wire import update_nbytes
 
     learner = _perturbed(model_path, seed=5)
