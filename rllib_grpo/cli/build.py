@@ -1,7 +1,7 @@
 """From command-line pieces to an `Experiment` and a built (not yet running) config.
 
 `assemble` merges the experiment file, ``--config``, ``key=value`` overrides and
-flags, with every key checked (`rllib_grpo.cli.experiment.translate`);
+flags, with every key checked (`rllib_grpo.cli.config_keys.translate`);
 `build_config` turns the experiment into the algorithm's `AlgorithmConfig`;
 `resolve_stop` turns verl's ``trainer.total_epochs`` into iterations.
 Relative file paths are made absolute against the folder the command was started in
@@ -16,25 +16,27 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rllib_grpo.cli.algorithms import default_config, resolve_algo
-from rllib_grpo.cli.experiment import (
+from rllib_grpo.cli.config_keys import (
     DICT_FIELDS,
-    VERL_TO_RUN,
-    ConfigError,
-    Experiment,
     Translated,
-    experiment_from_yaml,
     has_verl_keys,
     is_grid,
+    translate,
+)
+from rllib_grpo.cli.experiment import (
+    ConfigError,
+    Experiment,
+    experiment_from_yaml,
     load_yaml_file,
     parse_json_option,
     parse_overrides,
-    translate,
 )
 from rllib_grpo.cli.verl_keys import (
     VERL_CUSTOM_REWARD_NAME,
     VERL_DEFAULT_EPOCHS,
     VERL_DEFAULTS,
     VERL_MUST_MATCH,
+    VERL_TO_RUN,
 )
 
 if TYPE_CHECKING:  # annotations only

@@ -1,5 +1,5 @@
 """verl's configuration keys that are not plain aliases of a GRPO setting, by how they are
-taken (`rllib_grpo.cli.experiment.translate` reads these tables), and verl's defaults.
+taken (`rllib_grpo.cli.config_keys.translate` reads these tables), and verl's defaults.
 
 A verl key with a real mapping onto a setting is a `VERL_ALIASES` entry (settings.py);
 the tables here hold the rest: keys accepted without effect (with the reason), keys that

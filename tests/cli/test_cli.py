@@ -24,7 +24,9 @@ from rllib_grpo.cli.build import (
     grid_points,
     resolve_stop,
 )
-from rllib_grpo.cli.experiment import (
+from rllib_grpo.cli.experiment import ConfigError, parse_scalar
+from rllib_grpo.cli.main import build_parser, check_resources, main, split_positionals
+from rllib_grpo.cli.verl_keys import (
     VERL_IGNORED,
     VERL_IGNORED_AT,
     VERL_MUST_MATCH,
@@ -32,10 +34,7 @@ from rllib_grpo.cli.experiment import (
     VERL_REFUSED_LAYOUTS,
     VERL_TO_RUN,
     VERL_TO_SUB_KEY,
-    ConfigError,
-    parse_scalar,
 )
-from rllib_grpo.cli.main import build_parser, check_resources, main, split_positionals
 from rllib_grpo.rllib.config.settings import VERL_ALIASES
 from tests.cli.test_tb_completions import read_text_summaries
 
