@@ -19,9 +19,10 @@ For each shape, with the transformers sampler (it copies into its live parameter
 Every figure is the median of ``--reps`` rounds after a warm-up round; in a round each
 path runs once, in turns, so that all see the same load (the machine is shared).  A
 sync's time is the driver's wall time of `WeightSync.sync` (``timing_s/update_weights``);
-the remote paths take turns on one env runner (see `_sync`: since the sync moved onto
-vLLM's weight-transfer API a runner holds one engine, so a turn that switches paths
-reconnects; these figures were not re-measured after that change).
+the remote paths take turns on one env runner (a runner holds one engine since the sync
+moved onto vLLM's weight-transfer API: a turn that switches paths connects that path's
+engine first, untimed, see `_timed_sync`).  Issue #28's ratio against the path from
+before that move: `benchmarks.weight_sync_ratio`.
 """
 
 from __future__ import annotations
@@ -91,25 +92,27 @@ def _interleaved(funcs: dict[str, Any], reps: int) -> dict[str, float]:
 
 
 def _sync(algo: Any, via: str | None = None) -> dict[str, float]:
-    """One `WeightSync.sync`; ``via`` overrides the remote runners' path.  All paths share
-    the one gloo group that ``auto`` formed (shm and collective differ only in where the
-    bytes go), so switching between them in turns costs nothing."""
+    """One `WeightSync.sync`; ``via`` switches the runners' path first
+    (`WeightSync.use_transport`: a runner holds one engine, so a switch connects the
+    path's engine, which the first sync after it does)."""
     from rllib_grpo.rllib.algorithm.weight_sync import WeightSync
 
     if getattr(algo, "_weight_sync", None) is None:
         algo._weight_sync = WeightSync(algo)
     sync = algo._weight_sync
-    if sync.transports is None:
-        sync.sync()  # place the runners, form the group
-    if via is not None:
-        from rllib_grpo.weights.plan import ENGINE_TRANSPORTS, engine_backend
-
-        sync.transports = {i: t if t == "local" else via for i, t in sync.transports.items()}
-        ids = [i for i, t in sync.transports.items() if t in ENGINE_TRANSPORTS]
-        # A runner holds one engine: switching paths connects again (the driver notices
-        # the runner's token is another engine's).
-        sync.backends = {engine_backend(via): ids} if ids else {}
+    if via is not None and via != sync.setting:
+        sync.use_transport(via)
     return sync.sync()
+
+
+def _timed_sync(algo: Any, via: str) -> float:
+    """Seconds of one sync ``via`` a path; a switch of path and its connecting sync first,
+    not timed (the turns switch paths every time)."""
+    if via != algo._weight_sync.setting:
+        _sync(algo, via)
+    start = time.perf_counter()
+    _sync(algo, via)
+    return time.perf_counter() - start
 
 
 def _unique_state(algo: Any) -> dict[str, Any]:
@@ -197,14 +200,14 @@ def measure_remote(folder: str, dtype: str, reps: int) -> dict[str, Any]:
         nbytes = int(out["collective_bytes"])
         source, target = torch.ones(nbytes, dtype=torch.uint8), torch.empty(nbytes, dtype=torch.uint8)
         out.update(_interleaved({
-            "shm_sync_s": lambda: _sync(algo, "shm"),
-            "collective_sync_s": lambda: _sync(algo, "collective"),
+            "shm_sync_s": lambda: _timed_sync(algo, "shm"),
+            "collective_sync_s": lambda: _timed_sync(algo, "collective"),
             "raw_gloo_s": lambda: raw_gloo_broadcast(algo, nbytes),
             "memcpy_s": lambda: target.copy_(source),
         }, reps))
         # Apart: freeing a state dict's worth of object-store memory after each of its syncs
         # slows whatever runs next (shm after it: 1.1 s instead of 0.17 s, SmolLM2 shape).
-        out.update(_interleaved({"object_store_sync_s": lambda: _sync(algo, "object_store")},
+        out.update(_interleaved({"object_store_sync_s": lambda: _timed_sync(algo, "object_store")},
                                 reps))
     finally:
         algo.stop()
