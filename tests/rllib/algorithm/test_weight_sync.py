@@ -222,3 +222,31 @@ def test_remote_learner_reaches_the_drivers_env_runner_through_the_object_store(
         assert algo._weight_sync.transport_names() == {0: "object_store"}
     finally:
         algo.stop()
+
+
+def test_a_sync_with_every_runner_out_of_service_sends_nothing():
+    """Every remote runner out of service (Ray's OOM killer took it; RLlib restarts it) and
+    no local one: before, ``max()`` of no transports raised a bare ValueError out of
+    `WeightSync.sync`; now the sync reports nothing sent (the runners' set, recorded, moves
+    when one is back, and the sync after that places and connects it)."""
+    from types import SimpleNamespace
+
+    from rllib_grpo.rllib.algorithm.weight_sync import WeightSync
+    from rllib_grpo.weights.plan import Endpoint
+
+    sender = SimpleNamespace(endpoint=lambda: Endpoint("node", 1), state_nbytes=lambda: 8)
+    learner = SimpleNamespace(weight_sender=sender)
+    runners = SimpleNamespace(healthy_worker_ids=lambda: [], num_remote_env_runners=lambda: 1,
+                              num_remote_worker_restarts=lambda: 0, local_env_runner=None)
+    algo = SimpleNamespace(
+        config=SimpleNamespace(weight_sync_transport="auto", weight_sync_bucket_mb=1.0),
+        env_runner_group=runners,
+        learner_group=SimpleNamespace(foreach_learner=lambda func: [func(learner)],
+                                      _get_results=lambda results: results))
+    sync = WeightSync(algo)
+    try:
+        assert sync.sync() == {"weight_sync/bytes": 0.0, "weight_sync/gbps": 0.0}
+        assert sync.transport_names() == {}
+        assert sync._members == ((), 0)  # a runner back in service changes it: rediscovery
+    finally:
+        sync.close()
