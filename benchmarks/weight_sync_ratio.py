@@ -114,6 +114,27 @@ def run_child(path: str, root: str, folder: str, dtype: str, syncs: int) -> dict
     return record
 
 
+def for_results(records: list[dict[str, Any]], failures: list[dict[str, Any]]
+                ) -> dict[str, Any]:
+    """What `benchmarks/results` keeps of the processes: their timings and loads, no machine
+    paths (each child checked where it imported ``rllib_grpo`` from), a failure's last line."""
+    keep = ("path", "sync_s", "memcpy_s", "bytes", "transports", "load", "process_s")
+    return {"processes": [{k: r[k] for k in keep if k in r} for r in records],
+            "failed_processes": [{"round": f["round"], "path": f["path"],
+                                  "error": _last_line(f["error"])} for f in failures]}
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def _commit(root: str) -> str:
+    done = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True)
+    return done.stdout.strip() or "unknown"
+
+
 def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Per path the medians over all its syncs and memcpys; API / old of each."""
     out: dict[str, Any] = {}
@@ -189,9 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(summary, args.dtype))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"summary": summary, "records": records, "dtype": args.dtype,
-                       "rounds": args.rounds, "syncs": args.syncs, "old_root": args.old_root,
-                       "load_averages": loads, "failed_processes": failures}, f, indent=1)
+            json.dump({"summary": summary, **for_results(records, failures), "dtype": args.dtype,
+                       "rounds": args.rounds, "syncs": args.syncs,
+                       "old_commit": _commit(roots["old"]), "api_commit": _commit(API_ROOT),
+                       "load_averages": loads}, f, indent=1)
     return 0
 
 
