@@ -6,7 +6,7 @@ Each run is a fresh process doing the same workload (`SideBySideSpec`): the same
 folder, the same ``rllib_grpo/Arithmetic-v0`` prompts, the same reward function
 (`rllib_grpo.rewards.score_arithmetic`), ``prompts x group_size`` responses of exactly
 ``max_new_tokens`` tokens (the model has no end-of-sequence token, as in
-`benchmarks.harness`), temperature 1, fp32, KL coefficient ``beta`` (0: no reference
+`benchmarks.harness`; ``fixed_length=False`` keeps it), temperature 1, fp32, KL coefficient ``beta`` (0: no reference
 model), AdamW at ``lr``, one optimizer step per generation batch, ``threads`` torch
 threads.  ``trl`` runs under the benchmark's own Python (``benchmarks/.venv-trl``, which
 has TRL); ``vllm`` and ``hf`` are `GRPOConfig` (``num_learners=0``, ``num_env_runners=0``)
@@ -52,8 +52,11 @@ class SideBySideSpec:
     lr: float = 1e-6
     threads: int = 1
     seed: int = 0
-    model_dir: str = ""      # the fixed-length copy (no EOS) every system samples from
-    tokenizer_dir: str = ""  # the original folder (TRL's tokenizer needs an EOS token)
+    # True: every response runs to max_new_tokens (the same work in every system); False:
+    # responses end at the model's EOS, as sampled (lengths differ by chance; reported).
+    fixed_length: bool = True
+    model_dir: str = ""      # what every system samples from: with fixed_length, the copy
+    tokenizer_dir: str = ""  # without EOS; tokenizer_dir: the original (TRL needs an EOS)
 
     @property
     def total_steps(self) -> int:
@@ -122,7 +125,8 @@ def run_trl(spec: SideBySideSpec) -> dict[str, Any]:
                            **kw: Any) -> None:
             # Trainer.train() copied the tokenizer's EOS into the model's configs
             # (transformers' align_special_tokens) just before this: undo it.
-            _without_eos(model)
+            if spec.fixed_length:
+                _without_eos(model)
 
         def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             clock.begin()
@@ -160,9 +164,10 @@ def run_trl(spec: SideBySideSpec) -> dict[str, Any]:
                           callbacks=[Clock()])
     # Fixed length, as in ours: the model folder has no EOS (so generate never stops early)
     # and TRL must not cut completions at the tokenizer's EOS id either.
-    trainer.eos_token_ids = []
-    trainer.generation_config.eos_token_id = None
-    trainer.generation_kwargs["eos_token_id"] = None
+    if spec.fixed_length:
+        trainer.eos_token_ids = []
+        trainer.generation_config.eos_token_id = None
+        trainer.generation_kwargs["eos_token_id"] = None
     torch.set_num_threads(spec.threads)
     trainer.train()
     params = trainer.model.num_parameters()

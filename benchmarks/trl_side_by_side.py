@@ -66,6 +66,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch threads in every process")
     p.add_argument("--systems", default=",".join(SYSTEMS), help="subset of trl,vllm,hf")
     p.add_argument("--lr", type=float, default=1e-6)
+    p.add_argument("--natural-length", action="store_true",
+                   help="keep the model's EOS: responses end when sampled (lengths differ by "
+                   "chance between systems; the table reports them); default: every "
+                   "response runs to 32 tokens")
     p.add_argument("--timeout", type=float, default=3600.0, help="per process, seconds")
     p.add_argument("--wait-for-load", type=float, default=None, metavar="LOAD",
                    help="before each process, wait (up to 10 min) for the 1-minute load "
@@ -196,9 +200,12 @@ def format_report(report: dict[str, Any]) -> str:
     spec = report["spec"]
     out = []
     for beta, block in report["results"].items():
-        out.append(f"### {spec['workload']} ({block.get('params', '?')} params), beta={beta}: "
+        out.append(f"### {spec.get('model', spec['workload'])} ({block.get('params', '?')} "
+                   f"params), beta={beta}: "
                    f"{spec['prompts']} prompts x {spec['group_size']}, "
-                   f"{spec['max_new_tokens']} new tokens, T={spec['temperature']:g}, fp32, "
+                   f"{spec['max_new_tokens']} new tokens"
+                   f"{'' if spec.get('fixed_length', True) else ' at most (natural length)'}, "
+                   f"T={spec['temperature']:g}, fp32, "
                    f"lr {spec['lr']:g}, {spec['threads']} thread(s); {report['rounds']} "
                    f"round(s) x {spec['steps']} steps after {spec['warmup']} warm-up")
         out.append("")
@@ -245,13 +252,14 @@ def run_process(system: str, spec: SideBySideSpec, python: str, timeout: float,
                                     stdout=None if verbose else sink, stderr=subprocess.STDOUT,
                                     start_new_session=True)
             sampler = TreeSampler(proc.pid, SAMPLE_INTERVAL_S, pss_every=PSS_EVERY).start()
+            code: int | None = None
             try:
                 code = proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 code = None
-            finally:
+            finally:  # also on Ctrl-C or SIGTERM (main turns it into SystemExit)
                 peak = sampler.stop()
-                _end_stragglers(proc)
+                _end_stragglers(proc, grace_s=10.0 if code is not None else 0.0)
         if code != 0 or not out.is_file():
             tail = "" if verbose else log.read_text()[-6000:]
             why = f"timed out after {timeout:.0f} s" if code is None else f"exit {code}"
@@ -260,17 +268,21 @@ def run_process(system: str, spec: SideBySideSpec, python: str, timeout: float,
 
 
 def _end_stragglers(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """After the measured process: wait for what it started to exit, then end that group."""
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None and not tree_members(proc.pid, process_table()):
-            return
-        time.sleep(0.2)
-    try:  # the process group this benchmark created for the run (start_new_session)
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    proc.wait(timeout=30)
+    """After the measured process: wait for what it started to exit, then end its group
+    (the process group this benchmark created for the run: start_new_session)."""
+    for signum in (None, signal.SIGTERM, signal.SIGKILL):
+        if signum is not None:
+            try:
+                os.killpg(proc.pid, signum)
+            except ProcessLookupError:
+                return
+        deadline = time.monotonic() + (grace_s if signum is None else 15.0)
+        while True:
+            if proc.poll() is not None and not tree_members(proc.pid, process_table()):
+                return
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
 
 
 def wait_until_load_below(limit: float, max_wait_s: float = 600.0) -> None:
@@ -287,7 +299,9 @@ def prepare_spec(args: argparse.Namespace, beta: float) -> SideBySideSpec:
     name = WORKLOADS[args.workload][0]
     return SideBySideSpec(workload=args.workload, beta=beta, steps=args.steps,
                           warmup=args.warmup, threads=args.threads, lr=args.lr,
-                          model_dir=prepare_model(name), tokenizer_dir=resolve_model(name))
+                          fixed_length=not args.natural_length,
+                          model_dir=prepare_model(name, fixed_length=not args.natural_length),
+                          tokenizer_dir=resolve_model(name))
 
 
 def run_all(args: argparse.Namespace, trl_python: str) -> dict[str, Any]:
@@ -321,7 +335,9 @@ def run_all(args: argparse.Namespace, trl_python: str) -> dict[str, Any]:
         pooled = {s: pool_runs(r) for s, r in by_system.items()}
         results[f"{beta:g}"] = {"params": params, "runs": by_system, "pooled": pooled,
                                 "targets": target_rows(pooled)}
-    return {"spec": {k: v for k, v in spec0.to_json().items() if k != "beta"},
+    hidden = ("beta", "model_dir", "tokenizer_dir")  # per table; machine paths
+    return {"spec": {**{k: v for k, v in spec0.to_json().items() if k not in hidden},
+                     "model": WORKLOADS[args.workload][0]},
             "rounds": args.rounds, "systems": systems, "results": results,
             "memory_measure": MEMORY_MEASURE, "loads": loads,
             "versions": {**_versions(), **extra.get("trl", {})},
@@ -353,6 +369,9 @@ def _cpu_model() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so that the run's process group
+    # (a session of its own, which a signal to this process does not reach) is ended too.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if args.show:
         print(format_report(json.loads(Path(args.show).read_text())))
         return 0

