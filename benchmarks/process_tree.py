@@ -10,7 +10,9 @@ its own).  Per process the sampler reads:
   processes counts 1/k in each, so the sum over the tree counts shared pages (libtorch
   mapped by every Ray worker, Ray's shared-memory object store) once: the tree's real
   footprint.  The kernel walks the page tables to compute it (~17 ms of CPU for a 600 MB
-  process), so it is read every ``pss_every``-th sample (1 s by default), not every one;
+  process, ~60 ms for 9 GB), so it is read at most every ``pss_every``-th sample (1 s by
+  default) and, for a large tree, rarely enough that reading it costs at most
+  ``pss_cpu_share`` (1%) of a core;
 * **RSS** (``/proc/<pid>/statm``, ~20 us): each process's resident pages in full, so
   the sum counts shared pages once per process that maps them (an upper bound, what
   ``ps`` and ``top`` add up to); every sample.
@@ -23,6 +25,7 @@ in between is counted from the next refresh on).  The sampler's own CPU time is 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
 import time
@@ -157,6 +160,7 @@ class TreeSampler:
     interval_s: float = 0.2
     pss_every: int = 5
     refresh_every: int = 5
+    pss_cpu_share: float = 0.01
     peak: TreePeak = field(default_factory=TreePeak)
 
     def __post_init__(self) -> None:
@@ -164,14 +168,19 @@ class TreeSampler:
         self._thread = threading.Thread(target=self._run, name="tree-sampler", daemon=True)
         self._members: set[int] = set()
         self._tick = 0
+        self._next_pss_tick = 0
 
     def sample(self) -> None:
         """One sample: RSS of the tree; membership and PSS on their ticks."""
         if self._tick % self.refresh_every == 0 or not self._members:
             self._members = tree_members(self.root, process_table())
         pss = None
-        if self._tick % self.pss_every == 0:
+        if self._tick >= self._next_pss_tick:
+            cpu = time.thread_time()
             pss = sum_memory(self._members, read_memory(self._members))[0]
+            cost = time.thread_time() - cpu
+            self._next_pss_tick = self._tick + pss_gap(cost, self.interval_s, self.pss_every,
+                                                        self.pss_cpu_share)
         self._tick += 1
         if self._members:
             self.peak.update(read_rss(self._members), len(self._members), pss)
@@ -191,6 +200,12 @@ class TreeSampler:
         self._stop.set()
         self._thread.join()
         return self.peak
+
+
+def pss_gap(cost_s: float, interval_s: float, pss_every: int, cpu_share: float) -> int:
+    """Samples until the next PSS reading: ``pss_every``, or more when one reading costs
+    more than ``cpu_share`` of the CPU time in between."""
+    return max(pss_every, math.ceil(cost_s / (cpu_share * interval_s)))
 
 
 def smaps_rollup_available() -> bool:

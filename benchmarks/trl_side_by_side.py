@@ -221,7 +221,8 @@ def format_report(report: dict[str, Any]) -> str:
 MEMORY_MEASURE = (
     "peak over the run of the sum over the process, its descendants and its session of "
     "PSS (/proc/<pid>/smaps_rollup, read by the parent every "
-    f"{SAMPLE_INTERVAL_S * PSS_EVERY:g} s); RSS sum (/proc/<pid>/statm, every "
+    f"{SAMPLE_INTERVAL_S * PSS_EVERY:g} s, less often when a reading costs more than 1% of "
+    "a core); RSS sum (/proc/<pid>/statm, every "
     f"{SAMPLE_INTERVAL_S:g} s) for reference: it counts shared pages once per process")
 
 

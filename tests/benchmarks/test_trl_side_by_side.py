@@ -16,6 +16,7 @@ from benchmarks.process_tree import (
     parse_smaps_rollup,
     parse_stat,
     parse_statm,
+    pss_gap,
     smaps_rollup_available,
     sum_memory,
     tree_members,
@@ -155,6 +156,11 @@ def test_peak_keeps_the_largest_totals():
     assert (peak.processes_at_peak_pss, peak.max_processes) == (5, 7)
     assert (peak.samples, peak.pss_samples) == (4, 3)
     assert peak.to_json()["peak_pss_mb"] == 2.0
+
+
+def test_pss_is_read_rarely_enough_to_cost_at_most_its_cpu_share():
+    assert pss_gap(0.001, interval_s=0.2, pss_every=5, cpu_share=0.01) == 5  # cheap: every 1 s
+    assert pss_gap(0.06, interval_s=0.2, pss_every=5, cpu_share=0.01) == 30  # 60 ms: every 6 s
 
 
 def test_statm_resident_pages_to_kib():
