@@ -51,8 +51,14 @@ def hidden_entries(distributions: tuple[str, ...] = HIDDEN_DISTRIBUTIONS) -> set
 
 
 def build_view(base: Path, view: Path, hidden: set[str]) -> int:
-    """Symlink every entry of ``base`` into ``view`` except ``hidden``; the count linked."""
+    """Symlink every entry of ``base`` into ``view`` except ``hidden``; the count linked.
+
+    Idempotent: links to entries that are gone from ``base`` are removed.
+    """
     view.mkdir(parents=True, exist_ok=True)
+    for link in view.iterdir():
+        if link.is_symlink() and not link.exists():
+            link.unlink()
     linked = 0
     for entry in sorted(base.iterdir()):
         if entry.name in hidden or entry.name == "__pycache__":
@@ -77,14 +83,14 @@ def ensure_trl_venv(venv: Path = TRL_VENV, quiet: bool = True) -> Path:
     """Create (once) and return the Python of the TRL environment."""
     python = venv_python(venv)
     stamp = venv / STAMP_NAME
+    view = venv / VIEW_NAME
     if python.exists() and stamp.is_file() and stamp.read_text().strip() == _stamp():
+        build_view(Path(sysconfig.get_paths()["purelib"]), view, hidden_entries())  # news
         return python
     print(f"Setting up {venv} (TRL {TRL_PACKAGES['trl']}, once) ...", file=sys.stderr, flush=True)
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    base = Path(sysconfig.get_paths()["purelib"])
-    view = venv / VIEW_NAME
-    build_view(base, view, hidden_entries())
+    build_view(Path(sysconfig.get_paths()["purelib"]), view, hidden_entries())
     (_site_packages(venv) / "_base_view.pth").write_text(
         f"import site; site.addsitedir({str(view)!r})\n")
     missing = [f"{name}=={version}" for name, version in TRL_PACKAGES.items()

