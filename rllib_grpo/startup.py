@@ -4,9 +4,8 @@ The seconds from launch to the first training step (``timing_s/startup``) split 
 `STARTUP_PARTS`, each logged as ``timing_s/startup/<part>`` and shown on the console's
 ``start-up:`` line.  Code that starts something wraps it in `startup_part`:
 
-* ``ray``: ``ray.init`` (the CLI and the demo);
+* ``ray``: ``ray.init`` where the process that trains starts Ray (the demo);
 * ``model``: building a built-in model into the cache (`rllib_grpo.models.registry`);
-* ``imports``: importing vLLM ahead of the engine (`import_in_background`);
 * ``engine``: creating a sampler in this process (its vLLM import, if not done, and the
   engine's start);
 * ``learner``: building the learner group (the model, its optimizer, a reference);
@@ -17,21 +16,23 @@ The seconds from launch to the first training step (``timing_s/startup``) split 
 `startup_breakdown` gives each instant of ``[origin, end]`` to the innermost part
 running then (the one started last: a part inside another counts as itself, not twice),
 and every instant no part covers to ``other``, so the parts add up to the whole.  Parts
-run in parallel threads (the vLLM import during ``ray.init``) do not add up: the time
-they overlap goes to the one started last, and the whole shrinks by the overlap.
+run in parallel threads would overlap: that time goes to the one started last.
+
+Nothing is imported in a background thread during ``ray.init``: measured in an earlier
+round (docs/demo.md, "Tried and dropped"), it gained nothing on the 2-core machine and
+delayed Ray's own processes past their start-up timeouts under load.
 
 Imports nothing of the package (layer 0): every layer may record a part.
 """
 
 from __future__ import annotations
 
-import importlib
 import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
-STARTUP_PARTS = ("ray", "model", "imports", "engine", "learner", "algorithm", "other")
+STARTUP_PARTS = ("ray", "model", "engine", "learner", "algorithm", "other")
 STARTUP_KEY = "timing_s/startup"
 _UNCOVERED = STARTUP_PARTS[-1]
 
@@ -92,20 +93,3 @@ def startup_summary(total: float, parts: dict[str, float]) -> str:
                       if parts.get(part, 0.0) >= 0.05)
     return f"{total:.1f}s ({shown})" if shown else f"{total:.1f}s"
 
-
-def import_in_background(*modules: str) -> threading.Thread:
-    """Import ``modules`` on a daemon thread, timed as the ``imports`` part, so that a
-    slow import (vLLM: 10-20 s) overlaps other start-up work such as ``ray.init``.  A
-    module that fails to import is left for its real importer to report."""
-
-    def run() -> None:
-        with startup_part("imports"):
-            for name in modules:
-                try:
-                    importlib.import_module(name)
-                except Exception:  # noqa: BLE001, S110 - the real import reports it
-                    pass
-
-    thread = threading.Thread(target=run, name="startup-imports", daemon=True)
-    thread.start()
-    return thread

@@ -1,9 +1,8 @@
 """The start-up breakdown: parts add up to the whole, nested parts count once, parallel
-parts' overlap goes to one, and the background import is timed as a part."""
+parts' overlap goes to one."""
 
 from __future__ import annotations
 
-import sys
 import time
 
 import pytest
@@ -11,7 +10,6 @@ import pytest
 from rllib_grpo import startup
 from rllib_grpo.startup import (
     STARTUP_PARTS,
-    import_in_background,
     record_part,
     startup_breakdown,
     startup_part,
@@ -25,18 +23,18 @@ def test_parts_add_up_to_the_whole_and_a_nested_part_counts_once():
                  ("learner", 15.0, 19.0)]
     parts = startup_breakdown(0.0, 21.0, intervals)
     assert list(parts) == list(STARTUP_PARTS)
-    assert parts == {"ray": 3.0, "model": 0.0, "imports": 0.0, "engine": 3.0, "learner": 4.0,
+    assert parts == {"ray": 3.0, "model": 0.0, "engine": 3.0, "learner": 4.0,
                      "algorithm": 3.0, "other": 8.0}
     assert sum(parts.values()) == 21.0
 
 
 def test_parallel_parts_overlap_goes_to_the_one_started_last_and_clipping_to_the_window():
-    # imports 1-9 in a thread while ray runs 0.5-4 in the main thread; model 8-12 runs past
+    # engine 1-9 in a thread while ray runs 0.5-4 in the main thread; model 8-12 runs past
     # the end (10); an interval from a previous algorithm (-5..-1) is outside the window.
-    intervals = [("ray", 0.5, 4.0), ("imports", 1.0, 9.0), ("model", 8.0, 12.0),
+    intervals = [("ray", 0.5, 4.0), ("engine", 1.0, 9.0), ("model", 8.0, 12.0),
                  ("learner", -5.0, -1.0)]
     parts = startup_breakdown(0.0, 10.0, intervals)
-    assert parts["ray"] == 0.5 and parts["imports"] == 7.0 and parts["model"] == 2.0
+    assert parts["ray"] == 0.5 and parts["engine"] == 7.0 and parts["model"] == 2.0
     assert parts["other"] == 0.5 and parts["learner"] == 0.0
     assert sum(parts.values()) == 10.0
 
@@ -60,10 +58,3 @@ def test_summary_names_the_parts_in_order_and_leaves_out_the_empty_ones():
     parts = dict.fromkeys(STARTUP_PARTS, 0.0) | {"ray": 2.1, "engine": 5.0, "other": 1.24}
     assert startup_summary(8.34, parts) == "8.3s (ray 2.1, engine 5.0, other 1.2)"
 
-
-def test_a_background_import_is_the_imports_part(monkeypatch):
-    monkeypatch.setattr(startup, "_intervals", [])
-    monkeypatch.delitem(sys.modules, "colorsys", raising=False)
-    import_in_background("colorsys", "no_such_module_here").join(timeout=30)
-    assert "colorsys" in sys.modules  # imported; the missing one left to its real importer
-    assert [part for part, _, _ in startup.recorded_parts()] == ["imports"]

@@ -30,14 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from rllib_grpo.cli.demos import DEMOS, TASKS, DemoSpec, demo_config, pick_demo
-from rllib_grpo.startup import import_in_background, startup_part
+from rllib_grpo.startup import startup_part
 
 __all__ = ["demo_config", "heldout_accuracy", "heldout_report", "main", "plot_curve",
            "time_split"]
 
-# What each sampler kind imports first (the transformers sampler's modules are the
-# learner's too); imported while Ray starts.
-ENGINE_IMPORTS = {"auto": ("vllm",), "vllm": ("vllm",), "hf": ("transformers.modeling_utils",)}
 TIMING_KEYS = {"gen": ("env_runners", "timing_s/gen"), "reward_fn": ("env_runners",
                "timing_s/reward"), "update_actor": ("timing_s/update_actor",),
                "update_weights": ("timing_s/update_weights",), "time": ("timing_s/step",)}
@@ -157,15 +154,12 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     config = spec.build_config(args.seed, args.sampler)
-    # The sampler's slow imports (vLLM: 10-20 s) run while Ray starts (`rllib_grpo.startup`).
-    imports = import_in_background(*ENGINE_IMPORTS[config.sampler])
-    with startup_part("ray"):
+    with startup_part("ray"):  # the start-up line's part (`rllib_grpo.startup`)
         # A Ray of its own (address="local"), even when a `ray start` cluster runs here.
         ray.init(address="local", num_cpus=2, object_store_memory=500 * 1024**2,
                  include_dashboard=False, _system_config=ray_system_config(config),
                  log_to_driver=False, configure_logging=args.verbose,
                  logging_level=logging.INFO if args.verbose else logging.WARNING)
-    imports.join()  # no import races with the main thread's own imports from here on
     _prepare_model(config.model_path)
     algo = config.build_algo()
     print(f"ready in {time.perf_counter() - t_start:.1f}s: {config.model_path} on "
