@@ -2,6 +2,9 @@
 
 * ``builtin:10m``: a ~10M-parameter llama over the character tokenizer (hidden 256,
   10 layers, 8 heads of 32, 4 KV heads, MLP 1024), randomly initialised;
+* ``builtin:qwen2-5m7``: a 5.71M-parameter Qwen2 (``qwen2`` model type, with its q/k/v
+  biases) over the character tokenizer (hidden 256, 8 layers, 4 heads of 64, 2 KV heads,
+  MLP 672), randomly initialised: the small model of `benchmarks.trl_side_by_side`;
 * ``builtin:qwen05b-shape``: a randomly initialised model with the shapes of
   Qwen2.5-0.5B (hidden 896, 24 layers, 14 heads of 64, 2 KV heads, MLP 4864,
   vocabulary 151,936, tied embeddings) for GPU runs.  It uses the ``llama`` model
@@ -37,9 +40,15 @@ from rllib_grpo.models import (
 
 MODEL_10M = "builtin:10m"
 MODEL_QWEN05B = "builtin:qwen05b-shape"
+MODEL_QWEN2_5M7 = "builtin:qwen2-5m7"
 PARAMS_10M: dict[str, Any] = {
     "version": 1, "alphabet": DEFAULT_ALPHABET, "seed": 0, "arch": "llama", "hidden_size": 256,
     "num_layers": 10, "num_heads": 8, "num_kv_heads": 4, "intermediate_size": 1024,
+    "max_position_embeddings": 512,
+}
+PARAMS_QWEN2_5M7: dict[str, Any] = {
+    "version": 1, "alphabet": DEFAULT_ALPHABET, "seed": 0, "arch": "qwen2", "hidden_size": 256,
+    "num_layers": 8, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 672,
     "max_position_embeddings": 512,
 }
 PARAMS_QWEN05B: dict[str, Any] = {
@@ -57,8 +66,9 @@ EOS_FIELDS = {
 SURROGATES = range(0xD800, 0xE000)
 
 
-def _build_10m(*, alphabet: str, seed: int, version: int, **model_kwargs: Any) -> ModelAndTokenizer:
-    """The ~10M-parameter character-level llama (``version`` only keys the cache)."""
+def _build_char_model(*, alphabet: str, seed: int, version: int, **model_kwargs: Any) -> ModelAndTokenizer:
+    """A character-level model: the ~10M llama or the 5.7M Qwen2 (``version`` only keys the
+    cache)."""
     tokenizer = build_char_tokenizer(alphabet)
     return build_tiny_causal_lm(tokenizer, seed=seed, **model_kwargs), tokenizer
 
@@ -96,8 +106,10 @@ def _build_qwen05b_shape(
 
 
 def register_benchmark_models() -> None:
-    """Register ``builtin:10m`` and ``builtin:qwen05b-shape`` (idempotent)."""
-    register_builtin_model(MODEL_10M, _build_10m, params=PARAMS_10M)
+    """Register ``builtin:10m``, ``builtin:qwen2-5m7`` and ``builtin:qwen05b-shape``
+    (idempotent)."""
+    register_builtin_model(MODEL_10M, _build_char_model, params=PARAMS_10M)
+    register_builtin_model(MODEL_QWEN2_5M7, _build_char_model, params=PARAMS_QWEN2_5M7)
     register_builtin_model(MODEL_QWEN05B, _build_qwen05b_shape, params=PARAMS_QWEN05B)
 
 

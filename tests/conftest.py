@@ -129,3 +129,27 @@ def float32_sum_bound(n_terms: int, abs_sum: float) -> float:
     in any order or grouping: each is within (n-1)·eps/2·Σ|terms| of the exact sum
     (Higham §4.2, to first order), so they differ by <= n·eps32·Σ|terms|."""
     return n_terms * EPS32 * abs_sum
+
+
+@pytest.fixture
+def float64_rms_norm(monkeypatch):  # tests/models/test_shared_prefix.py
+    """transformers' RMSNorm computes in float32 whatever its input (``.to(torch.float32)``):
+    a float32 step inside the float64 model.  Forward, every token sees the same float32
+    roundings shared or not; backward, a shared prompt position receives the *sum* of its
+    responses' gradients and rounds it once to float32, where the copies rounded each part:
+    a float32-sized difference (5e-8 of the largest gradient, measured) that is rounding,
+    not the layout.  Here the norm stays in its input's dtype for float64 inputs."""
+    import torch
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+
+    for norm in (LlamaRMSNorm, Qwen2RMSNorm):
+        original = norm.forward
+
+        def forward(self, hidden_states, _original=original):
+            if hidden_states.dtype != torch.float64:
+                return _original(self, hidden_states)
+            variance = hidden_states.pow(2).mean(-1, keepdim=True)
+            return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+        monkeypatch.setattr(norm, "forward", forward)

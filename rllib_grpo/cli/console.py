@@ -18,6 +18,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any, TextIO
 
+from rllib_grpo.startup import STARTUP_KEY, STARTUP_PARTS, startup_part_key, startup_summary
+
 
 @dataclasses.dataclass(frozen=True)
 class Column:
@@ -52,7 +54,6 @@ COLUMNS: tuple[Column, ...] = (
     Column("step", ("timing_s/step", "time_this_iter_s"), ".2f", "s"),
     Column("", ("perf/throughput",), ",.0f", " tok/s"),
 )
-STARTUP_KEY = "timing_s/startup"
 
 
 def lookup(result: Mapping[str, Any], key: str) -> Any:
@@ -82,11 +83,17 @@ def progress_line(result: Mapping[str, Any], *, total: int | None = None,
 
 
 def startup_line(result: Mapping[str, Any]) -> str | None:
-    """``start-up: 9.1s to the first step`` when the result carries ``timing_s/startup``."""
+    """``start-up: 11.6s (ray 2.1, engine 5.0, ..., other 1.2) from launch to the first
+    training step`` when the result carries ``timing_s/startup`` (and its parts,
+    `rllib_grpo.startup.STARTUP_PARTS`)."""
     seconds = lookup(result, STARTUP_KEY)
     if not isinstance(seconds, int | float) or math.isnan(seconds):
         return None
-    return f"start-up: {seconds:.1f}s from launch to the first training step ({STARTUP_KEY})"
+    parts = {part: value for part in STARTUP_PARTS
+             if isinstance(value := lookup(result, startup_part_key(part)), int | float)
+             and not math.isnan(value)}
+    return (f"start-up: {startup_summary(seconds, parts)} from launch to the first training "
+            f"step ({STARTUP_KEY})")
 
 
 class Progress:

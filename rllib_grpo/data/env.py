@@ -76,9 +76,10 @@ class TextEnv(gymnasium.Env):
         reward_timeout_s, format_score, max_answer_chars, reward_kwargs: passed
             to :class:`~rllib_grpo.rewards.RewardScorer`.
         reward_workers, reward_isolation: its ``workers`` (reward calls at once in
-            `score_many`) and ``isolation`` (``auto``: processes for user reward
-            functions, killed when they overrun ``reward_timeout_s``; threads for the
-            built-in scorers).
+            `score_many`; None: the CPUs this process may use) and ``isolation``
+            (``auto``: processes for user reward functions, forked on first need and
+            killed when they overrun ``reward_timeout_s``; inline or threads for the
+            built-in scorers, as each declares).
     """
 
     metadata: dict[str, Any] = {"render_modes": []}
@@ -99,7 +100,7 @@ class TextEnv(gymnasium.Env):
         format_score: float = 0.0,
         max_answer_chars: int | None = None,
         reward_kwargs: Mapping[str, Any] | None = None,
-        reward_workers: int = DEFAULT_REWARD_WORKERS,
+        reward_workers: int | None = DEFAULT_REWARD_WORKERS,
         reward_isolation: str = "auto",
     ) -> None:
         _check_length_options(tokenizer, max_prompt_length, truncation, filter_overlong_prompts)

@@ -85,6 +85,9 @@ class PackedMicroBatch:
         target_ids: those response tokens.
         response_mask: ``(B, R)`` bool, where the unpacked values go.
         num_real_tokens: prompt + response tokens packed (no padding).
+        attention_mask: ``(rows, 1, row_len, row_len)`` bool (True: attend) where the
+            layout needs one beyond what the position ids say (shared prompts:
+            `rllib_grpo.models.shared_prefix`); None: built from the position ids.
     """
 
     input_ids: torch.Tensor
@@ -94,6 +97,7 @@ class PackedMicroBatch:
     target_ids: torch.Tensor
     response_mask: torch.Tensor
     num_real_tokens: int
+    attention_mask: torch.Tensor | None = None
 
     @property
     def num_slots(self) -> int:
@@ -168,6 +172,7 @@ def packed_response_log_probs(
     temperature: float,
     with_entropy: bool = False,
     detach_entropy: bool = False,
+    layout: PackedMicroBatch | None = None,
 ) -> dict[str, torch.Tensor]:
     """`rllib_grpo.rllib.learner.module.response_log_probs` computed on packed rows.
 
@@ -175,18 +180,21 @@ def packed_response_log_probs(
     with_entropy}`` (float32), zeros on padding positions; ``detach_entropy``: the
     entropy is for metrics only (no graph).  The graph always reaches the model's
     parameters, even when no row has a response token (a sharded model then still
-    runs its collective backward).
+    runs its collective backward).  ``layout``: ``batch`` already packed another way
+    (shared prompts: `rllib_grpo.models.shared_prefix`); None: `pack_micro_batch`.
     """
-    packed = pack_micro_batch(batch, varlen=uses_varlen_attention(lm))
+    packed = layout if layout is not None else pack_micro_batch(
+        batch, varlen=uses_varlen_attention(lm))
     cols = packed.predictor_cols
     rows = packed.predictor_rows
     if cols.numel() == 0:  # nothing to score: keep one logit so backward reaches the model
         cols, rows = cols.new_zeros(1), rows.new_zeros(1)
     # Only the logits that predict response tokens go through the LM head.
     keep, keep_index = torch.unique(cols, return_inverse=True)
+    extra = {} if packed.attention_mask is None else {"attention_mask": packed.attention_mask}
     logits = lm(
         input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
-        logits_to_keep=keep,
+        logits_to_keep=keep, **extra,
     ).logits
     response_logits = logits[rows, keep_index].float() / temperature
     out: dict[str, torch.Tensor] = {}

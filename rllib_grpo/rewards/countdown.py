@@ -16,6 +16,7 @@ from collections import Counter
 from typing import Any
 
 from rllib_grpo.rewards._expr import evaluate_expression
+from rllib_grpo.rewards.pool import declare_isolation
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 # Symbols models write for the four operations.
@@ -43,6 +44,7 @@ def extract_countdown_equation(text: str) -> str | None:
     return equation or None
 
 
+@declare_isolation("thread")  # parses expressions: on a thread with a deadline
 def score_countdown(solution_str: str, ground_truth: Any, *, use_all_numbers: bool = True) -> dict:
     """Score 1.0 when the equation uses the allowed numbers and evaluates to the target.
 

@@ -17,6 +17,7 @@ import re
 from typing import Any
 
 from rllib_grpo.rewards._numbers import answers_match, first_number, last_number
+from rllib_grpo.rewards.pool import declare_isolation
 
 GSM8K_METHODS = ("strict", "flexible")
 
@@ -40,6 +41,7 @@ def extract_gsm8k_answer(text: str, method: str = "strict") -> str | None:
     return last_number(text) if method == "flexible" else None
 
 
+@declare_isolation("inline")  # time linear in the response: runs inline
 def score_gsm8k(solution_str: str, ground_truth: Any, *, method: str = "strict") -> dict:
     """Score 1.0 when the extracted answer equals ``ground_truth`` as a number, else 0.0.
 

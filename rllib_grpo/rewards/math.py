@@ -19,6 +19,7 @@ from typing import Any
 
 from rllib_grpo.rewards._latex import matching_brace, sympy_equal
 from rllib_grpo.rewards._numbers import parse_number
+from rllib_grpo.rewards.pool import declare_isolation
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 # An answer runs to the end of its line or to the next "Answer:" on it: the last one counts.
@@ -97,6 +98,7 @@ def math_answers_equal(pred: str, ground_truth: str) -> bool:
     return sympy_equal(pred_norm, truth_norm)
 
 
+@declare_isolation("thread")  # parses expressions: on a thread with a deadline
 def score_math(solution_str: str, ground_truth: Any) -> dict:
     """Score 1.0 when the last boxed (or ``Answer:``) answer equals ``ground_truth``."""
     truth = str(ground_truth)

@@ -21,6 +21,7 @@ import re
 from typing import Any
 
 from rllib_grpo.rewards._latex import matching_brace
+from rllib_grpo.rewards.pool import declare_isolation
 
 RESPONSE_TAIL_CHARS = 300
 BOX_TAIL_CHARS = 100
@@ -68,6 +69,7 @@ def _last_boxed(text: str) -> str | None:
     return text[start + len("\\boxed{"):close] if close is not None else None
 
 
+@declare_isolation("thread")  # parses expressions: on a thread with a deadline
 def score_math_dapo(solution_str: str, ground_truth: Any) -> dict:
     """+1/-1 for the last ``Answer:`` (else the last box) against ``ground_truth``."""
     tail = solution_str[-RESPONSE_TAIL_CHARS:]

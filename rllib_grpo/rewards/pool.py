@@ -3,12 +3,22 @@ overruns it really ended.
 
 * ``"process"`` (user code): forked worker processes; an overrunning call's process is
   killed (SIGKILL) and replaced, so a hung reward function costs one timeout and leaves
-  nothing behind.  Workers are forked lazily, up to ``max_workers``, and reused.
-* ``"thread"`` (the built-in scorers): worker threads; Python cannot kill a thread, so an
-  overrunning call is abandoned (its thread exits when the call returns).
+  nothing behind.  Workers are forked lazily, one per call running at once (no process
+  before the first call; a batch of 3 forks 3), up to ``max_workers``, and reused.
+* ``"thread"``: worker threads; Python cannot kill a thread, so an overrunning call is
+  abandoned (its thread exits when the call returns).
 * ``"inline"``: called one after another in the caller's thread, no deadline.
 
-16 hanging calls with ``max_workers >= 16`` cost about one timeout, not sixteen.
+A reward function declares the isolation it needs with `declare_isolation` (the
+built-in scorers do: ``"inline"`` for those whose time is linear in the response, such
+as the arithmetic reward; ``"thread"`` for those that parse expressions); an undeclared
+function is user code and runs in processes (`declared_isolation`).
+
+``max_workers`` defaults to the CPUs this process may use (`default_reward_workers`):
+more processes than cores score no faster, and each fork of a process holding torch and
+a model costs memory as its pages are written.  Ask for more explicitly where the calls
+wait rather than compute: 16 hanging calls with ``max_workers >= 16`` cost about one
+timeout, not sixteen.
 Processes are forked (not spawned) so the reward function and the data it closes over
 need not pickle; only arguments and results cross the pipe.  A forked worker closes every
 file descriptor it inherited but its pipe: otherwise it would keep its parent's sockets
@@ -28,10 +38,45 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import Any, TypeVar
 
 POOL_MODES = ("auto", "process", "thread", "inline")
-DEFAULT_REWARD_WORKERS = 16
+DEFAULT_REWARD_WORKERS: int | None = None  # None: `default_reward_workers()`
+ISOLATION_ATTRIBUTE = "reward_isolation"
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def default_reward_workers() -> int:
+    """The CPUs this process may run on (its affinity mask; ``os.cpu_count()`` where
+    there is none): the pool's size when none is asked for."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # no affinity masks on this platform
+        return max(1, os.cpu_count() or 1)
+
+
+def declare_isolation(mode: str) -> Callable[[_F], _F]:
+    """Decorator: ``fn`` needs no more isolation than ``mode`` (``"process"``,
+    ``"thread"`` or ``"inline"``).  Declare ``"inline"`` only for a function that is pure
+    and whose time is bounded by its input's length: inline calls have no deadline."""
+    if mode not in POOL_MODES[1:]:
+        raise ValueError(f"reward isolation {mode!r}: use process, thread or inline")
+
+    def mark(fn: _F) -> _F:
+        setattr(fn, ISOLATION_ATTRIBUTE, mode)
+        return fn
+    return mark
+
+
+def declared_isolation(fn: Callable[..., Any]) -> str:
+    """The isolation ``fn`` declared (`declare_isolation`; a ``functools.partial`` may
+    carry its own or inherit its function's), else ``"process"``: undeclared code is
+    user code, run where a hang can be killed."""
+    for target in (fn, getattr(fn, "func", None)):
+        mode = getattr(target, ISOLATION_ATTRIBUTE, None)
+        if mode in POOL_MODES[1:]:
+            return str(mode)
+    return "process"
 
 
 def call_reward_fn(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
@@ -140,19 +185,20 @@ class RewardPool:
     Args:
         fn: the reward function.
         mode: ``"process"``, ``"thread"`` or ``"inline"``.
-        max_workers: most calls at once.
+        max_workers: most calls at once (None: `default_reward_workers`).
         timeout_s: seconds one call may run (None or 0: no deadline).
     """
 
     def __init__(self, fn: Callable[..., Any], *, mode: str = "thread",
-                 max_workers: int = DEFAULT_REWARD_WORKERS, timeout_s: float | None = 10.0
+                 max_workers: int | None = DEFAULT_REWARD_WORKERS, timeout_s: float | None = 10.0
                  ) -> None:
         if mode not in POOL_MODES[1:]:
             raise ValueError(f"reward pool mode {mode!r}: use process, thread or inline")
         if mode == "process" and not hasattr(os, "fork"):
             mode = "thread"  # no fork on this platform: calls are abandoned, not killed
         self.fn, self.mode = fn, mode
-        self.max_workers = max(1, int(max_workers))
+        self.max_workers = max(1, int(max_workers)) if max_workers else \
+            default_reward_workers()
         self.timeout_s = timeout_s or None
         self._idle: list[_Worker] = []
         self._owner = os.getpid()
@@ -220,7 +266,7 @@ class RewardPool:
             return False, err
 
     def worker_pids(self) -> list[int]:
-        """Process ids of the idle workers (process mode)."""
+        """Process ids of the idle workers (process mode; every worker between calls)."""
         return [w.pid for w in self._idle if w.pid is not None]
 
     def close(self) -> None:

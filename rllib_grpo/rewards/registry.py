@@ -21,6 +21,7 @@ from rllib_grpo.rewards.countdown import score_countdown
 from rllib_grpo.rewards.gsm8k import score_gsm8k
 from rllib_grpo.rewards.math import score_math
 from rllib_grpo.rewards.math_dapo import score_math_dapo
+from rllib_grpo.rewards.pool import declare_isolation, declared_isolation
 
 RewardFn = Callable[..., Any]
 """``(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float | dict``"""
@@ -64,6 +65,7 @@ def get_scorer(data_source: str) -> Callable[..., Any]:
     return _SCORERS[name]
 
 
+@declare_isolation("thread")  # dispatches to any scorer, the parsing ones included
 def compute_score(
     data_source: str,
     solution_str: str,
@@ -95,15 +97,10 @@ def resolve_reward_fn(spec: RewardFn | str | None) -> RewardFn:
         raise TypeError(f"reward_fn must be a callable, a string or None, got {type(spec)}")
     if ":" in spec:
         return _import_function(spec)
-    get_scorer(spec)  # fail now, naming the known sources
-    return functools.partial(_score_with_named_scorer, spec)
-
-
-def is_builtin_reward_fn(fn: RewardFn) -> bool:
-    """True for this package's own scorers (safe to run on threads); False for user code,
-    which `RewardScorer` runs in worker processes it can kill."""
-    target = fn.func if isinstance(fn, functools.partial) else fn
-    return getattr(target, "__module__", "").startswith("rllib_grpo.rewards")
+    scorer = get_scorer(spec)  # fail now, naming the known sources
+    # The named scorer's declared isolation (`declare_isolation`) goes with it.
+    return declare_isolation(declared_isolation(scorer))(
+        functools.partial(_score_with_named_scorer, spec))
 
 
 def _score_with_named_scorer(

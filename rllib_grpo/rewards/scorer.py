@@ -7,7 +7,8 @@ A reward function that raises, hangs or returns garbage must not stop training
 
 Calls run in a `rllib_grpo.rewards.pool.RewardPool`, in parallel, each with its own
 deadline: user reward functions in forked worker processes, killed when they overrun;
-the built-in scorers on threads.  `score_many` scores a whole batch at once.
+the built-in scorers where they declared they may run (`rllib_grpo.rewards.pool.
+declare_isolation`: inline or on threads).  `score_many` scores a whole batch at once.
 
 A score is checked in the dtype scores are trained in (float32): 1e39 is finite as a
 Python float but infinite there, so it is an error-scored sample, not a NaN advantage.
@@ -28,8 +29,13 @@ from typing import Any
 
 import numpy as np
 
-from rllib_grpo.rewards.pool import DEFAULT_REWARD_WORKERS, POOL_MODES, RewardPool
-from rllib_grpo.rewards.registry import RewardFn, is_builtin_reward_fn, resolve_reward_fn
+from rllib_grpo.rewards.pool import (
+    DEFAULT_REWARD_WORKERS,
+    POOL_MODES,
+    RewardPool,
+    declared_isolation,
+)
+from rllib_grpo.rewards.registry import RewardFn, resolve_reward_fn
 
 logger = logging.getLogger(__name__)
 
@@ -53,9 +59,11 @@ class RewardScorer:
             response (verl uses 300 for gsm8k); None scores all of it.
         reward_kwargs: extra keyword arguments for every call (e.g.
             ``{"method": "flexible"}`` for gsm8k).
-        workers: most reward calls at once (`score_many`).
-        isolation: ``"auto"`` (processes for user functions, threads for the built-in
-            scorers), ``"process"``, ``"thread"`` or ``"inline"``.
+        workers: most reward calls at once (`score_many`); None: the CPUs this process
+            may use.  Processes are forked on the first call that needs them.
+        isolation: ``"auto"`` (what the function declared, `declared_isolation`:
+            processes for user functions, inline or threads for the built-in scorers),
+            ``"process"``, ``"thread"`` or ``"inline"``.
         none_means_not_applicable: a ``None`` return is "this reward does not apply to
             this sample" (TRL's rule when several rewards are mixed,
             `rllib_grpo.rewards.mixture`): the result says ``applies: False``.  Off (one
@@ -73,7 +81,7 @@ class RewardScorer:
         format_score: float = 0.0,
         max_answer_chars: int | None = None,
         reward_kwargs: Mapping[str, Any] | None = None,
-        workers: int = DEFAULT_REWARD_WORKERS,
+        workers: int | None = DEFAULT_REWARD_WORKERS,
         isolation: str = "auto",
         none_means_not_applicable: bool = False,
     ) -> None:
@@ -90,8 +98,8 @@ class RewardScorer:
         self.num_timeouts = 0
         self.last_error: str | None = None
         if isolation == "auto":
-            isolation = "thread" if is_builtin_reward_fn(self.reward_fn) else "process"
-        if not timeout_s and isolation != "inline" and workers <= 1:
+            isolation = declared_isolation(self.reward_fn)
+        if not timeout_s and isolation != "inline" and workers == 1:
             isolation = "inline"
         self.pool = RewardPool(self.reward_fn, mode=isolation, max_workers=workers,
                                timeout_s=timeout_s)

@@ -24,6 +24,7 @@ import torch
 from rllib_grpo.samplers.base import CallSeeds, Sample, SamplingParams, state_dict_bytes
 from rllib_grpo.samplers.vllm_engine import (
     checkpoint_keys,
+    cpu_kv_cache_bytes,
     free_engine_memory,
     platform_engine_args,
     with_version_args,
@@ -73,7 +74,7 @@ class VLLMSampler(VLLMWeightTransfer):
         enable_sleep_mode: bool = False,
         seed_requests: bool = True,
         tensor_parallel_size: int = 1,
-        kv_cache_space_gb: int = 1,
+        kv_cache_space_gb: int | None = None,
         **engine_kwargs: Any,
     ) -> None:
         """The engine's platform configuration is `platform_engine_args`'s: ``dtype=None``
@@ -84,14 +85,17 @@ class VLLMSampler(VLLMWeightTransfer):
         ``seed_requests=False`` leaves requests unseeded unless a call asks (``params.seed``
         or ``seeds``): vLLM's GPU sampler draws seeded requests one by one on every decode
         step.  ``max_model_len``: the longest sequence the engine plans for (None: the
-        model's context).  ``kv_cache_space_gb`` sets ``VLLM_CPU_KVCACHE_SPACE`` (CPU only);
+        model's context).  ``kv_cache_space_gb`` sets ``VLLM_CPU_KVCACHE_SPACE`` (CPU only;
+        None: what ``max_num_seqs`` sequences of ``max_model_len`` tokens need, at most
+        1 GiB, `cpu_kv_cache_bytes`, unless the environment sets it);
         ``engine_kwargs`` go to ``vllm.LLM`` unchanged.  With
         ``tensor_parallel_size > 1`` the workers are separate processes, which
         cannot receive tensors: weights then travel through a safetensors file.
         """
         # Both must be set before vLLM reads its environment (it caches it once an engine runs).
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_space_gb)))
+        if kv_cache_space_gb is not None:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_space_gb)))
         import vllm
         from vllm.platforms import current_platform
 
@@ -102,6 +106,9 @@ class VLLMSampler(VLLMWeightTransfer):
 
         self._vllm = vllm
         self.on_cpu = current_platform.is_cpu()
+        if self.on_cpu and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+            engine_kwargs.setdefault("kv_cache_memory_bytes", cpu_kv_cache_bytes(
+                model_path, dtype, max_model_len, engine_kwargs.get("max_num_seqs")))
         self._checkpoint_keys = checkpoint_keys(model_path)
         start = time.perf_counter()
         with _global_rng_kept():  # vLLM in-process reseeds random, numpy and torch

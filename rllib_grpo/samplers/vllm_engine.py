@@ -25,6 +25,41 @@ from rllib_grpo.weights.wire import DISPATCH_BACKEND
 
 logger = logging.getLogger(__name__)
 
+# A CPU engine's KV cache (`cpu_kv_cache_bytes`): never more than the 1 GiB it always took
+# before (``VLLM_CPU_KVCACHE_SPACE=1``), which the engine allocates and touches at start.
+CPU_KV_CACHE_MAX_BYTES = 2**30
+CPU_MAX_NUM_SEQS = 256  # vLLM's default max_num_seqs for an offline LLM off the big GPUs
+CPU_KV_BLOCK_TOKENS = 256  # the largest block a CPU attention backend uses
+_KV_ITEMSIZE = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
+
+
+def cpu_kv_cache_bytes(model_path: str, dtype: str | None, max_model_len: int | None,
+                       max_num_seqs: int | None = None) -> int:
+    """KV-cache bytes for a CPU engine to hold ``max_num_seqs`` (vLLM's default: 256)
+    sequences of ``max_model_len`` tokens (each rounded up to whole blocks) at once, at
+    most `CPU_KV_CACHE_MAX_BYTES`.  A fixed 1 GiB cost the 0.1M-parameter demo model
+    ~1.07 GB of resident memory where 32 MiB hold every sequence its scheduler runs.  The
+    cap where ``config.json`` does not give the attention's shape (a hub id, an unusual
+    architecture)."""
+    try:
+        with open(os.path.join(model_path, "config.json")) as file:
+            config = json.load(file)
+    except (OSError, ValueError):
+        return CPU_KV_CACHE_MAX_BYTES
+    config = config.get("text_config") or config
+    layers, heads = config.get("num_hidden_layers"), config.get("num_attention_heads")
+    kv_heads = config.get("num_key_value_heads") or heads
+    head_dim = config.get("head_dim") or (
+        config["hidden_size"] // heads if isinstance(heads, int) and heads > 0
+        and isinstance(config.get("hidden_size"), int) else None)
+    length = max_model_len or config.get("max_position_embeddings")
+    shape = (layers, kv_heads, head_dim, length)
+    if not all(isinstance(n, int) and n > 0 for n in shape):
+        return CPU_KV_CACHE_MAX_BYTES
+    tokens = -(-length // CPU_KV_BLOCK_TOKENS) * CPU_KV_BLOCK_TOKENS
+    per_token = 2 * layers * kv_heads * head_dim * _KV_ITEMSIZE.get(dtype or "float32", 4)
+    return min(CPU_KV_CACHE_MAX_BYTES, per_token * tokens * (max_num_seqs or CPU_MAX_NUM_SEQS))
+
 
 def platform_engine_args(on_cpu: bool, *, dtype: str | None = None,
                          gpu_memory_utilization: float | None = None,

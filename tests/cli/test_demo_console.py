@@ -46,8 +46,9 @@ def _check_console(code: int, lines: list[str], tmp_path: Path, iterations: int)
     for line in steps:
         for label in ("reward ", "acc ", "len ", "kl ", "step ", " tok/s"):
             assert label in line, line
-    assert re.search(r"^start-up: \d+\.\d+s from launch to the first training step", text,
-                     re.MULTILINE), text
+    # ... with where the time went (rllib_grpo.startup's parts)
+    assert re.search(r"^start-up: \d+\.\d+s \(ray \d+\.\d, .*engine \d+\.\d, .*\) from launch "
+                     r"to the first training step", text, re.MULTILINE), text
     out = tmp_path / "out"
     assert f"reward curve:   {out / 'reward_curve.png'}" in text
     assert (out / "reward_curve.png").is_file()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -137,3 +138,26 @@ def test_needs_build_is_true_until_a_builtin_is_cached(tmp_path):
     resolve_model("builtin:test-needs-build", cache_dir=tmp_path)
     assert not needs_build("builtin:test-needs-build", cache_dir=tmp_path)
     assert not needs_build(str(tmp_path))  # a folder is never built
+
+
+def test_a_smollm2_conversion_parses_its_gguf_file_once_and_puts_gguf_back(tmp_path):
+    import gguf  # in the `test` extra
+
+    from rllib_grpo.models.builtins import gguf_parsed_once
+
+    path = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("token_embd.weight", np.arange(8, dtype=np.float32).reshape(2, 4))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    reader_class, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    with gguf_parsed_once():
+        first = gguf.GGUFReader(str(path))
+        assert gguf.GGUFReader(str(path)) is first  # parsed once, however often transformers asks
+        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is gguf.get_tensor_name_map(
+            gguf.MODEL_ARCH.LLAMA, 2)
+        assert first.tensors[0].data.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert gguf.GGUFReader is reader_class and gguf.get_tensor_name_map is name_map
+    assert gguf.GGUFReader(str(path)) is not gguf.GGUFReader(str(path))

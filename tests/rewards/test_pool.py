@@ -3,12 +3,15 @@ a score that overflows float32 is an error-scored sample; a run that learns noth
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 
+import psutil
 import pytest
 
-from rllib_grpo.rewards import RewardScorer
+from rllib_grpo.rewards import RewardScorer, score_arithmetic
+from rllib_grpo.rewards.pool import declare_isolation, declared_isolation, default_reward_workers
 from tests.conftest import tiny_config
 
 
@@ -73,13 +76,50 @@ def test_a_worker_process_holds_none_of_its_parents_files(tmp_path):
     assert len(fds) <= 5 and fds[:3] == [0, 1, 2], fds
 
 
-def test_builtin_scorers_run_on_threads_user_code_in_processes():
-    assert RewardScorer().pool.mode == "thread"
-    assert RewardScorer("gsm8k").pool.mode == "thread"
+def test_builtin_scorers_run_as_declared_user_code_in_processes():
+    assert RewardScorer().pool.mode == "thread"  # compute_score may dispatch to math
+    assert RewardScorer("math").pool.mode == "thread"
+    assert RewardScorer("gsm8k").pool.mode == "inline"  # declared: linear in the response
+    assert RewardScorer("arithmetic").pool.mode == "inline"
+    assert RewardScorer(score_arithmetic).pool.mode == "inline"
     assert RewardScorer(echo).pool.mode == "process"
     assert RewardScorer(echo, isolation="thread").pool.mode == "thread"
     with pytest.raises(ValueError, match="isolation"):
         RewardScorer(echo, isolation="fiber")
+
+
+def test_a_user_function_may_declare_its_isolation_and_the_declaration_is_checked():
+    declared = declare_isolation("inline")(lambda *args, **kwargs: 1.0)
+    assert declared_isolation(declared) == "inline" == RewardScorer(declared).pool.mode
+    assert declared_isolation(functools.partial(declared, "any")) == "inline"
+    assert declared_isolation(echo) == "process"
+    with pytest.raises(ValueError, match="isolation"):
+        declare_isolation("fiber")
+
+
+def test_an_inline_builtin_scores_in_the_caller_and_starts_nothing():
+    scorer = RewardScorer("arithmetic")
+    results = scorer.score_many([("arithmetic", str(i), 3, None) for i in range(8)])
+    assert [r["score"] for r in results] == [float(i == 3) for i in range(8)]
+    assert scorer.pool.worker_pids() == [] and scorer.pool._idle == []
+
+
+def test_reward_processes_are_sized_to_the_machine_and_forked_on_first_need(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    assert default_reward_workers() == 3
+    scorer = RewardScorer(echo, timeout_s=5.0)
+    assert scorer.pool.max_workers == 3  # not 16 on a 3-CPU process
+    before = set(psutil.Process().children())
+    assert scorer.pool.worker_pids() == []  # none before a call needs one
+    assert set(psutil.Process().children()) == before
+    scorer.score_many([("any", "1", "x", None)])
+    assert len(scorer.pool.worker_pids()) == 1  # one call, one process
+    results = scorer.score_many([("any", str(i), "x", None) for i in range(32)])
+    assert [r["score"] for r in results] == [float(i) for i in range(32)]
+    pids = {r["pid"] for r in results}
+    assert len(pids) == 3 and set(scorer.pool.worker_pids()) == pids  # 3 forks, reused
+    scorer.close()
+    assert RewardScorer(echo, workers=16).pool.max_workers == 16  # asked for: honoured
 
 
 @pytest.mark.parametrize("value", [1e39, -1e39, {"score": 3.5e38}])

@@ -120,3 +120,52 @@ def test_create_close_create_in_one_process(tmp_path):
         assert len(second.generate(prompts, 2, SamplingParams(max_tokens=4))[0]) == 2
     finally:
         second.close()
+
+
+def _write_config(folder, **fields):
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(fields))
+    return str(folder)
+
+
+def test_a_cpu_kv_cache_is_sized_to_the_sequences_it_holds_at_most_1_gib(tmp_path):
+    from rllib_grpo.samplers.vllm_engine import CPU_KV_CACHE_MAX_BYTES, cpu_kv_cache_bytes
+
+    demo = _write_config(tmp_path / "demo", num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=1, head_dim=32, hidden_size=64,
+                         max_position_embeddings=128)
+    # 2 (k, v) x 2 layers x 1 head x 32 x 4 bytes per token; 20 tokens round up to a 256
+    # block; 256 sequences (vLLM's default max_num_seqs on CPU): 32 MiB, not 1 GiB.
+    assert cpu_kv_cache_bytes(demo, "float32", 20) == 512 * 256 * 256 == 32 * 2**20
+    assert cpu_kv_cache_bytes(demo, "bfloat16", 20) == 16 * 2**20
+    assert cpu_kv_cache_bytes(demo, "float32", 300, max_num_seqs=16) == 512 * 512 * 16
+    assert cpu_kv_cache_bytes(demo, "float32", None) == 512 * 256 * 256  # the model's 128
+    # head_dim from hidden_size / heads (a Llama config without head_dim)
+    llama = _write_config(tmp_path / "llama", num_hidden_layers=30, num_attention_heads=9,
+                          num_key_value_heads=3, hidden_size=576)
+    assert cpu_kv_cache_bytes(llama, "float32", 512) == CPU_KV_CACHE_MAX_BYTES  # capped
+    assert cpu_kv_cache_bytes(llama, "float32", 16, max_num_seqs=4) == \
+        2 * 30 * 3 * 64 * 4 * 256 * 4
+    odd = _write_config(tmp_path / "odd", num_hidden_layers=2)  # no attention shape
+    assert cpu_kv_cache_bytes(odd, "float32", 20) == CPU_KV_CACHE_MAX_BYTES
+    assert cpu_kv_cache_bytes("org/hub-id", "float32", 20) == CPU_KV_CACHE_MAX_BYTES
+
+
+def test_a_cpu_engine_gets_the_sized_kv_cache_unless_one_is_asked_for(gpu_engine, monkeypatch):
+    from vllm.platforms import current_platform
+
+    from rllib_grpo.samplers.vllm_engine import cpu_kv_cache_bytes
+
+    captured, _ = gpu_engine
+    monkeypatch.setattr(current_platform, "is_cpu", lambda: True)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    path = resolve_model("builtin:tiny")
+    make_sampler("vllm", model_path=path, dtype="float32", max_model_len=40)
+    assert captured["kv_cache_memory_bytes"] == cpu_kv_cache_bytes(path, "float32", 40) \
+        < 2**30
+    captured.clear()
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # asked for: vLLM's own setting rules
+    make_sampler("vllm", model_path=path, dtype="float32", max_model_len=40)
+    assert "kv_cache_memory_bytes" not in captured and captured["model"] == path

@@ -45,6 +45,7 @@ from rllib_grpo.rllib.algorithm.sampling import (
 from rllib_grpo.rllib.algorithm.weight_sync import WeightSync
 from rllib_grpo.rllib.config.grpo_config import GRPOConfig
 from rllib_grpo.rllib.learner.perf import LEARNER_METRIC_NAMESPACES
+from rllib_grpo.startup import STARTUP_KEY, startup_breakdown, startup_part, startup_part_key
 
 logger = logging.getLogger(__name__)
 REMOTE_RUNNERS = "remote_env_runners"
@@ -65,12 +66,16 @@ class GRPO(EvaluatingAlgorithm):
     @override(Algorithm)
     def setup(self, config: Any) -> None:
         self._startup_origin = startup_origin()
-        # Reward models and judges run on Ray actors of their own, started before the env
-        # runners that score through them (rllib_grpo.rllib.algorithm.reward_workers).
-        self._reward_actors = RewardActors.start(self.config)
-        super().setup(config)
+        # The start-up line's "algorithm" part (its env runners' engines and its learners
+        # are parts of their own, `rllib_grpo.startup`).
+        with startup_part("algorithm"):
+            # Reward models and judges run on Ray actors of their own, started before the
+            # env runners that score through them (rllib_grpo.rllib.algorithm.reward_workers).
+            self._reward_actors = RewardActors.start(self.config)
+            super().setup(config)
         self._no_signal_streak = 0
         self._startup_seconds: float | None = None
+        self._startup_parts: dict[str, float] = {}
         self.last_rollout: RolloutBatch | None = None
         self._data_position = 0
         self._weight_sync: WeightSync | None = None  # made on the first sync
@@ -107,9 +112,13 @@ class GRPO(EvaluatingAlgorithm):
         c = self.config
         t_step = time.perf_counter()
         if self._startup_seconds is None:
-            self._startup_seconds = time.time() - self._startup_origin
+            now = time.time()
+            self._startup_seconds = now - self._startup_origin
+            self._startup_parts = startup_breakdown(self._startup_origin, now)
         # Every step, so that every result carries it (a one-off value reads NaN later).
-        self._log_value("timing_s/startup", self._startup_seconds)
+        self._log_value(STARTUP_KEY, self._startup_seconds)
+        self._log_dict({startup_part_key(part): seconds
+                        for part, seconds in self._startup_parts.items()})
 
         # The step's own seconds (window=1), not RLlib's log_time moving average.
         t0 = time.perf_counter()
@@ -328,7 +337,8 @@ class GRPO(EvaluatingAlgorithm):
 
 
 def startup_origin() -> float:
-    """When start-up began, for ``timing_s/startup`` (seconds until the first training step).
+    """When start-up began, for ``timing_s/startup`` (seconds until the first training step;
+    ``timing_s/startup/<part>``: where they went, `rllib_grpo.startup`).
 
     In a driver: when the process started (imports and ``ray.init`` included).  Inside a
     Ray actor (a Tune trial), whose process may have idled in Ray's worker pool: now, as

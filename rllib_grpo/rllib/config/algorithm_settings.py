@@ -59,6 +59,12 @@ class AlgorithmSettings:
         "attention confined to each sequence (rllib_grpo.models.packing); False = padded rows "
         "with attention masks. The log-probs and the update are the same either way.",
         "actor_rollout_ref.model.use_remove_padding")
+    share_prompt_prefix: bool = knob(
+        True, "flag", "With use_remove_padding and a dense-mask attention (sdpa, the CPU "
+        "default): the responses of one prompt share a single copy of it in the packed rows, "
+        "each attending to the prompt and to itself only (rllib_grpo.models.shared_prefix); "
+        "the log-probs, loss and gradients are the unshared ones, with the prompt's tokens "
+        "computed once per group instead of once per response.")
     skip_old_log_prob_pass: bool = knob(
         True, "flag", "When every sample feeds exactly one optimizer step from the weights "
         "that would recompute its old log-probs (num_epochs 1, one mini-batch per step) and "

@@ -146,8 +146,10 @@ def explain_config(c: GRPOSettings) -> str:
     from rllib_grpo.rllib.config.staleness import old_log_probs_from_update
 
     lines.append("learner forwards:              " + (
-        "packed rows, no padding (use_remove_padding)" if c.use_remove_padding
-        else "padded rows with attention masks") + "; old log-probs " + (
+        "packed rows, no padding (use_remove_padding)" + (
+            ", one copy of each prompt per group where the attention takes a mask "
+            "(share_prompt_prefix)" if c.share_prompt_prefix else "")
+        if c.use_remove_padding else "padded rows with attention masks") + "; old log-probs " + (
         "from the update's own forward (one mini-batch, one epoch)"
         if old_log_probs_from_update(c) else "from a separate pass") + (
         f"; rollout_is={c.rollout_is!r}: loss x min(pi_old/pi_rollout per "

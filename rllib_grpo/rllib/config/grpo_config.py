@@ -36,6 +36,7 @@ from rllib_grpo.rllib.config.settings import (
     did_you_mean,
     is_dtype_setting,
 )
+from rllib_grpo.startup import startup_part
 
 # The classes a GRPO run is made of, by import path (RLlib resolves learner classes by path
 # too): the config sits below the learner's and the env runner's rooms, which import it.
@@ -144,7 +145,15 @@ class GRPOConfig(AlgorithmConfig, GRPOSettings):
     def build_learner_group(self, *, env=None, spaces=None, rl_module_spec=None,
                             placement_group=None):
         """RLlib's learner group, or `GRPOLearnerGroup` for >= 2 GRPO learners: it shards
-        by whole groups and gathers (FSDP) state on every learner, not learner 0 alone."""
+        by whole groups and gathers (FSDP) state on every learner, not learner 0 alone.
+        Timed as the start-up's ``learner`` part (`rllib_grpo.startup`)."""
+        with startup_part("learner"):
+            return self._build_learner_group(env=env, spaces=spaces,
+                                             rl_module_spec=rl_module_spec,
+                                             placement_group=placement_group)
+
+    def _build_learner_group(self, *, env: Any, spaces: Any, rl_module_spec: Any,
+                             placement_group: Any) -> Any:
         if self.num_learners < 2 or not issubclass(self.learner_class,
                                                    deserialize_type(LEARNER, error=True)):
             return super().build_learner_group(env=env, spaces=spaces,

@@ -52,6 +52,7 @@ from rllib_grpo.rllib.env_runner.multiturn import (
 from rllib_grpo.rllib.env_runner.rewards import install_reward_mixture, reward_metrics
 from rllib_grpo.rllib.placement import node_gpu_ids
 from rllib_grpo.samplers import SamplingParams, make_sampler
+from rllib_grpo.startup import startup_part
 
 COMPONENT_RL_MODULE = "rl_module"
 WEIGHTS_SEQ_NO = "weights_seq_no"
@@ -85,10 +86,11 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         self._val_env: gym.Env | None = None
         # A colocated TP engine picks its GPUs; Ray gave this env runner one.
         self.engine_environment = place_engine(c, self.worker_index, node_gpu_ids)
-        self.sampler = make_sampler(
-            c.sampler, model_path=model_path, dtype=c.sampler_dtype, seed=seed,
-            **engine_options(c, model_path),
-        )
+        with startup_part("engine"):  # the start-up line's part (`rllib_grpo.startup`)
+            self.sampler = make_sampler(
+                c.sampler, model_path=model_path, dtype=c.sampler_dtype, seed=seed,
+                **engine_options(c, model_path),
+            )
         self._weights_seq_no = 0
         self._group_counter = 0
         self._torch_gen_seed = seed

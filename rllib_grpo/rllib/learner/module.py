@@ -30,6 +30,7 @@ from rllib_grpo.models.offload import HostOffloaded
 from rllib_grpo.models.packing import packed_response_log_probs
 from rllib_grpo.models.precision import cast_floating, compute_autocast, trained_dtype
 from rllib_grpo.models.registry import resolve_model
+from rllib_grpo.models.shared_prefix import shared_prefix_layout
 
 
 def response_log_probs(
@@ -39,6 +40,7 @@ def response_log_probs(
     with_entropy: bool = False,
     *,
     packed: bool = False,
+    share_prompts: bool = False,
     detach_entropy: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Log-probs (and entropy) of the response tokens under ``lm`` at ``temperature``.
@@ -48,6 +50,8 @@ def response_log_probs(
             ``response_ids``/``response_mask`` (B, R), right-padded.
         packed: run on packed rows without padding (`rllib_grpo.models.packing`; the
             same values to float precision), else on the padded rows with a mask.
+        share_prompts: packed, the responses of one prompt share one copy of it where
+            the attention takes a custom mask (`rllib_grpo.models.shared_prefix`).
         detach_entropy: the entropy is for metrics only: no graph behind it.
 
     Returns:
@@ -55,8 +59,9 @@ def response_log_probs(
         positions hold values that the caller masks out.
     """
     if packed:
+        layout = shared_prefix_layout(lm, batch) if share_prompts else None
         return packed_response_log_probs(lm, batch, temperature, with_entropy,
-                                         detach_entropy=detach_entropy)
+                                         detach_entropy=detach_entropy, layout=layout)
     prompt_len = batch["prompt_ids"].shape[1]
     input_ids = torch.cat([batch["prompt_ids"], batch["response_ids"]], dim=1).long()
     attention_mask = torch.cat([batch["prompt_mask"], batch["response_mask"]], dim=1).long()
@@ -92,6 +97,7 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
         overrides = cfg.get("config_overrides") or {}
         self.compute_dtype = cfg.get("dtype", "float32")
         self.packed = bool(cfg.get("use_remove_padding", False))  # padding-free forwards
+        self.share_prompts = bool(cfg.get("share_prompt_prefix", False))  # one copy per group
         self.lora = lora.LoRASettings.from_model_config(cfg)
         # Trained weights in the master dtype; a LoRA base is frozen (its adapter stays in
         # fp32, peft's default) and a sampler-side module never trains: both compute dtype.
@@ -145,7 +151,7 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
         with self.autocast():
             return response_log_probs(
                 self.lm, batch, self.temperature, with_entropy=kwargs.get("with_entropy", True),
-                packed=kwargs.get("packed", self.packed),
+                packed=kwargs.get("packed", self.packed), share_prompts=self.share_prompts,
                 detach_entropy=kwargs.get("detach_entropy", False),
             )
 
@@ -153,7 +159,7 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
     def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, torch.Tensor]:
         with torch.no_grad(), self.autocast():
             return response_log_probs(self.lm, batch, self.temperature, with_entropy=True,
-                                      packed=self.packed)
+                                      packed=self.packed, share_prompts=self.share_prompts)
 
     def reference_on(self, device: torch.device) -> contextlib.AbstractContextManager[Any]:
         """Hold a host-offloaded reference (``ref_param_offload``) on ``device`` for a whole
@@ -169,13 +175,16 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
         t, packed = self.temperature, self.packed if packed is None else packed
         if self.lora is not None:  # verl's ref_in_actor: the base model is the reference
             with self.lm.disable_adapter(), self.autocast():
-                return response_log_probs(self.lm, batch, t, packed=packed)["log_probs"]
+                return response_log_probs(self.lm, batch, t, packed=packed,
+                                          share_prompts=self.share_prompts)["log_probs"]
         if self._host_ref is not None:
             with self._host_ref.on(batch["prompt_ids"].device) as ref_lm:
-                return response_log_probs(ref_lm, batch, t, packed=packed)["log_probs"]
+                return response_log_probs(ref_lm, batch, t, packed=packed,
+                                          share_prompts=self.share_prompts)["log_probs"]
         if self.ref_lm is None:
             raise RuntimeError("No reference model: set use_kl_loss or use_kl_in_reward.")
-        return response_log_probs(self.ref_lm, batch, t, packed=packed)["log_probs"]
+        return response_log_probs(self.ref_lm, batch, t, packed=packed,
+                                          share_prompts=self.share_prompts)["log_probs"]
 
     # bf16-safe state: RLlib's default converts to numpy, which has no bfloat16.
     # Always the full HF state dict: an FSDP-sharded `lm` (rllib_grpo.rllib.learner.fsdp) is gathered

@@ -16,7 +16,9 @@ def test_plan_lines():
     assert "trajectories per step:         32" in text
     assert "optimizer steps per step:      2" in text
     assert "KL: in the loss, low_var_kl" in text
-    assert "packed rows, no padding (use_remove_padding); old log-probs from a separate" in text
+    assert ("packed rows, no padding (use_remove_padding), one copy of each prompt per group "
+            "where the attention takes a mask (share_prompt_prefix); old log-probs from a "
+            "separate") in text
     assert "from the update's own forward" in _explain(prompts_per_step=8, group_size=4)
     assert "No pitfalls found." in text
 
