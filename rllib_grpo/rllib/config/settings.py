@@ -98,9 +98,10 @@ class GRPOSettings(RewardSettings):
         "backward, the full (tokens, vocabulary) logits never stored; 'chunked' = the model's "
         "logits, then the softmax statistics a chunk of tokens at a time; 'full' = one "
         "float32 log-softmax over all response logits under autograd. The same "
-        "values to float32 rounding. A memory lever: on CPU at SmolLM2-135M's shape (49k "
-        "vocabulary, ~1k response tokens) 'chunked' and 'fused' saved ~100-200 MB but were "
-        "10-35% slower on the log-prob part (benchmarks/learner_speed.py).")
+        "values to float32 rounding. On CPU at SmolLM2-135M's shape (49k vocabulary, ~1k "
+        "response tokens) 'fused' saved ~200 MB and 6% of the forward + backward "
+        "(benchmarks/learner_alternating.py), though alone the fused head was slower than "
+        "the unchunked one (its backward recomputes the logits).")
     sampler_memory_fraction: float | None = knob(
         None, "fraction of GPU memory", "GPU memory the vLLM engine may take (weights + KV "
         "cache), vLLM's gpu_memory_utilization; None = sampler_config's value, else 0.5 when "
