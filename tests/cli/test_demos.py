@@ -98,3 +98,16 @@ def test_demo_starts_a_ray_of_its_own_even_beside_a_running_cluster(monkeypatch,
     with pytest.raises(_Stop):
         demo.main(["--out", str(tmp_path), "--sampler", "hf"])
     assert seen["address"] == "local" and seen["num_cpus"] == 2
+
+
+@pytest.mark.parametrize("bf16_cpu", [True, False])
+def test_smollm2_learner_computes_in_bf16_only_on_cpus_with_bf16_matmuls(bf16_cpu, monkeypatch):
+    """bf16 autocast over fp32 master weights where the CPU multiplies bf16 natively (the
+    learner step 1.5x faster measured); float32 elsewhere; the samplers float32 both ways."""
+    from rllib_grpo.models import precision
+
+    monkeypatch.setattr(precision, "cpu_has_bf16_matmul", lambda: bf16_cpu)
+    config = pick_demo("smollm2-135m").build_config(0, "hf")
+    assert config.compute_dtype == ("bfloat16" if bf16_cpu else "float32")
+    assert config.master_weights_dtype == "float32"
+    assert config.sampler_dtype == "float32"

@@ -44,23 +44,25 @@ def _grouped_batch(seed: int = 0, prompt: int = 6, response: int = 5, vocab: int
     return batch
 
 
-def _shared_log_probs(lm, batch, temperature, capacity):
+def _shared_log_probs(lm, batch, temperature, capacity, token_stats="full"):
     from rllib_grpo.models.packing import packed_response_log_probs
     from rllib_grpo.models.shared_prefix import pack_shared_prompts
 
     layout = pack_shared_prompts(batch, capacity=capacity)
-    return packed_response_log_probs(lm, batch, temperature, with_entropy=True, layout=layout)
+    return packed_response_log_probs(lm, batch, temperature, with_entropy=True, layout=layout,
+                                     token_stats=token_stats)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @pytest.mark.parametrize("capacity", [64, 14], ids=["one-unit-per-group", "split-groups"])
-def test_shared_prompt_log_probs_equal_padded(arch, capacity):
+@pytest.mark.parametrize("token_stats", ["full", "chunked", "fused"])
+def test_shared_prompt_log_probs_equal_padded(arch, capacity, token_stats):
     from rllib_grpo.models.shared_prefix import pack_shared_prompts
     from rllib_grpo.rllib.learner.module import response_log_probs
 
     lm, batch = _lm(arch, "sdpa", torch.float64), _grouped_batch()
     padded = response_log_probs(lm, batch, 0.7, with_entropy=True)
-    shared = _shared_log_probs(lm, batch, 0.7, capacity)
+    shared = _shared_log_probs(lm, batch, 0.7, capacity, token_stats)
     mask = batch["response_mask"].bool()
     bound = _log_probs_bound(lm, batch, 0.7, padded)
     for key in ("log_probs", "entropy"):

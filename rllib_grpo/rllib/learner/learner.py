@@ -80,6 +80,16 @@ TENSOR_COLUMNS = (
 RATE_METRICS = ("actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl")
 
 
+def adamw_implementation(params: list[torch.Tensor]) -> dict[str, bool]:
+    """``fused=True`` where torch has a fused AdamW kernel for every parameter (floating
+    point, on CPU or CUDA), else torch's default.  On CPU torch's default is the for-loop:
+    one AdamW step of SmolLM2-135M took 1.13 s of CPU time there, 0.94 s with foreach and
+    0.14 s fused (benchmarks/learner_speed.py)."""
+    fused = bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda")
+                                 for p in params)
+    return {"fused": True} if fused else {}
+
+
 class GRPOLearner(TorchLearner):
     """Learner computing verl's GRPO loss with globally normalised aggregation."""
 
@@ -112,7 +122,7 @@ class GRPOLearner(TorchLearner):
         rllib_schedule = isinstance(config.lr, list | tuple)
         optimizer = torch.optim.AdamW(
             params, lr=1e-3 if rllib_schedule else config.lr, betas=tuple(config.betas),
-            weight_decay=config.weight_decay,
+            weight_decay=config.weight_decay, **adamw_implementation(params),
         )
         if config.optimizer_offload:  # AdamW states in host memory between steps
             offload_optimizer_states(optimizer)

@@ -24,7 +24,9 @@ from ray.rllib.utils.annotations import override
 from torch.distributed.fsdp import FSDPModule
 
 from rllib_grpo.algos import entropy_from_logits, logprobs_from_logits
+from rllib_grpo.algos.token_stats import chunked_token_stats
 from rllib_grpo.models import lora
+from rllib_grpo.models.lm_head import token_stats_mode
 from rllib_grpo.models.loading import load_causal_lm
 from rllib_grpo.models.offload import HostOffloaded
 from rllib_grpo.models.packing import packed_response_log_probs
@@ -42,6 +44,7 @@ def response_log_probs(
     packed: bool = False,
     share_prompts: bool = False,
     detach_entropy: bool = False,
+    token_stats: str = "full",
 ) -> dict[str, torch.Tensor]:
     """Log-probs (and entropy) of the response tokens under ``lm`` at ``temperature``.
 
@@ -53,6 +56,8 @@ def response_log_probs(
         share_prompts: packed, the responses of one prompt share one copy of it where
             the attention takes a custom mask (`rllib_grpo.models.shared_prefix`).
         detach_entropy: the entropy is for metrics only: no graph behind it.
+        token_stats: ``"full"`` (log-softmax over the whole response logits), ``"chunked"``,
+            ``"fused"`` (with the LM head) or ``"auto"``: `rllib_grpo.models.lm_head`.
 
     Returns:
         ``{"log_probs": (B, R), "entropy": (B, R) if with_entropy}``; padding
@@ -61,12 +66,25 @@ def response_log_probs(
     if packed:
         layout = shared_prefix_layout(lm, batch) if share_prompts else None
         return packed_response_log_probs(lm, batch, temperature, with_entropy,
-                                         detach_entropy=detach_entropy, layout=layout)
+                                         detach_entropy=detach_entropy, layout=layout,
+                                         token_stats=token_stats)
     prompt_len = batch["prompt_ids"].shape[1]
     input_ids = torch.cat([batch["prompt_ids"], batch["response_ids"]], dim=1).long()
     attention_mask = torch.cat([batch["prompt_mask"], batch["response_mask"]], dim=1).long()
     # Left padding shifts the real tokens, so positions must come from the mask.
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    if token_stats_mode(lm, token_stats) != "full":  # padded rows: chunks of the logits
+        logits = lm(input_ids=input_ids, attention_mask=attention_mask,
+                    position_ids=position_ids, use_cache=False,
+                    logits_to_keep=batch["response_ids"].shape[1] + 1).logits[:, :-1]
+        shape = batch["response_ids"].shape
+        log_probs, entropy = chunked_token_stats(
+            logits.reshape(-1, logits.shape[-1]), batch["response_ids"].reshape(-1),
+            temperature, with_entropy=with_entropy, stats_dtype=torch.float32)
+        out = {"log_probs": log_probs.view(shape)}
+        if entropy is not None:
+            out["entropy"] = (entropy.detach() if detach_entropy else entropy).view(shape)
+        return out
     logits = lm(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
         use_cache=False,
@@ -98,6 +116,7 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
         self.compute_dtype = cfg.get("dtype", "float32")
         self.packed = bool(cfg.get("use_remove_padding", False))  # padding-free forwards
         self.share_prompts = bool(cfg.get("share_prompt_prefix", False))  # one copy per group
+        self.token_stats = str(cfg.get("token_stats", "full"))  # rllib_grpo.models.lm_head
         self.lora = lora.LoRASettings.from_model_config(cfg)
         # Trained weights in the master dtype; a LoRA base is frozen (its adapter stays in
         # fp32, peft's default) and a sampler-side module never trains: both compute dtype.
@@ -153,13 +172,15 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
                 self.lm, batch, self.temperature, with_entropy=kwargs.get("with_entropy", True),
                 packed=kwargs.get("packed", self.packed), share_prompts=self.share_prompts,
                 detach_entropy=kwargs.get("detach_entropy", False),
+                token_stats=self.token_stats,
             )
 
     @override(TorchRLModule)
     def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, torch.Tensor]:
         with torch.no_grad(), self.autocast():
             return response_log_probs(self.lm, batch, self.temperature, with_entropy=True,
-                                      packed=self.packed, share_prompts=self.share_prompts)
+                                      packed=self.packed, share_prompts=self.share_prompts,
+                                      token_stats=self.token_stats)
 
     def reference_on(self, device: torch.device) -> contextlib.AbstractContextManager[Any]:
         """Hold a host-offloaded reference (``ref_param_offload``) on ``device`` for a whole
@@ -173,18 +194,17 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
         """Response log-probs under the frozen reference model, (B, R); ``packed``: on
         padding-free rows (None: the module's ``use_remove_padding``)."""
         t, packed = self.temperature, self.packed if packed is None else packed
+        kw: dict[str, Any] = {"packed": packed, "share_prompts": self.share_prompts,
+                              "token_stats": self.token_stats}
         if self.lora is not None:  # verl's ref_in_actor: the base model is the reference
             with self.lm.disable_adapter(), self.autocast():
-                return response_log_probs(self.lm, batch, t, packed=packed,
-                                          share_prompts=self.share_prompts)["log_probs"]
+                return response_log_probs(self.lm, batch, t, **kw)["log_probs"]
         if self._host_ref is not None:
             with self._host_ref.on(batch["prompt_ids"].device) as ref_lm:
-                return response_log_probs(ref_lm, batch, t, packed=packed,
-                                          share_prompts=self.share_prompts)["log_probs"]
+                return response_log_probs(ref_lm, batch, t, **kw)["log_probs"]
         if self.ref_lm is None:
             raise RuntimeError("No reference model: set use_kl_loss or use_kl_in_reward.")
-        return response_log_probs(self.ref_lm, batch, t, packed=packed,
-                                          share_prompts=self.share_prompts)["log_probs"]
+        return response_log_probs(self.ref_lm, batch, t, **kw)["log_probs"]
 
     # bf16-safe state: RLlib's default converts to numpy, which has no bfloat16.
     # Always the full HF state dict: an FSDP-sharded `lm` (rllib_grpo.rllib.learner.fsdp) is gathered

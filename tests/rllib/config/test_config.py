@@ -67,6 +67,7 @@ def test_valid_config_has_no_errors():
     ({"use_dynamic_bsz": True, "max_tokens_per_micro_batch": 10}, "max_tokens_per_micro_batch=10"),
     ({"clip_ratio_c": 1.0}, "clip_ratio_c=1.0"),
     ({"peak_tflops": 0.0}, "peak_tflops=0.0"),
+    ({"token_stats": "fast"}, "token_stats='fast'"),
 ])
 def test_validation_names_field_and_fix(training, needle):
     errors = _errors(**training)
@@ -133,3 +134,14 @@ def test_configuration_doc_is_generated_from_settings():
         "docs/configuration.md is stale: python -m rllib_grpo.rllib.config.settings > "
         "docs/configuration.md")
     assert all(f"| `{name}` |" in doc.read_text() for name in SETTINGS_FIELDS)
+
+
+def test_token_stats_reaches_the_learners_module():
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    from rllib_grpo.rllib.config.grpo_config import TEXT_SPACE
+
+    config = tiny_config(token_stats="chunked")
+    assert config.module_config()["token_stats"] == "chunked"
+    learner = config.build_learner(spaces={DEFAULT_MODULE_ID: (TEXT_SPACE, TEXT_SPACE)})
+    assert learner.module[DEFAULT_MODULE_ID].unwrapped().token_stats == "chunked"

@@ -171,3 +171,18 @@ def test_offloaded_reference_visits_the_device_once_per_pass(monkeypatch):
         whole = response_log_probs(module._host_ref.model, batch, module.temperature)
     mask = batch["response_mask"].bool()
     assert torch.allclose(passes["ref_log_probs"][mask], whole["log_probs"][mask], atol=1e-5)
+
+
+def test_the_learner_steps_with_torchs_fused_adamw_on_cpu():
+    """torch's default AdamW on CPU is its for-loop: a SmolLM2-135M step took 1.13 s of CPU
+    time, the fused kernel 0.14 s (benchmarks/learner_speed.py)."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    from rllib_grpo.rllib.config.grpo_config import TEXT_SPACE
+    from rllib_grpo.rllib.learner.learner import adamw_implementation
+
+    learner = tiny_config().build_learner(spaces={DEFAULT_MODULE_ID: (TEXT_SPACE, TEXT_SPACE)})
+    (optimizer,) = learner._named_optimizers.values()
+    assert isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults["fused"] is True
+    assert adamw_implementation([torch.zeros(2, dtype=torch.long)]) == {}
+    assert adamw_implementation([]) == {}
