@@ -16,9 +16,10 @@ the log-probs, the loss and the gradients are the unshared ones (checked in floa
 
 Only with a dense-mask attention (``sdpa``, the CPU default): the varlen kernels of
 flash-attention take no custom mask.  A row's dense attention costs ``L^2`` against the
-linear layers' ``L * hidden_size``-proportional cost, so rows (and units) are capped at
-``max(longest sequence, hidden_size)`` tokens: a group too large for one unit is split
-into several, each with its own copy of the prompt.  No Ray here.
+linear layers' ``L * hidden_size``-proportional cost, so units are capped at
+``max(longest sequence, hidden_size)`` tokens (a group too large for one unit is split
+into several, each with its own copy of the prompt) and rows at the longest unit.  No Ray
+here.
 """
 
 from __future__ import annotations
@@ -71,7 +72,10 @@ def pack_shared_prompts(batch: dict[str, torch.Tensor], capacity: int) -> Packed
     Args:
         batch: ``prompt_ids``/``prompt_mask`` (B, P), left-padded, and
             ``response_ids``/``response_mask`` (B, R), right-padded.
-        capacity: the longest row (and unit) in tokens; at least the longest sequence.
+        capacity: the longest unit in tokens (at least the longest sequence).  Rows are no
+            longer than the longest unit, as unshared rows are no longer than the longest
+            sequence: packing never makes a row's dense attention dearer than its longest
+            unit's.
 
     Returns:
         The layout with ``attention_mask`` ``(rows, 1, row_len, row_len)`` bool.
@@ -91,7 +95,7 @@ def pack_shared_prompts(batch: dict[str, torch.Tensor], capacity: int) -> Packed
     capacity = max(capacity, longest)
     units = build_units(prompt_lengths, response_lengths, prompt_groups(prompts), capacity)
     unit_lengths = [prompt_lengths[u[0]] + sum(response_lengths[i] for i in u) for u in units]
-    rows = pack_rows(unit_lengths, capacity) if units else []
+    rows = pack_rows(unit_lengths, max(unit_lengths)) if units else []
     row_len = max([sum(unit_lengths[u] for u in row) for row in rows] + [1])
     num_rows = max(len(rows), 1)
 
