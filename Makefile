@@ -12,9 +12,11 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_ROOT_USER_ACTION := ignore
 # Installs go through uv (installed into the venv by pip first): it downloads and unpacks in
 # parallel, about 30 s for what pip takes about 3 minutes (the same versions: pip freeze equal).
-# uv does not read pip's settings: the local CPU torch wheel's folder (PIP_FIND_LINKS) is passed on.
+# uv does not read pip's settings: the folder of the local CPU torch wheel (PIP_FIND_LINKS, else
+# pip's configured find-links) is passed on.
 UV := $(VENV)/bin/uv
-INSTALL := $(UV) pip install -q --python $(PY) $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS))
+FIND_LINKS := $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
+INSTALL := $(UV) pip install -q --python $(PY) $(foreach d,$(FIND_LINKS),--find-links $(d))
 
 .PHONY: install install-smollm2 demo demo-real test test-slow lint docs bench bench-trl clean
 
