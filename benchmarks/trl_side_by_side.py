@@ -123,6 +123,20 @@ def summarise_run(raw: dict[str, Any], warmup: int, steps: int) -> dict[str, Any
     }
 
 
+def compact(value: Any) -> Any:
+    """``value`` for a results file: floats to 5 significant digits, per-step
+    ``clipped_ratio`` lists to their mean (results files stay small:
+    tests/benchmarks/test_harness.py)."""
+    if isinstance(value, float):
+        return float(f"{value:.5g}")
+    if isinstance(value, list):
+        return [compact(v) for v in value]
+    if isinstance(value, dict):
+        return {k: (compact(statistics.fmean(v)) if k == "clipped_ratio" and v else compact(v))
+                for k, v in value.items()}
+    return value
+
+
 def pool_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One system's rounds: step medians over every measured step of every round, the
     other figures as medians over rounds."""
@@ -384,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     report = run_all(args, trl_python)
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        Path(args.json).write_text(json.dumps(compact(report), indent=1) + "\n")
     print(format_report(report))
     return 0
 

@@ -217,3 +217,12 @@ def test_report_has_a_header_and_a_table_per_beta():
     assert text.count("| step time (s) | 1.000 | 0.800 | 0.900 |") == 2
     assert ("### builtin:qwen2-5m7 (5714688 params), beta=0.04: 8 prompts x 4, 32 new tokens, "
             "T=1, fp32, lr 1e-06, 1 thread(s); 3 round(s) x 8 steps after 2 warm-up") in text
+
+
+def test_a_results_file_keeps_small_values_and_summarises_per_step_lists():
+    from benchmarks.trl_side_by_side import compact
+
+    report = {"spec": {"lr": 1e-6, "beta": 0.04},
+              "runs": [{"step_s": 0.81103146249, "clipped_ratio": [1.0, 0.5], "steps": 8}]}
+    assert compact(report) == {"spec": {"lr": 1e-6, "beta": 0.04},
+                               "runs": [{"step_s": 0.81103, "clipped_ratio": 0.75, "steps": 8}]}
