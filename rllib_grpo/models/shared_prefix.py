@@ -126,11 +126,10 @@ def pack_shared_prompts(batch: dict[str, torch.Tensor], capacity: int) -> Packed
                 predictor_of[index] = np.concatenate([[last_prompt_slot], slots[:-1]])
                 col += n
     # Response tokens in response_mask order (row-major), as the caller unpacks them.
-    order = [b for b in range(len(responses)) for _ in range(response_lengths[b])]
-    predictor = (np.concatenate([predictor_of[b] for b in range(len(responses))
-                                 if response_lengths[b]]) if order else
+    scored = [b for b in range(len(responses)) if response_lengths[b]]
+    predictor = (np.concatenate([predictor_of[b] for b in scored]) if scored else
                  np.zeros(0, dtype=np.int64))
-    targets = (np.concatenate([r for r in responses if len(r)]) if order else
+    targets = (np.concatenate([responses[b] for b in scored]) if scored else
                np.zeros(0, dtype=np.int64))
 
     # Attend: same unit, not later, and the key is the prompt or the query's own response.
