@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 from rllib_grpo.cli.demos import DEMOS, TASKS, DemoSpec, demo_config, pick_demo
-from rllib_grpo.startup import startup_part
 
 __all__ = ["demo_config", "heldout_accuracy", "heldout_report", "main", "plot_curve",
            "time_split"]
@@ -150,16 +149,17 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
+    from rllib_grpo.rllib.algorithm.local_ray import init_local_ray
+
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     config = spec.build_config(args.seed, args.sampler)
-    with startup_part("ray"):  # the start-up line's part (`rllib_grpo.startup`)
-        # A Ray of its own (address="local"), even when a `ray start` cluster runs here.
-        ray.init(address="local", num_cpus=2, object_store_memory=500 * 1024**2,
-                 include_dashboard=False, _system_config=ray_system_config(config),
-                 log_to_driver=False, configure_logging=args.verbose,
-                 logging_level=logging.INFO if args.verbose else logging.WARNING)
+    # A Ray of its own (address="local"), even when a `ray start` cluster runs here; the
+    # algorithm's imports (and vLLM's) run while it starts.
+    init_local_ray(config, num_cpus=2, object_store_memory=500 * 1024**2,
+                   log_to_driver=False, configure_logging=args.verbose,
+                   logging_level=logging.INFO if args.verbose else logging.WARNING)
     _prepare_model(config.model_path)
     algo = config.build_algo()
     print(f"ready in {time.perf_counter() - t_start:.1f}s: {config.model_path} on "
@@ -177,15 +177,6 @@ def main(argv: list[str] | None = None) -> int:
     algo.stop()
     ray.shutdown()
     return 0
-
-
-def ray_system_config(config: Any) -> dict[str, bool]:
-    """Ray's settings for ``config``: with no env runner or learner actors (everything in
-    this process) no idle Ray workers are started ahead of need (each is a Python process
-    of ~50 MB); reward actors, if any, start their workers when they are created."""
-    in_process = not config.num_env_runners and not config.num_learners
-    return {"enable_worker_prestart": False, "prestart_worker_first_driver": False} \
-        if in_process else {}
 
 
 def _prepare_model(name: str) -> None:

@@ -23,7 +23,7 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.serialization import deserialize_type
 
-from rllib_grpo.registration import trainable_class
+from rllib_grpo.registration import LAZY_TRAINABLES
 from rllib_grpo.rllib.config.settings import (
     DERIVED_FIELDS,
     MODULE_SETTINGS,
@@ -45,11 +45,44 @@ FSDP_LEARNER = "rllib_grpo.rllib.learner.fsdp.FSDPGRPOLearner"
 LEARNER_GROUP = "rllib_grpo.rllib.learner.learner_group.GRPOLearnerGroup"
 RL_MODULE = "rllib_grpo.rllib.learner.module.CausalLMRLModule"
 ENV_RUNNER = "rllib_grpo.rllib.env_runner.env_runner.TextEnvRunner"
+ALGORITHM = LAZY_TRAINABLES["GRPO"].replace(":", ".")
 # `evaluation_duration` meaning "every held-out prompt, once" (RLlib validates an int > 0).
 WHOLE_HELD_OUT_SET = 2**31 - 1
 # RLlib's own `training()` arguments (a typo among them gets the nearest names).
 _RLLIB_TRAINING_KEYS = frozenset(inspect.signature(AlgorithmConfig.training).parameters) - {"self"}
 TEXT_SPACE = gym.spaces.Text(max_length=1 << 16, charset="".join(map(chr, range(32, 127))) + "\n")
+
+
+class ClassByPath:
+    """A class-valued RLlib field held as its import path (``"pkg.module.Class"``) until
+    first read, then as the class.
+
+    The algorithm and the env runner import transformers (~3 s on the 2-core machine):
+    held by path, ``GRPOConfig()`` costs RLlib's import only and that import can run
+    while Ray starts (`rllib_grpo.rllib.algorithm.local_ray`).  The value stays in the
+    instance's ``__dict__`` under the field's name, where RLlib's ``to_dict`` and
+    ``get_state`` look for it; a config pickled to a worker carries the path.
+    """
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, config: Any, owner: type | None = None) -> Any:
+        if config is None:
+            return self
+        value = config.__dict__.get(self.name)
+        if isinstance(value, str):
+            value = config.__dict__[self.name] = deserialize_type(value, error=True)
+        return value
+
+    def __set__(self, config: Any, value: Any) -> None:
+        config.__dict__[self.name] = value
+
+    @staticmethod
+    def path(config: Any, name: str) -> str | None:
+        """The import path ``config`` holds for field ``name``, or None once resolved."""
+        value = config.__dict__.get(name)
+        return value if isinstance(value, str) else None
 
 
 class GRPOConfig(AlgorithmConfig, GRPOSettings):
@@ -62,9 +95,12 @@ class GRPOConfig(AlgorithmConfig, GRPOSettings):
     (`DERIVED_FIELDS`) are refused by name.
     """
 
+    # Both imported on first read (`ClassByPath`): the algorithm class imports this module.
+    algo_class = ClassByPath()
+    env_runner_cls = ClassByPath()
+
     def __init__(self, algo_class: type | None = None) -> None:
-        # The algorithm class by its registered name: `GRPO` imports this module.
-        AlgorithmConfig.__init__(self, algo_class=algo_class or trainable_class("GRPO"))
+        AlgorithmConfig.__init__(self, algo_class=algo_class or ALGORITHM)
         for name, value in defaults().items():
             setattr(self, name, value)
         # RLlib fields with GRPO/verl defaults.
@@ -77,7 +113,7 @@ class GRPOConfig(AlgorithmConfig, GRPOSettings):
         self.num_env_runners = 0
         self.observation_space = TEXT_SPACE
         self.action_space = TEXT_SPACE
-        self.env_runner_cls = deserialize_type(ENV_RUNNER, error=True)
+        self.env_runner_cls = ENV_RUNNER
         self.env = "rllib_grpo/Arithmetic-v0"
         # Held-out prompts per evaluation: by default the whole set, once (verl); RLlib's
         # default (10 episodes) would cut it short, and RLlib wants an int here.
@@ -137,9 +173,13 @@ class GRPOConfig(AlgorithmConfig, GRPOSettings):
         LoRA runs keep RLlib's DDP: only the small adapter trains, and the adapter
         state/sync code reads unsharded weights.
         """
+        return deserialize_type(self.learner_class_path(), error=True)
+
+    def learner_class_path(self) -> str:
+        """The import path of `get_default_learner_class` (the class not imported)."""
         if self.fsdp and self.num_learners >= 2 and not getattr(self, "lora_rank", 0):
-            return deserialize_type(FSDP_LEARNER, error=True)
-        return deserialize_type(LEARNER, error=True)
+            return FSDP_LEARNER
+        return LEARNER
 
     @override(AlgorithmConfig)
     def build_learner_group(self, *, env=None, spaces=None, rl_module_spec=None,

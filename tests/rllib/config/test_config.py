@@ -145,3 +145,34 @@ def test_token_stats_reaches_the_learners_module():
     assert config.module_config()["token_stats"] == "chunked"
     learner = config.build_learner(spaces={DEFAULT_MODULE_ID: (TEXT_SPACE, TEXT_SPACE)})
     assert learner.module[DEFAULT_MODULE_ID].unwrapped().token_stats == "chunked"
+
+
+def test_classes_held_by_path_resolve_on_read_and_survive_rllib_s_copies():
+    """`ClassByPath`: the algorithm and env runner classes stay import paths until read
+    (GRPOConfig() does not import transformers); RLlib's copies, dicts and states, and a
+    pickle to a worker, keep working with the path or the class."""
+    import pickle
+
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+
+    from rllib_grpo.rllib.algorithm.grpo import GRPO
+    from rllib_grpo.rllib.config.grpo_config import ALGORITHM, ENV_RUNNER, ClassByPath, GRPOConfig
+    from rllib_grpo.rllib.env_runner.env_runner import TextEnvRunner
+
+    config = GRPOConfig()
+    assert ClassByPath.path(config, "env_runner_cls") == ENV_RUNNER
+    assert ClassByPath.path(config, "algo_class") == ALGORITHM
+    copied = pickle.loads(pickle.dumps(config.copy(copy_frozen=False)))
+    assert ClassByPath.path(copied, "env_runner_cls") == ENV_RUNNER
+    assert config.to_dict()["env_runner_cls"] == ENV_RUNNER
+    assert "algo_class" not in config.get_state()
+    assert config.algo_class is GRPO and config.env_runner_cls is TextEnvRunner
+    assert ClassByPath.path(config, "algo_class") is None  # resolved once, kept
+    assert copied.env_runner_cls is TextEnvRunner
+    restored = AlgorithmConfig.from_state(config.get_state())
+    assert restored.env_runner_cls is TextEnvRunner and restored.algo_class is GRPO
+
+    class MyRunner(TextEnvRunner):
+        pass
+
+    assert GRPOConfig().env_runners(env_runner_cls=MyRunner).env_runner_cls is MyRunner

@@ -1,0 +1,83 @@
+"""`init_local_ray`: Ray started for one run, the run's imports made while it starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from rllib_grpo.rllib.algorithm.local_ray import modules_to_prefetch, ray_system_config
+from rllib_grpo.rllib.config.grpo_config import GRPOConfig
+
+REPO = Path(__file__).resolve().parents[3]
+ALGORITHM_MODULE = "rllib_grpo.rllib.algorithm.grpo"
+ENV_RUNNER_MODULE = "rllib_grpo.rllib.env_runner.env_runner"
+LEARNER_MODULE = "rllib_grpo.rllib.learner.learner"
+
+
+def test_prefetch_lists_the_run_s_classes_and_vllm_only_where_its_engine_runs_here() -> None:
+    local_vllm = GRPOConfig().training(sampler="vllm")
+    assert modules_to_prefetch(local_vllm) == [ALGORITHM_MODULE, ENV_RUNNER_MODULE,
+                                               LEARNER_MODULE, "vllm"]
+    assert modules_to_prefetch(GRPOConfig().training(sampler="auto"))[-1] == "vllm"
+    assert "vllm" not in modules_to_prefetch(GRPOConfig().training(sampler="hf"))
+    remote = GRPOConfig().training(sampler="vllm").env_runners(num_env_runners=1)
+    assert "vllm" not in modules_to_prefetch(remote)  # the runner actors import it
+    sharded = GRPOConfig().learners(num_learners=2)
+    assert "rllib_grpo.rllib.learner.fsdp" in modules_to_prefetch(sharded)
+
+
+def test_prefetch_skips_a_class_already_imported() -> None:
+    config = GRPOConfig()
+    assert config.algo_class.__module__ == ALGORITHM_MODULE  # read: now a class
+    assert ALGORITHM_MODULE not in modules_to_prefetch(config)
+
+
+def test_no_idle_workers_only_when_nothing_runs_in_actors() -> None:
+    assert ray_system_config(GRPOConfig()) == {"enable_worker_prestart": False,
+                                               "prestart_worker_first_driver": False}
+    assert ray_system_config(GRPOConfig().env_runners(num_env_runners=1)) == {}
+    assert ray_system_config(GRPOConfig().learners(num_learners=1)) == {}
+
+
+PROBE = textwrap.dedent("""
+    import json, sys
+    from rllib_grpo.rllib.config.grpo_config import GRPOConfig
+    from rllib_grpo.rllib.algorithm.local_ray import init_local_ray
+    from rllib_grpo.startup import recorded_parts
+    config = GRPOConfig().training(model_path="builtin:tiny", sampler="hf")
+    before = {m: m in sys.modules for m in sys.argv[1:]}
+    interval = sys.getswitchinterval()
+    init_local_ray(config, num_cpus=1, object_store_memory=80 * 1024**2,
+                   log_to_driver=False, configure_logging=False)
+    import ray
+    after = {m: m in sys.modules for m in sys.argv[1:]}
+    parts = [part for part, _, _ in recorded_parts()]
+    workers = ray._private.worker.global_worker.node._ray_params._system_config
+    ray.shutdown()
+    print(json.dumps({"before": before, "after": after, "parts": parts,
+                      "system_config": workers,
+                      "switch_interval_kept": sys.getswitchinterval() == interval}))
+""")
+
+
+def test_a_config_imports_nothing_heavy_and_init_local_ray_imports_the_run() -> None:
+    """In a fresh interpreter: ``GRPOConfig()`` leaves transformers and the algorithm
+    unimported (they load while Ray starts), and `init_local_ray` returns with them
+    imported, Ray up with no idle workers, its time recorded as the ``ray`` part, and the
+    interpreter's switch interval as it was."""
+    modules = ["transformers", ALGORITHM_MODULE, ENV_RUNNER_MODULE, LEARNER_MODULE]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (
+        str(REPO), os.environ.get("PYTHONPATH"))))}
+    done = subprocess.run([sys.executable, "-c", PROBE, *modules], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["before"] == dict.fromkeys(modules, False)
+    assert report["after"] == dict.fromkeys(modules, True)
+    assert report["parts"] == ["ray"]
+    assert report["system_config"]["enable_worker_prestart"] is False
+    assert report["switch_interval_kept"]
