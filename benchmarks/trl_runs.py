@@ -6,7 +6,8 @@ Each run is a fresh process doing the same workload (`SideBySideSpec`): the same
 folder, the same ``rllib_grpo/Arithmetic-v0`` prompts, the same reward function
 (`rllib_grpo.rewards.score_arithmetic`), ``prompts x group_size`` responses of exactly
 ``max_new_tokens`` tokens (the model has no end-of-sequence token, as in
-`benchmarks.harness`; ``fixed_length=False`` keeps it), temperature 1, fp32, KL coefficient ``beta`` (0: no reference
+`benchmarks.harness`; ``fixed_length=False`` keeps it), temperature 1, fp32 (``precision="bf16"``:
+bf16 compute over fp32 master weights), KL coefficient ``beta`` (0: no reference
 model), AdamW at ``lr``, one optimizer step per generation batch, ``threads`` torch
 threads.  ``trl`` runs under the benchmark's own Python (``benchmarks/.venv-trl``, which
 has TRL); ``vllm`` and ``hf`` are `GRPOConfig` (``num_learners=0``, ``num_env_runners=0``)
@@ -34,6 +35,9 @@ SYSTEMS = ("trl", "vllm", "hf")
 # prompts are 43 tokens each with its template (single-digit operands: all the same length).
 WORKLOADS = {"5m7": ("builtin:qwen2-5m7", "plain"), "smollm2": ("smollm2-135m", "chat")}
 MAX_OPERAND = 9
+# --precision: fp32 compute, or bf16 compute over fp32 master weights (TRL's bf16=True,
+# its default: autocast; ours: model_dtype="bfloat16").
+PRECISIONS = ("fp32", "bf16")
 
 
 @dataclasses.dataclass
@@ -52,6 +56,7 @@ class SideBySideSpec:
     lr: float = 1e-6
     threads: int = 1
     seed: int = 0
+    precision: str = "fp32"  # `PRECISIONS`
     # True: every response runs to max_new_tokens (the same work in every system); False:
     # responses end at the model's EOS, as sampled (lengths differ by chance; reported).
     fixed_length: bool = True
@@ -154,7 +159,7 @@ def run_trl(spec: SideBySideSpec) -> dict[str, Any]:
         gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1,
         num_generations=spec.group_size, max_completion_length=spec.max_new_tokens,
         temperature=spec.temperature, beta=spec.beta, learning_rate=spec.lr,
-        max_steps=spec.total_steps, use_cpu=True, bf16=False, fp16=False,
+        max_steps=spec.total_steps, use_cpu=True, bf16=spec.precision == "bf16", fp16=False,
         gradient_checkpointing=False, model_init_kwargs={"dtype": "float32"},
         report_to="none", logging_steps=1, save_strategy="no", disable_tqdm=True,
         dataloader_num_workers=0, seed=spec.seed,
@@ -194,7 +199,7 @@ def build_ours(spec: SideBySideSpec, sampler: str) -> Any:
             group_size=spec.group_size, max_prompt_length=spec.max_prompt_length,
             max_response_length=spec.max_new_tokens, temperature=spec.temperature,
             use_kl_loss=spec.beta > 0, kl_loss_coef=spec.beta, lr=spec.lr, sampler=sampler,
-            model_dtype="float32",
+            model_dtype="bfloat16" if spec.precision == "bf16" else "float32",
         )
         .env_runners(num_env_runners=0)
         .learners(num_learners=0)
@@ -207,12 +212,15 @@ def run_ours(spec: SideBySideSpec, sampler: str) -> dict[str, Any]:
     import ray
     import torch
 
-    from benchmarks.common import Workload
-    from benchmarks.rllib_run import init_ray
+    from rllib_grpo.rllib.algorithm.local_ray import init_local_ray
 
     torch.set_num_threads(spec.threads)
-    init_ray(Workload(threads=spec.threads))
-    algo = build_ours(spec, sampler).build_algo()
+    config = build_ours(spec, sampler)
+    # As the demo starts Ray: its own, no idle workers, the run's imports meanwhile.
+    init_local_ray(config, num_cpus=max(2, os.cpu_count() or 2),
+                   object_store_memory=500 * 1024**2, log_to_driver=False,
+                   configure_logging=False)
+    algo = config.build_algo()
     torch.set_num_threads(spec.threads)  # whatever the build did
     clock = StepClock()
     timings: list[dict[str, float]] = []

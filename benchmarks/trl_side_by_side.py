@@ -29,7 +29,7 @@ from typing import Any
 
 from benchmarks.common import load_average
 from benchmarks.process_tree import TreeSampler, process_table, tree_members
-from benchmarks.trl_runs import SYSTEMS, WORKLOADS, SideBySideSpec
+from benchmarks.trl_runs import PRECISIONS, SYSTEMS, WORKLOADS, SideBySideSpec
 
 LABELS = {"trl": "TRL", "vllm": "ours vLLM", "hf": "ours HF"}
 OURS = ("vllm", "hf")
@@ -66,6 +66,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch threads in every process")
     p.add_argument("--systems", default=",".join(SYSTEMS), help="subset of trl,vllm,hf")
     p.add_argument("--lr", type=float, default=1e-6)
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="fp32: fp32 compute everywhere; bf16: bf16 compute over fp32 master "
+                   "weights in every system (TRL's default bf16=True: autocast; ours: "
+                   "model_dtype='bfloat16')")
     p.add_argument("--natural-length", action="store_true",
                    help="keep the model's EOS: responses end when sampled (lengths differ by "
                    "chance between systems; the table reports them); default: every "
@@ -219,7 +223,7 @@ def format_report(report: dict[str, Any]) -> str:
                    f"{spec['prompts']} prompts x {spec['group_size']}, "
                    f"{spec['max_new_tokens']} new tokens"
                    f"{'' if spec.get('fixed_length', True) else ' at most (natural length)'}, "
-                   f"T={spec['temperature']:g}, fp32, "
+                   f"T={spec['temperature']:g}, {spec.get('precision', 'fp32')}, "
                    f"lr {spec['lr']:g}, {spec['threads']} thread(s); {report['rounds']} "
                    f"round(s) x {spec['steps']} steps after {spec['warmup']} warm-up")
         out.append("")
@@ -314,6 +318,7 @@ def prepare_spec(args: argparse.Namespace, beta: float) -> SideBySideSpec:
     name = WORKLOADS[args.workload][0]
     return SideBySideSpec(workload=args.workload, beta=beta, steps=args.steps,
                           warmup=args.warmup, threads=args.threads, lr=args.lr,
+                          precision=args.precision,
                           fixed_length=not args.natural_length,
                           model_dir=prepare_model(name, fixed_length=not args.natural_length),
                           tokenizer_dir=resolve_model(name))

@@ -219,6 +219,23 @@ def test_report_has_a_header_and_a_table_per_beta():
             "T=1, fp32, lr 1e-06, 1 thread(s); 3 round(s) x 8 steps after 2 warm-up") in text
 
 
+def test_bf16_precision_is_bf16_compute_over_fp32_weights_in_ours_and_named_in_the_header():
+    from benchmarks.trl_runs import SideBySideSpec, build_ours
+
+    assert build_ours(SideBySideSpec(), "hf").model_dtype == "float32"
+    bf16 = build_ours(SideBySideSpec(precision="bf16"), "vllm")
+    assert (bf16.model_dtype, bf16.master_weights_dtype) == ("bfloat16", "float32")
+    assert parse_args(["--precision", "bf16"]).precision == "bf16"
+    with pytest.raises(SystemExit):
+        parse_args(["--precision", "fp16"])
+    spec = {"workload": "5m7", "prompts": 8, "group_size": 4, "max_new_tokens": 32,
+            "temperature": 1.0, "lr": 1e-6, "threads": 1, "steps": 8, "warmup": 2,
+            "precision": "bf16"}
+    report = {"spec": spec, "rounds": 1, "memory_measure": "PSS", "loads": [0.5],
+              "versions": {}, "results": {"0": {"params": 1, "pooled": POOLED}}}
+    assert "T=1, bf16, lr 1e-06" in format_report(report)
+
+
 def test_a_results_file_keeps_small_values_and_summarises_per_step_lists():
     from benchmarks.trl_side_by_side import compact
 
