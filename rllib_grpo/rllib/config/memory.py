@@ -183,12 +183,20 @@ def learner_memory(c: GRPOSettings, shape: ModelShape) -> tuple[dict[str, float]
     return rows, notes
 
 
+def sequences_at_once(c: GRPOSettings) -> int:
+    """The most sequences one env runner's sampler holds at once: its share of a step's
+    trajectories, ``max_staleness`` steps' worth in continuous rollouts (the groups the
+    driver keeps in flight)."""
+    steps = max(1, c.max_staleness) if c.resolved_rollout_mode() == "continuous" else 1
+    runners = max(1, c.num_env_runners)
+    return -(-c.batch_plan().trajectories_per_step * steps // runners)
+
+
 def sampler_memory(c: GRPOSettings, shape: ModelShape) -> tuple[dict[str, float], list[str]]:
     """Device bytes of one sampler (vLLM or transformers), by row, and notes."""
     options = dict(c.sampler_config)
     dtype_bytes = DTYPE_BYTES.get(c.sampler_dtype, 4)
-    runners = max(1, c.num_env_runners)
-    seqs = -(-c.batch_plan().trajectories_per_step // runners)
+    seqs = sequences_at_once(c)
     if c.sampler != "hf":
         seqs = min(seqs, int(options.get("max_num_seqs", VLLM_MAX_NUM_SEQS)))
     elif options.get("max_batch_size"):

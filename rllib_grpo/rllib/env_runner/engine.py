@@ -14,6 +14,7 @@ from rllib_grpo.rllib.config.layout import (
     engine_picks_devices,
     tensor_parallel_size,
 )
+from rllib_grpo.rllib.config.memory import sequences_at_once
 from rllib_grpo.samplers.vllm_engine import context_length
 
 # Of a fractional GPU reserved from Ray, what vLLM may take (CUDA context and allocator slack).
@@ -32,6 +33,9 @@ def engine_options(config: Any, model_path: str | None = None) -> dict[str, Any]
       context when ``model_path`` is its folder;
     * ``enable_sleep_mode`` where the engine sleeps during the update (``sampler_sleeps``);
     * ``seed_requests``: only when the config has a seed (reproducibility asked);
+    * ``cpu_max_num_seqs``: on CPU, the sequences this runner holds at once
+      (`sequences_at_once`), vLLM's ``max_num_seqs`` unless ``sampler_config`` sets it,
+      which sizes the CPU engine's KV cache;
 
     and HF config overrides (``model_override_config``) as vLLM's ``hf_overrides`` or the
     transformers sampler's ``config_overrides``.  (``sampler="auto"`` falling back to
@@ -55,6 +59,7 @@ def engine_options(config: Any, model_path: str | None = None) -> dict[str, Any]
     context = context_length(model_path, overrides) if model_path else None
     options.setdefault("max_model_len", min(budget, context) if context else budget)
     options.setdefault("seed_requests", config.seed is not None)
+    options.setdefault("cpu_max_num_seqs", sequences_at_once(config))
     return options
 
 

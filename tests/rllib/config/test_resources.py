@@ -133,3 +133,50 @@ def test_requests_are_seeded_only_when_the_config_has_a_seed():
 
     assert engine_options(tiny_config(sampler="vllm"))["seed_requests"]  # tiny_config: seed=0
     assert not engine_options(tiny_config(sampler="vllm").debugging(seed=None))["seed_requests"]
+
+
+def test_a_cpu_engine_holds_the_sequences_a_runner_samples_at_once(monkeypatch):
+    """On CPU vLLM's KV cache is sized for ``max_num_seqs`` sequences and touched at start:
+    the engine gets the runner's share of a step (continuous rollouts: max_staleness
+    steps' worth), not vLLM's 256; ``sampler_config`` still decides where it is set; the
+    memory estimate counts the same sequences."""
+    import types
+
+    vllm = __import__("pytest").importorskip("vllm")
+    from rllib_grpo.models import resolve_model
+    from rllib_grpo.rllib.config.memory import estimate_memory, sequences_at_once
+    from rllib_grpo.rllib.env_runner.env_runner import engine_options
+    from rllib_grpo.samplers import make_sampler
+    from rllib_grpo.samplers.vllm_engine import cpu_kv_cache_bytes
+
+    config = tiny_config(sampler="vllm", prompts_per_step=6, group_size=4)
+    assert engine_options(config)["cpu_max_num_seqs"] == sequences_at_once(config) == 24
+    config.env_runners(num_env_runners=4)
+    assert sequences_at_once(config) == 6
+    continuous = tiny_config(sampler="vllm", prompts_per_step=6, group_size=4,
+                             rollout_mode="continuous", max_staleness=2)
+    continuous.env_runners(num_env_runners=4)
+    assert sequences_at_once(continuous) == 12
+
+    captured = {}
+
+    class FakeLLM:
+        def __init__(self, **kwargs):
+            captured.update(kwargs)
+            hf = types.SimpleNamespace(tie_word_embeddings=True)
+            self.llm_engine = types.SimpleNamespace(
+                model_config=types.SimpleNamespace(hf_text_config=hf))
+
+    monkeypatch.setattr(vllm, "LLM", FakeLLM)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    path = resolve_model("builtin:tiny")
+    local = tiny_config(sampler="vllm", prompts_per_step=6, group_size=4)
+    options = engine_options(local, path)
+    make_sampler("vllm", model_path=path, **options)
+    assert captured["max_num_seqs"] == 24
+    assert captured["kv_cache_memory_bytes"] == cpu_kv_cache_bytes(
+        path, None, options["max_model_len"], 24)
+    assert "KV cache: 24 sequences" in " ".join(estimate_memory(local).notes)
+    asked = tiny_config(sampler="vllm", sampler_config={"max_num_seqs": 64})
+    make_sampler("vllm", model_path=path, **engine_options(asked, path))
+    assert captured["max_num_seqs"] == 64
