@@ -21,6 +21,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "GRPO": "rllib_grpo.rllib.algorithm.grpo",
     "GRPOConfig": "rllib_grpo.rllib.config.grpo_config",
+    "init_local_ray": "rllib_grpo.rllib.algorithm.local_ray",
 }
 
 

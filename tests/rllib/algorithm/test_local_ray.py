@@ -36,6 +36,13 @@ def test_prefetch_skips_a_class_already_imported() -> None:
     assert ALGORITHM_MODULE not in modules_to_prefetch(config)
 
 
+def test_the_package_exports_it() -> None:
+    import rllib_grpo
+    from rllib_grpo.rllib.algorithm.local_ray import init_local_ray
+
+    assert rllib_grpo.init_local_ray is init_local_ray
+
+
 def test_no_idle_workers_only_when_nothing_runs_in_actors() -> None:
     assert ray_system_config(GRPOConfig()) == {"enable_worker_prestart": False,
                                                "prestart_worker_first_driver": False}
