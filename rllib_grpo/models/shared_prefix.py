@@ -14,7 +14,8 @@ gradients of all k responses meet in them, which is what k separate copies would
 the log-probs, the loss and the gradients are the unshared ones (checked in float64:
 ``tests/models/test_shared_prefix.py``).
 
-Only with a dense-mask attention (``sdpa``, the CPU default): the varlen kernels of
+Only with a dense-mask attention (``sdpa``, the CPU default, or
+`rllib_grpo.models.attention.MATMUL_ATTENTION`, CPU at 16 bits): the varlen kernels of
 flash-attention take no custom mask.  A row's dense attention costs ``L^2`` against the
 linear layers' ``L * hidden_size``-proportional cost, so units are capped at
 ``max(longest sequence, hidden_size)`` tokens (a group too large for one unit is split
@@ -27,10 +28,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from rllib_grpo.models.attention import MATMUL_ATTENTION
 from rllib_grpo.models.packing import PackedMicroBatch, attention_implementation, pack_rows
 
 # The attention implementations that take a custom boolean 4-D mask (True: attend).
-SHARED_PREFIX_ATTENTION = ("sdpa",)
+SHARED_PREFIX_ATTENTION = ("sdpa", MATMUL_ATTENTION)
 
 
 def prompt_groups(prompts: list[tuple[int, ...]]) -> list[list[int]]:

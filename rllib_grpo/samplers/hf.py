@@ -16,6 +16,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
+from rllib_grpo.models.attention import prefer_matmul_attention
 from rllib_grpo.models.loading import load_causal_lm
 from rllib_grpo.models.tokenizers import load_tokenizer
 from rllib_grpo.samplers.base import (
@@ -56,6 +57,7 @@ class HFSampler(HFWeightTransfer):
         self.device = torch.device(device) if device is not None else runner_device()
         self.model = load_causal_lm(model_path, dtype=dtype,
                                     config_overrides=config_overrides).to(self.device)
+        prefer_matmul_attention(self.model, self.device, dtype)  # CPU at 16 bits: faster
         self.eos_token_ids = _eos_token_ids(self.model, tokenizer_path or model_path)
         if not self.eos_token_ids:
             logger.warning("no eos token found for %s: samples end only at max_tokens", model_path)

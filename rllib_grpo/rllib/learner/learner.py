@@ -38,6 +38,7 @@ from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.annotations import override
 
 from rllib_grpo.algos import agg_loss, get_kl_controller, kl_penalty, policy_loss
+from rllib_grpo.models.attention import prefer_matmul_attention
 from rllib_grpo.models.offload import offload_optimizer_states
 from rllib_grpo.models.packing import prefer_varlen_attention
 from rllib_grpo.rllib.learner.advantage_step import step_advantages
@@ -104,10 +105,14 @@ class GRPOLearner(TorchLearner):
         self.skipped_steps = 0
         self.lr_schedule = LRSchedule.from_config(c)  # None: RLlib applies a list schedule
         self.phase_times = PhaseTimes(self._device)
-        for rl_module in self.module.values():  # GPU: flash-attention's varlen kernel if present
+        # GPU: flash-attention's varlen kernel if present; CPU at 16 bits: matmul attention.
+        for rl_module in self.module.values():
             for lm in (rl_module.unwrapped().lm, getattr(rl_module.unwrapped(), "ref_lm", None)):
-                if lm is not None and c.use_remove_padding:
-                    prefer_varlen_attention(lm, self._device, c.compute_dtype)
+                if lm is None:
+                    continue
+                if not (c.use_remove_padding
+                        and prefer_varlen_attention(lm, self._device, c.compute_dtype)):
+                    prefer_matmul_attention(lm, self._device, c.compute_dtype)
 
     @cached_property
     def weight_sender(self) -> WeightSender:
