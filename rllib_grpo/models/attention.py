@@ -11,6 +11,11 @@ model's step):
 |---|---|---|---|---|
 | 8 x 132, dense bool (shared prompts) | 9.4 | 11.7 | 16.2 | 8.3 |
 | 32 x 36, causal | 6.2 | 4.8 | 17.1 | 3.7 |
+| 4 x 300 (9 heads, 3 KV heads), causal | | | 46.0 | 40.3 |
+| 2 x 576 (9 heads, 3 KV heads), causal | | | 67.4 | 83.4 |
+
+Beyond `MATMUL_MAX_KV_LEN` keys sdpa is the faster and holds no ``q x k`` probabilities for
+backward, so the function hands longer rows to it.
 
 `matmul_attention` is registered with transformers' ``AttentionInterface`` as
 `MATMUL_ATTENTION`, its masks made as for ``eager`` (additive float, never skipped as
@@ -31,6 +36,7 @@ MATMUL_ATTENTION = "grpo_matmul"
 # mask, the scaling, dropout and a sliding window (which lives in the mask).
 PLAIN_ATTENTION_MODELS = frozenset({"llama", "qwen2", "qwen3", "mistral"})
 SIXTEEN_BIT = ("bfloat16", "float16")
+MATMUL_MAX_KV_LEN = 256  # longer rows: sdpa (the table above)
 
 
 def matmul_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
@@ -45,16 +51,25 @@ def matmul_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     Returns (batch, q_len, heads, head_dim) as transformers' attention functions do.
     """
     groups = query.shape[1] // key.shape[1]
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    if attention_mask is not None and attention_mask.dtype != torch.bool:
+        attention_mask = attention_mask[..., : key.shape[-2]]
+    if key.shape[-2] > MATMUL_MAX_KV_LEN:
+        if attention_mask is not None and attention_mask.dtype != torch.bool:
+            attention_mask = attention_mask.to(query.dtype)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=attention_mask, scale=scale, enable_gqa=groups > 1,
+            dropout_p=dropout if module.training else 0.0)
+        return out.transpose(1, 2).contiguous(), None
     if groups > 1:
         key = key.repeat_interleave(groups, dim=1)
         value = value.repeat_interleave(groups, dim=1)
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     scores = torch.matmul(query, key.transpose(2, 3)) * scale
     if attention_mask is not None:
         if attention_mask.dtype == torch.bool:
             scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
         else:
-            scores = scores + attention_mask[..., : key.shape[-2]]
+            scores = scores + attention_mask
     # At least float32 (16-bit scores), the input's own dtype when wider (float64).
     probs = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
     probs = probs.to(query.dtype)

@@ -4,7 +4,8 @@ Float64 models (llama and qwen2, grouped-query heads), so rounding cannot decide
 
 * padded rows (left-padded prompts), packed rows (several sequences per row, masks made
   from position ids) and shared-prompt rows (a boolean 4-D mask) give the log-probs and
-  entropies of sdpa's padded rows, within `_log_probs_bound` (their float32 rounding);
+  entropies of sdpa's padded rows, within `_log_probs_bound` (their float32 rounding),
+  also where rows longer than `MATMUL_MAX_KV_LEN` go to sdpa (its masks converted);
 * the gradients are sdpa's (GRAD_REL64 of the largest);
 * cached decoding (the transformers sampler) gives sdpa's logits at every step;
 * the check can fail: dropping the mask moves the log-probs;
@@ -33,10 +34,12 @@ def _pair(arch: str) -> tuple[torch.nn.Module, torch.nn.Module]:
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @pytest.mark.parametrize("layout", ["padded", "packed", "shared"])
-def test_log_probs_equal_sdpa_s(arch, layout):
+@pytest.mark.parametrize("max_kv_len", [256, 4], ids=["matmul", "long-rows-to-sdpa"])
+def test_log_probs_equal_sdpa_s(arch, layout, max_kv_len, monkeypatch):
     from rllib_grpo.models.packing import packed_response_log_probs
     from rllib_grpo.rllib.learner.module import response_log_probs
 
+    monkeypatch.setattr("rllib_grpo.models.attention.MATMUL_MAX_KV_LEN", max_kv_len)
     sdpa, matmul = _pair(arch)
     batch = _grouped_batch()
     reference = response_log_probs(sdpa, batch, 0.7, with_entropy=True)
