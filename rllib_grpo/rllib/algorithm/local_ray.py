@@ -5,15 +5,14 @@
     algo = config.build_algo()
 
 ``ray.init`` mostly waits (2-3 s on a 2-core machine) for its GCS, raylet and agents to
-come up on the other core; meanwhile a background thread imports the algorithm, the env
-runner and the learner (transformers, ~3 s) and, where the vLLM engine will run in this
-process, vLLM (~4.5 s).  The thread runs at a lower CPU priority (nice +10) so that on a
-busy machine Ray's own processes, which have start-up timeouts, go first, and meanwhile
-the interpreter switches threads every 0.5 ms (`OVERLAP_SWITCH_INTERVAL_S`).  Measured on
-the 2-core machine (load ~2, alternated; transformers sampler): from the config built to
-Ray up and the imports done, 8.9 and 8.4 s one after the other, 4.8 and 4.8 s overlapped
-with the short switch interval, 8.2 and 5.4 s overlapped at Python's default of 5 ms.  An
-import that fails in the thread fails again, with its real error, where the run imports it.
+come up; meanwhile a background thread imports the algorithm, the env runner and the
+learner (transformers, ~3 s) and, where the vLLM engine will run in this process, vLLM
+(~4.5 s).  The thread runs at a lower CPU priority (nice +10) so that on a busy machine
+Ray's own processes, which have start-up timeouts, go first.  Measured on the quiet 2-core
+machine (`python -m benchmarks.startup_overlap --sampler hf|vllm`, fresh processes taken
+in turns): from the config built to Ray up and the imports done, 7.2 s one after the other
+and 5.4 s overlapped with the transformers sampler, 12.7 and 9.6 s with vLLM.  An import
+that fails in the thread fails again, with its real error, where the run imports it.
 
 With everything in this process (no env runner or learner actors) Ray starts no idle
 workers ahead of need (`ray_system_config`).
@@ -24,7 +23,6 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-import sys
 import threading
 from typing import Any
 
@@ -33,11 +31,6 @@ from rllib_grpo.startup import startup_part
 
 logger = logging.getLogger(__name__)
 PREFETCH_NICE = 10
-# The interpreter's thread switch interval while both run (Python's default: 5 ms).  An
-# importing thread holds the GIL for whole switch intervals; ray.init's thread, which wakes
-# up often for short moments, then waits up to 5 ms at each wake-up: at the default the
-# two together took as long as one after the other (measured: see the module docstring).
-OVERLAP_SWITCH_INTERVAL_S = 0.0005
 
 
 def ray_system_config(config: GRPOConfig) -> dict[str, bool]:
@@ -89,12 +82,9 @@ def init_local_ray(config: GRPOConfig, **ray_kwargs: Any) -> None:
     ray_kwargs.setdefault("_system_config", ray_system_config(config))
     prefetch = threading.Thread(target=_import_quietly, args=(modules_to_prefetch(config),),
                                 name="rllib-grpo-prefetch", daemon=True)
-    switch_interval = sys.getswitchinterval()
-    sys.setswitchinterval(OVERLAP_SWITCH_INTERVAL_S)
     try:
         with startup_part("ray"):
             prefetch.start()
             ray.init(address="local", **ray_kwargs)
     finally:  # also when ray.init raises: no import left running behind the caller
         prefetch.join()
-        sys.setswitchinterval(switch_interval)
