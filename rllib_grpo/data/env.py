@@ -28,6 +28,7 @@ from rllib_grpo.data.datasets import (
     PromptRecord,
     apply_length_limit,
     load_prompts,
+    prompt_token_lengths,
     render_and_encode,
     render_prompt,
 )
@@ -315,8 +316,9 @@ def env_options(env_cls: type) -> tuple[set[str], bool]:
 def _check_prompt_lengths(dataset: PromptDataset, tokenizer: Any, max_prompt_length: int) -> None:
     """``truncation="error"``: refuse an over-long prompt when the data loads, not when it
     is first drawn mid-training."""
-    overlong = [(record, n) for record in dataset
-                if (n := len(render_and_encode(record.prompt, tokenizer)[1])) > max_prompt_length]
+    lengths = prompt_token_lengths([record.prompt for record in dataset], tokenizer)
+    overlong = [(record, n) for record, n in zip(dataset, lengths, strict=True)
+                if n > max_prompt_length]
     if overlong:
         (record, length), more = overlong[0], len(overlong) - 1
         raise ValueError(

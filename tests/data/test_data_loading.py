@@ -250,3 +250,26 @@ def test_filter_overlong_counts_and_renumbers():
     assert [r.ground_truth for r in dataset] == [3, 5]
     assert [r.index for r in dataset] == [0, 1]
     assert dataset.skipped == {"prompt longer than max_prompt_length=5 tokens": 2}
+
+
+@pytest.mark.parametrize("batch_tokenizer", [True, False], ids=["fast-batch", "one-by-one"])
+def test_prompt_token_lengths_are_each_prompt_s_own_encoding(batch_tokenizer):
+    """Distinct prompts rendered once and encoded in batches (per special-token setting)
+    count exactly what `encode_prompt` counts one by one: plain strings (special tokens
+    added), chat messages through the template (none added), repeats, and a tokenizer
+    that takes no batch."""
+    from rllib_grpo.data.datasets import encode_prompt, prompt_token_lengths
+    from rllib_grpo.models import DEFAULT_ALPHABET, build_char_tokenizer
+
+    if batch_tokenizer:
+        tokenizer = build_char_tokenizer(DEFAULT_ALPHABET)
+        tokenizer.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n"
+                                   "{% endfor %}{% if add_generation_prompt %}= {% endif %}")
+        assert tokenizer(["1+2"], add_special_tokens=True)["input_ids"]  # takes a batch
+    else:
+        tokenizer = FlagRecordingTokenizer(chat=True)
+    chat = [{"role": "system", "content": "add"}, {"role": "user", "content": "12+3"}]
+    prompts = ["1+2=", chat, "1+2=", [{"role": "user", "content": "7+8"}], chat, "40+2="]
+    expected = [len(encode_prompt(prompt, tokenizer)) for prompt in prompts]
+    assert prompt_token_lengths(prompts, tokenizer) == expected
+    assert len(set(expected)) > 2  # the prompts differ in length: the check can fail

@@ -5,7 +5,7 @@ Under ``truncation="error"`` an over-long prompt is refused here (count, the fir
 length and the fixes) instead of inside an env runner; under ``left`` / ``right`` /
 ``middle`` or ``filter_overlong_prompts`` `prompt_length_lines` states how many prompts are
 cut or dropped.  The env is built with `make_text_env` (the env runners' own factory)
-without a length limit, and its prompts go through `render_and_encode` (the env's own
+without a length limit, and its prompts go through `prompt_token_lengths` (the env's own
 rendering: same chat template, same special tokens), so the door sees what the run sees.
 
 Measured lengths are cached per (env, its options, data files as they are on disk, model),
@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rllib_grpo.data.datasets import render_and_encode
+from rllib_grpo.data.datasets import prompt_token_lengths
 from rllib_grpo.data.env import TextEnv
 from rllib_grpo.rllib.config.settings import GRPOSettings
 from rllib_grpo.rllib.config.text_env import (
@@ -176,9 +176,9 @@ def _measure_env(c: GRPOSettings, env_config: dict, seed: int, folder: str
         logger.debug("prompt lengths not measured: %s: %s", type(err).__name__, err)
         return None
     try:
-        dataset = getattr(env, "dataset", None) or []
+        dataset = list(getattr(env, "dataset", None) or [])
         return PromptLengths(
-            tuple(len(render_and_encode(record.prompt, tokenizer)[1]) for record in dataset),
+            tuple(prompt_token_lengths([record.prompt for record in dataset], tokenizer)),
             tuple(record.where() for record in dataset))
     finally:
         scorer = getattr(env, "scorer", None)
