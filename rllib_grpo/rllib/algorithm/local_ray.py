@@ -26,7 +26,7 @@ import os
 import threading
 from typing import Any
 
-from rllib_grpo.rllib.config.grpo_config import GRPOConfig
+from rllib_grpo.rllib.config.grpo_config import ClassByPath, GRPOConfig
 from rllib_grpo.startup import startup_part
 
 logger = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ def modules_to_prefetch(config: GRPOConfig) -> list[str]:
     """What this process will import to build ``config``'s algorithm: the algorithm, env
     runner and learner modules, and vLLM where its engine may run here (the local env
     runner samples, ``num_env_runners=0``, with sampler ``vllm`` or ``auto``)."""
-    paths = [config.__dict__.get(name) for name in ("algo_class", "env_runner_cls")]
+    paths = [ClassByPath.path(config, name) for name in ("algo_class", "env_runner_cls")]
     paths.append(config.learner_class_path())
     modules = [path.rpartition(".")[0] for path in paths if isinstance(path, str)]
     if config.sampler in ("auto", "vllm") and not config.num_env_runners:
