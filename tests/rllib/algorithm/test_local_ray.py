@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from rllib_grpo.rllib.algorithm.local_ray import modules_to_prefetch, ray_system_config
 from rllib_grpo.rllib.config.grpo_config import GRPOConfig
 
@@ -69,17 +71,39 @@ PROBE = textwrap.dedent("""
 """)
 
 
+def _run_probe(probe: str, modules: list[str]) -> dict:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (
+        str(REPO), os.environ.get("PYTHONPATH"))))}
+    done = subprocess.run([sys.executable, "-c", probe, *modules], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+CONFIG_PROBE = textwrap.dedent("""
+    import json, sys
+    from rllib_grpo.rllib.config.grpo_config import GRPOConfig
+    config = GRPOConfig().environment("rllib_grpo/Arithmetic-v0").training(
+        model_path="builtin:tiny", sampler="hf", group_size=4)
+    print(json.dumps({m: m in sys.modules for m in sys.argv[1:]}))
+""")
+
+
+def test_a_config_is_built_without_importing_transformers() -> None:
+    """In a fresh interpreter: what `init_local_ray` overlaps with Ray's start is not
+    imported by building the config (it would otherwise come first, alone).  (Its
+    ``validate()`` reads the tokenizer: the run validates in ``build_algo``.)"""
+    modules = ["transformers", ALGORITHM_MODULE, ENV_RUNNER_MODULE, LEARNER_MODULE]
+    assert _run_probe(CONFIG_PROBE, modules) == dict.fromkeys(modules, False)
+
+
+@pytest.mark.slow
 def test_a_config_imports_nothing_heavy_and_init_local_ray_imports_the_run() -> None:
     """In a fresh interpreter: ``GRPOConfig()`` leaves transformers and the algorithm
     unimported (they load while Ray starts), and `init_local_ray` returns with them
     imported, Ray up with no idle workers, its time recorded as the ``ray`` part."""
     modules = ["transformers", ALGORITHM_MODULE, ENV_RUNNER_MODULE, LEARNER_MODULE]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (
-        str(REPO), os.environ.get("PYTHONPATH"))))}
-    done = subprocess.run([sys.executable, "-c", PROBE, *modules], env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    report = _run_probe(PROBE, modules)
     assert report["before"] == dict.fromkeys(modules, False)
     assert report["after"] == dict.fromkeys(modules, True)
     assert report["parts"] == ["ray"]

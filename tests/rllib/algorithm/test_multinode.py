@@ -1,6 +1,11 @@
 """Multi-node placement, simulated: 3 Ray nodes on one machine (`ray.cluster_utils.Cluster`)
 with custom resources.  The learner and the env runner land on different nodes, an iteration
-completes, and the sampler holds the learner's weights (its log-probs match the learner's)."""
+completes, and the sampler holds the learner's weights (its log-probs match the learner's).
+
+Slow (~65 s in CI: a 3-node cluster and two actors in a subprocess): `make test-slow`.  The
+default suite covers its parts on one node: syncs to a remote env runner through every
+transport (`test_weight_sync.py::TestRemoteTransports`) and the placement bundles of env
+runners and learners (`tests/rllib/config/test_resources.py`)."""
 
 from __future__ import annotations
 
@@ -8,11 +13,14 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO_ROOT
 
 ROOT = REPO_ROOT
 
 
+@pytest.mark.slow
 def test_learner_and_env_runner_on_different_nodes_with_synced_weights():
     proc = subprocess.run([sys.executable, "tests/helpers/multinode_check.py"], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
