@@ -53,17 +53,11 @@ def test_tensor_parallel_env_runners_reserve_a_multi_gpu_bundle_each():
     assert any(b.get("GPU") == 1 for b in bundles)  # the learner
 
 
-def test_tensor_parallel_size_reaches_the_engine_with_its_own_executor(monkeypatch):
-    """The engine runs its tensor-parallel workers itself (vLLM's multiprocessing executor
-    inside the env runner's actor); weights then reach it through a file."""
+def _fake_vllm_engine(monkeypatch, vllm) -> dict:
+    """Replace ``vllm.LLM`` by a stand-in that records its keyword arguments (returned)."""
     import types
 
-    vllm = __import__("pytest").importorskip("vllm")
-    from rllib_grpo.models import resolve_model
-    from rllib_grpo.rllib.env_runner.env_runner import engine_options
-    from rllib_grpo.samplers import make_sampler
-
-    captured = {}
+    captured: dict = {}
 
     class FakeLLM:
         def __init__(self, **kwargs):
@@ -73,6 +67,19 @@ def test_tensor_parallel_size_reaches_the_engine_with_its_own_executor(monkeypat
                 model_config=types.SimpleNamespace(hf_text_config=hf))
 
     monkeypatch.setattr(vllm, "LLM", FakeLLM)
+    return captured
+
+
+def test_tensor_parallel_size_reaches_the_engine_with_its_own_executor(monkeypatch):
+    """The engine runs its tensor-parallel workers itself (vLLM's multiprocessing executor
+    inside the env runner's actor); weights then reach it through a file."""
+
+    vllm = __import__("pytest").importorskip("vllm")
+    from rllib_grpo.models import resolve_model
+    from rllib_grpo.rllib.env_runner.env_runner import engine_options
+    from rllib_grpo.samplers import make_sampler
+
+    captured = _fake_vllm_engine(monkeypatch, vllm)
     config = _tensor_parallel_config(2, model_override_config={"max_position_embeddings": 64})
     options = engine_options(config)
     sampler = make_sampler("vllm", model_path=resolve_model(config.model_path), **options)
@@ -140,7 +147,6 @@ def test_a_cpu_engine_holds_the_sequences_a_runner_samples_at_once(monkeypatch):
     the engine gets the runner's share of a step (continuous rollouts: max_staleness
     steps' worth), not vLLM's 256; ``sampler_config`` still decides where it is set; the
     memory estimate counts the same sequences."""
-    import types
 
     vllm = __import__("pytest").importorskip("vllm")
     from rllib_grpo.models import resolve_model
@@ -158,16 +164,7 @@ def test_a_cpu_engine_holds_the_sequences_a_runner_samples_at_once(monkeypatch):
     continuous.env_runners(num_env_runners=4)
     assert sequences_at_once(continuous) == 12
 
-    captured = {}
-
-    class FakeLLM:
-        def __init__(self, **kwargs):
-            captured.update(kwargs)
-            hf = types.SimpleNamespace(tie_word_embeddings=True)
-            self.llm_engine = types.SimpleNamespace(
-                model_config=types.SimpleNamespace(hf_text_config=hf))
-
-    monkeypatch.setattr(vllm, "LLM", FakeLLM)
+    captured = _fake_vllm_engine(monkeypatch, vllm)
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     path = resolve_model("builtin:tiny")
     local = tiny_config(sampler="vllm", prompts_per_step=6, group_size=4)
