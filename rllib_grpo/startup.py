@@ -18,9 +18,10 @@ running then (the one started last: a part inside another counts as itself, not 
 and every instant no part covers to ``other``, so the parts add up to the whole.  Parts
 run in parallel threads would overlap: that time goes to the one started last.
 
-Nothing is imported in a background thread during ``ray.init``: measured in an earlier
-round (docs/demo.md, "Tried and dropped"), it gained nothing on the 2-core machine and
-delayed Ray's own processes past their start-up timeouts under load.
+Where the process that trains starts Ray, `rllib_grpo.init_local_ray` imports the run's
+modules in a background thread at a lower priority during ``ray.init`` (its docstring has
+the figures); that thread records no part of its own: its time is inside ``ray``, or
+``other`` once Ray is up and the run waits for the imports.
 
 Imports nothing of the package (layer 0): every layer may record a part.
 """

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -101,8 +102,41 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
     """Load a tokenizer, trusting a saved generic ``tokenizer.json`` over the model type.
 
     Sets ``pad_token`` to ``eos_token`` when the tokenizer has none, so that
-    batches can be padded.
+    batches can be padded.  A process loads a folder's tokenizer once: later calls for
+    the same folder, its files unchanged, return the same object (the config check, the
+    env runner and the transformers sampler each ask for it; SmolLM2's took ~0.35 s a
+    load), so treat it as read-only.  A hub id is loaded on every call.
     """
+    key = _folder_stamp(path)
+    with _LOADED_LOCK:
+        tokenizer = _LOADED.get(key) if key else None
+        if tokenizer is None:
+            tokenizer = _load_tokenizer(path)
+            if key:
+                _LOADED[key] = tokenizer
+    return tokenizer
+
+
+# (folder, its non-weight files' names, sizes and modification times) -> the loaded tokenizer.
+_LOADED: dict[tuple, PreTrainedTokenizerBase] = {}
+_LOADED_LOCK = threading.Lock()
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
+
+
+def _folder_stamp(path: str) -> tuple | None:
+    """What identifies a saved tokenizer's files on disk; None for anything but a folder."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return None
+    files = []
+    for file in sorted(folder.iterdir()):
+        if file.is_file() and not file.name.endswith(_WEIGHT_SUFFIXES):
+            stat = file.stat()
+            files.append((file.name, stat.st_size, stat.st_mtime_ns))
+    return (str(folder.resolve()), tuple(files))
+
+
+def _load_tokenizer(path: str) -> PreTrainedTokenizerBase:
     if _saved_as_generic_fast_tokenizer(path):
         tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
     else:

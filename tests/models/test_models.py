@@ -55,6 +55,15 @@ def test_tiny_model_survives_save_and_reload(tokenizer, tmp_path, arch):
     assert load_tokenizer(str(tmp_path)).encode("1+=2 ") == tokenizer.encode("1+=2 ")
 
 
+def test_a_folders_tokenizer_is_loaded_once_until_its_files_change(tmp_path):
+    build_char_tokenizer("01").save_pretrained(str(tmp_path))
+    first = load_tokenizer(str(tmp_path))
+    assert load_tokenizer(str(tmp_path) + "/") is first  # the config check, runner, sampler
+    build_char_tokenizer("012").save_pretrained(str(tmp_path))  # rewritten: loaded again
+    second = load_tokenizer(str(tmp_path))
+    assert second is not first and len(second) == len(first) + 1
+
+
 def test_auto_tokenizer_gives_back_the_char_tokenizer_for_llama(tokenizer, tmp_path):
     save_model_dir(build_tiny_causal_lm(tokenizer, arch="llama"), tokenizer, tmp_path)
     auto = AutoTokenizer.from_pretrained(tmp_path)

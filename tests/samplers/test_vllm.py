@@ -156,6 +156,34 @@ def test_load_weights_through_a_file(sampler, model_path, perturbed_model, promp
         sampler.load_weights(load_causal_lm(model_path).state_dict())
 
 
+def test_the_first_load_of_the_folders_own_weights_reloads_nothing(
+        sampler, model_path, perturbed_model, prompts, monkeypatch):
+    """RLlib's set-up syncs the learner's weights, loaded from the engine's folder, into the
+    runner: the first load finds them equal and reloads nothing; later loads, or a first
+    load of other weights, reload."""
+    folder_state = load_causal_lm(model_path).state_dict()
+    sampler.load_weights(folder_state)  # whatever earlier tests left: the folder's weights
+    reloads: list[str] = []
+    rpc = sampler.llm.collective_rpc
+    monkeypatch.setattr(sampler.llm, "collective_rpc",
+                        lambda method, **kw: (reloads.append(method), rpc(method, **kw))[1])
+    monkeypatch.setattr(sampler, "_loads", 0)  # as an engine just started
+    assert sampler.load_weights(folder_state) == {
+        "bytes": 0, "seconds": pytest.approx(0, abs=5), "unchanged": 1}
+    assert reloads == []
+    sampler.load_weights(folder_state)  # a second load: reloaded, not compared
+    assert reloads == ["reload_weights"]
+    params = SamplingParams(temperature=1.0, max_tokens=16, seed=7)
+    monkeypatch.setattr(sampler, "_loads", 0)
+    try:
+        stats = sampler.load_weights(perturbed_model.state_dict())
+        assert "unchanged" not in stats and reloads == ["reload_weights"] * 2
+        after = sampler.generate(prompts, 4, params)
+        assert max_log_prob_diff(perturbed_model, prompts, after, params) < 1e-4
+    finally:
+        sampler.load_weights(folder_state)
+
+
 def test_load_weights_rejects_a_partial_state_dict(sampler, model_path):
     state = load_causal_lm(model_path).state_dict()
     del state["model.norm.weight"]

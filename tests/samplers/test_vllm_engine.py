@@ -192,3 +192,31 @@ def test_a_cpu_engine_gets_the_sized_kv_cache_unless_one_is_asked_for(gpu_engine
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # asked for: vLLM's own setting rules
     make_sampler("vllm", model_path=path, dtype="float32", max_model_len=40)
     assert "kv_cache_memory_bytes" not in captured and captured["model"] == path
+
+
+def test_equals_folder_weights_compares_in_the_engines_dtype(tmp_path):
+    """Equal where the engine would hold the same bits: every tensor of the folder, in the
+    engine's dtype; a tied head may be added; anything missing, extra or changed is not."""
+    from safetensors.torch import save_file
+
+    from rllib_grpo.samplers.vllm_engine import equals_folder_weights
+
+    generator = torch.Generator().manual_seed(0)
+    saved = {"model.embed_tokens.weight": torch.randn(8, 4, generator=generator),
+             "model.norm.weight": torch.randn(4, generator=generator)}
+    save_file(saved, str(tmp_path / "model.safetensors"))
+    folder, bf16 = str(tmp_path), torch.bfloat16
+    assert equals_folder_weights(dict(saved), folder, torch.float32)
+    tied = {**saved, "lm_head.weight": saved["model.embed_tokens.weight"]}
+    assert not equals_folder_weights(tied, folder, torch.float32)
+    assert equals_folder_weights(tied, folder, torch.float32, tied_key="lm_head.weight")
+    assert not equals_folder_weights({"model.norm.weight": saved["model.norm.weight"]},
+                                     folder, torch.float32)
+    # Below bf16's resolution the engine would load the same bits; above it, not.
+    norm = saved["model.norm.weight"]
+    tiny_step = {**saved, "model.norm.weight": norm + norm.abs() * 2.0**-20}
+    assert not equals_folder_weights(tiny_step, folder, torch.float32)
+    assert equals_folder_weights(tiny_step, folder, bf16)
+    big_step = {**saved, "model.norm.weight": norm + norm.abs() * 2.0**-6}
+    assert not equals_folder_weights(big_step, folder, bf16)
+    assert not equals_folder_weights(dict(saved), str(tmp_path / "hub-id"), torch.float32)

@@ -311,3 +311,35 @@ def test_gpu_check_script_runs_on_cpu_with_a_tiny_model(tmp_path):
                    '"checkpoint_bit_exact": true', '"phase": "remote"', '"phase": "async"',
                    '"async_vs_sync_throughput": ', '"ok": true'):
         assert figure in out.stdout, figure
+
+
+@pytest.mark.parametrize("model_dtype", ["float32", "bfloat16"])
+def test_the_reference_is_the_loaded_policy_copied_where_their_dtypes_match(
+        model_dtype, monkeypatch):
+    """fp32: the reference is a copy of the policy just loaded (one load from disk, not
+    two), equal bit for bit and sharing no storage; bf16 compute over fp32 master weights:
+    loaded in bf16 from the folder."""
+    from rllib_grpo.models import loading
+    from rllib_grpo.rllib.learner import module as module_file
+
+    loads: list[str] = []
+    real_load = loading.load_causal_lm
+
+    def counting_load(path, **kwargs):
+        loads.append(str(kwargs.get("dtype")))
+        return real_load(path, **kwargs)
+
+    monkeypatch.setattr(module_file, "load_causal_lm", counting_load)
+    learner = tiny_config(use_kl_loss=True, model_dtype=model_dtype).build_learner(
+        spaces=_spaces())
+    module = _module(learner)
+    policy, ref = module.lm, module.ref_lm
+    fresh = real_load(str(Path(policy.name_or_path)), dtype=model_dtype)
+    assert loads == (["float32"] if model_dtype == "float32" else ["float32", "bfloat16"])
+    assert not ref.training and not any(p.requires_grad for p in ref.parameters())
+    fresh_state = fresh.state_dict()
+    for name, tensor in ref.state_dict().items():
+        assert tensor.dtype == getattr(torch, model_dtype)
+        assert torch.equal(tensor, fresh_state[name]), name
+    policy_storages = {p.untyped_storage().data_ptr() for p in policy.parameters()}
+    assert not policy_storages & {p.untyped_storage().data_ptr() for p in ref.parameters()}
