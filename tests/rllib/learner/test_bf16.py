@@ -334,7 +334,7 @@ def test_the_reference_is_the_loaded_policy_copied_where_their_dtypes_match(
         spaces=_spaces())
     module = _module(learner)
     policy, ref = module.lm, module.ref_lm
-    fresh = real_load(str(Path(policy.name_or_path)), dtype=model_dtype)
+    fresh = real_load(policy.name_or_path, dtype=model_dtype)
     assert loads == (["float32"] if model_dtype == "float32" else ["float32", "bfloat16"])
     assert not ref.training and not any(p.requires_grad for p in ref.parameters())
     fresh_state = fresh.state_dict()
