@@ -65,9 +65,11 @@ PROBE = textwrap.dedent("""
     after = {m: m in sys.modules for m in sys.argv[1:]}
     parts = [part for part, _, _ in recorded_parts()]
     workers = ray._private.worker.global_worker.node._ray_params._system_config
+    import gc
+    collections = {"enabled": gc.isenabled(), "frozen": gc.get_freeze_count()}
     ray.shutdown()
     print(json.dumps({"before": before, "after": after, "parts": parts,
-                      "system_config": workers}))
+                      "system_config": workers, "gc": collections}))
 """)
 
 
@@ -101,10 +103,73 @@ def test_a_config_is_built_without_importing_transformers() -> None:
 def test_a_config_imports_nothing_heavy_and_init_local_ray_imports_the_run() -> None:
     """In a fresh interpreter: ``GRPOConfig()`` leaves transformers and the algorithm
     unimported (they load while Ray starts), and `init_local_ray` returns with them
-    imported, Ray up with no idle workers, its time recorded as the ``ray`` part."""
+    imported and frozen, Ray up with no idle workers, its time recorded as the ``ray`` part."""
     modules = ["transformers", ALGORITHM_MODULE, ENV_RUNNER_MODULE, LEARNER_MODULE]
     report = _run_probe(PROBE, modules)
     assert report["before"] == dict.fromkeys(modules, False)
     assert report["after"] == dict.fromkeys(modules, True)
     assert report["parts"] == ["ray"]
     assert report["system_config"]["enable_worker_prestart"] is False
+    # the imports' objects are frozen (collections skip them) and collections are back on
+    assert report["gc"]["enabled"] is True and report["gc"]["frozen"] > 100_000
+
+
+def test_collections_pause_inside_and_resume_with_the_objects_frozen() -> None:
+    import gc
+
+    from rllib_grpo.rllib.algorithm.local_ray import collections_paused
+
+    collections: list[int] = []
+
+    def count(phase: str, info: dict) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
+    gc.callbacks.append(count)
+    frozen_before = gc.get_freeze_count()
+    try:
+        with collections_paused():
+            assert not gc.isenabled()
+            made = [[object()] for _ in range(50_000)]  # far past gen 0's threshold
+        assert collections == []
+        assert gc.isenabled()
+        assert gc.get_freeze_count() >= frozen_before + len(made)
+        with pytest.raises(RuntimeError), collections_paused():
+            raise RuntimeError("ray.init failed")
+        assert gc.isenabled()
+        gc.disable()  # collections stay off where the caller had them off
+        with collections_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+        gc.unfreeze()
+        gc.callbacks.remove(count)
+
+
+def test_ray_starts_and_the_imports_run_with_collections_paused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What runs during `init_local_ray` (Ray's start, the import thread) runs with no
+    garbage collection; collections are back on once it returns."""
+    import gc
+
+    import ray
+
+    from rllib_grpo.rllib.algorithm import local_ray
+
+    seen: dict[str, bool] = {}
+
+    def fake_init(**kwargs: object) -> None:
+        seen["ray.init"] = gc.isenabled()
+
+    def fake_imports(modules: list[str]) -> None:
+        seen["imports"] = gc.isenabled()
+
+    monkeypatch.setattr(ray, "init", fake_init)
+    monkeypatch.setattr(local_ray, "_import_quietly", fake_imports)
+    try:
+        local_ray.init_local_ray(GRPOConfig())
+    finally:
+        gc.unfreeze()
+    assert seen == {"ray.init": False, "imports": False}
+    assert gc.isenabled()
