@@ -87,8 +87,9 @@ def collections_paused() -> Iterator[None]:
     (``gc.freeze()``: later collections skip it) and collections resume if they were on.
 
     For start-up imports: their objects live as long as the process, and a collection run
-    while they load finds next to nothing (~26,000 unreachable objects among 1.3 million
-    after Ray, RLlib, transformers and vLLM load; they stay, frozen, a few MB)."""
+    while they load finds little (~26,000 unreachable objects among 1.3 million after Ray,
+    RLlib, transformers and vLLM load; they stay, frozen: the process's PSS after those
+    imports was 865 MB against 843 MB with collections on)."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
