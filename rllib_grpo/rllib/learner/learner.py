@@ -39,6 +39,7 @@ from ray.rllib.utils.annotations import override
 
 from rllib_grpo.algos import agg_loss, get_kl_controller, kl_penalty, policy_loss
 from rllib_grpo.models.attention import prefer_matmul_attention
+from rllib_grpo.models.host_memory import keep_freed_host_memory
 from rllib_grpo.models.offload import offload_optimizer_states
 from rllib_grpo.models.packing import prefer_varlen_attention
 from rllib_grpo.rllib.learner.advantage_step import step_advantages
@@ -51,11 +52,7 @@ from rllib_grpo.rllib.learner.distributed import (
     world_size,
 )
 from rllib_grpo.rllib.learner.forward_passes import FORWARD_COLUMNS, old_and_reference_log_probs
-from rllib_grpo.rllib.learner.micro_batches import (
-    MiniBatchTotals,
-    micro_batches,
-    sequence_lengths,
-)
+from rllib_grpo.rllib.learner.micro_batches import MiniBatchTotals, micro_batches, sequence_lengths
 from rllib_grpo.rllib.learner.micro_batches import select_rows as _select
 from rllib_grpo.rllib.learner.perf import (
     PhaseTimes,
@@ -105,6 +102,8 @@ class GRPOLearner(TorchLearner):
         self.skipped_steps = 0
         self.lr_schedule = LRSchedule.from_config(c)  # None: RLlib applies a list schedule
         self.phase_times = PhaseTimes(self._device)
+        if c.keep_freed_host_memory and self._device.type == "cpu":
+            keep_freed_host_memory()  # each step reuses the last one's pages
         # GPU: flash-attention's varlen kernel if present; CPU at 16 bits: matmul attention.
         for rl_module in self.module.values():
             for lm in (rl_module.unwrapped().lm, getattr(rl_module.unwrapped(), "ref_lm", None)):
