@@ -9,10 +9,13 @@ reporting, as on this project's CI machines) a first touch costs ~12 us per 4 Ki
 instead of ~1.7 us.  Measured on SmolLM2 (`benchmarks.trl_side_by_side` workload, vLLM,
 1 thread): 1.0-1.8 million page faults and 3-11 s of kernel time per 30-40 s step; with
 the memory kept, 28,000 faults and 0.6 s from the third step on.  `make demo-real`: steps
-of 7.0 s -> 6.0 s (mean of the last 10), 174-177 s -> 158 s in all.
+of 7.0 s -> 6.0 s (mean of the last 10), 174-177 s -> 155 s wall.
 
-What it costs: the process's resident memory no longer shrinks after its peak (what
-tcmalloc and jemalloc, which vLLM recommends preloading on CPUs, do too).
+What it costs: the process's resident memory no longer shrinks after its peak, and the
+peak grows, since a block freed inside the heap serves only blocks that fit it: SmolLM2's
+side-by-side process tree 7.4 -> 8.8 GB PSS with vLLM, 6.4 -> 7.4 GB with the transformers
+sampler (benchmarks/README.md); the 5.7M model's did not move.  (tcmalloc and jemalloc,
+which vLLM recommends preloading on CPUs, keep freed memory too.)
 """
 
 from __future__ import annotations
