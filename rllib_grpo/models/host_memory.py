@@ -5,7 +5,7 @@ their gradients: gigabytes on SmolLM2-135M).  glibc's malloc serves blocks above
 threshold (at most 32 MiB) with a fresh ``mmap`` and gives them back with ``munmap`` when
 they are freed, so every step page-faults its tensors in again, and the kernel zeroes each
 page.  In a VM that hands freed memory back to its host (virtio-balloon free page
-reporting, as on this project's CI machines) a first touch costs ~12 us per 4 KiB page
+reporting, as the Firecracker VM this was measured on) a first touch costs ~12 us per 4 KiB page
 instead of ~1.7 us.  Measured on SmolLM2 (`benchmarks.trl_side_by_side` workload, vLLM,
 1 thread): 1.0-1.8 million page faults and 3-11 s of kernel time per 30-40 s step; with
 the memory kept, 28,000 faults and 0.6 s from the third step on.  `make demo-real`: steps
