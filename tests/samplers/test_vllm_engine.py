@@ -220,3 +220,34 @@ def test_equals_folder_weights_compares_in_the_engines_dtype(tmp_path):
     big_step = {**saved, "model.norm.weight": norm + norm.abs() * 2.0**-6}
     assert not equals_folder_weights(big_step, folder, bf16)
     assert not equals_folder_weights(dict(saved), str(tmp_path / "hub-id"), torch.float32)
+
+
+def test_an_engine_without_its_tokenizer_still_stops_at_the_tokenizers_eos(tmp_path, capfd):
+    """The engine starts without a tokenizer (its load, copies and chat warm-up were
+    seconds of every start); the EOS only the tokenizer names (none in the model's configs
+    here) still ends samples, and vLLM's notices about the missing tokenizer are not shown."""
+    import json
+    import shutil
+
+    folder = tmp_path / "eos-in-tokenizer-only"
+    shutil.copytree(resolve_model("builtin:tiny", cache_dir=tmp_path / "cache"), folder)
+    for name in ("config.json", "generation_config.json"):
+        fields = json.loads((folder / name).read_text())
+        (folder / name).write_text(json.dumps({**fields, "eos_token_id": None}))
+    capfd.readouterr()
+    sampler = make_sampler("vllm", model_path=str(folder), seed=0)
+    try:
+        groups = sampler.generate([[5, 6, 7], [8, 9], [10], [11, 12]], 8,
+                                  SamplingParams(temperature=1.0, max_tokens=12))
+        assert sampler.llm.llm_engine.model_config.skip_tokenizer_init
+    finally:
+        sampler.close()
+    samples = [sample for group in groups for sample in group]
+    for sample in samples:
+        assert (1 in sample.token_ids) == (sample.finish_reason == "stop")
+        if sample.finish_reason == "stop":
+            assert sample.token_ids[-1] == 1
+    assert {sample.finish_reason for sample in samples} == {"stop", "length"}
+    shown = "".join(capfd.readouterr())
+    assert "Chat template warmup failed" not in shown
+    assert "Using None for EOS token id" not in shown
