@@ -28,6 +28,7 @@ def test_the_learner_group_creates_its_process_group_on_that_backend(monkeypatch
 
     def rllib_init(self, *, config, module_spec=None, placement_group=None):
         seen.append(rllib_learner_group._get_backend_config(GRPOLearner).backend)
+        self._is_shut_down = True  # what RLlib's __del__ reads
 
     monkeypatch.setattr(rllib_learner_group.LearnerGroup, "__init__", rllib_init)
     GRPOLearnerGroup(config=_config(1, offload=True))
