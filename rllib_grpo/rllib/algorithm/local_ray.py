@@ -122,6 +122,27 @@ def init_local_ray(config: GRPOConfig, **ray_kwargs: Any) -> None:
     with startup_part("ray"), collections_paused():
         prefetch.start()
         try:
-            ray.init(address="local", **ray_kwargs)
+            with _no_second_ray():
+                ray.init(address="local", **ray_kwargs)
         finally:  # also when ray.init raises: no import left running behind the caller
             prefetch.join()
+
+
+@contextlib.contextmanager
+def _no_second_ray() -> Iterator[None]:
+    """Hold Ray's auto-init lock while this thread runs ``ray.init``.
+
+    Ray calls ``ray.init()`` by itself when its API is used before Ray is up (its
+    "auto-init"), under this lock.  The import thread can use the API half way through our
+    ``ray.init``: the algorithm's module registers it with Tune, whose registry writes to
+    the GCS as soon as the GCS client is set, and the driver's job id is asked for before
+    the driver is connected.  That auto-init then started a second local cluster (GCS,
+    raylet, agents) for the whole run.  Holding the lock makes it wait for ours; once ours
+    is up, auto-init finds Ray initialized and does nothing."""
+    try:
+        from ray._private.auto_init_hook import auto_init_lock
+    except ImportError:  # another Ray layout: nothing to hold
+        yield
+        return
+    with auto_init_lock:
+        yield

@@ -178,3 +178,50 @@ def test_ray_starts_and_the_imports_run_with_collections_paused(
         gc.unfreeze()
     assert seen == {"ray.init": False, "imports": False}
     assert gc.isenabled()
+
+
+# A module imported by the prefetch thread that touches Ray's API while `ray.init` is half
+# way (its GCS client set, the driver not yet connected): Tune's registry does this when
+# the algorithm's import registers it.  Ray's auto-init would start a second cluster.
+RACE_MODULE = textwrap.dedent("""
+    import time
+    import ray
+    from ray.experimental.internal_kv import _internal_kv_initialized
+    deadline = time.time() + 120
+    while not _internal_kv_initialized() and time.time() < deadline:
+        time.sleep(0.0005)
+    HALF_WAY = not ray.is_initialized()
+    JOB_ID = ray.get_runtime_context().get_job_id()
+""")
+RACE_PROBE = textwrap.dedent("""
+    import json, sys
+    import psutil
+    from rllib_grpo.rllib.algorithm import local_ray
+    from rllib_grpo.rllib.config.grpo_config import GRPOConfig
+    local_ray.modules_to_prefetch = lambda config: ["ray_race_module"]
+    local_ray.init_local_ray(GRPOConfig(), num_cpus=1, object_store_memory=80 * 1024**2,
+                             log_to_driver=False, configure_logging=False)
+    import ray, ray_race_module
+    tree = psutil.Process().children(recursive=True)
+    gcs = sum(1 for p in tree if p.name().startswith("gcs_server"))
+    report = {"gcs_servers": gcs, "half_way": ray_race_module.HALF_WAY,
+              "same_job": ray_race_module.JOB_ID == ray.get_runtime_context().get_job_id()}
+    ray.shutdown()
+    print(json.dumps(report))
+""")
+
+
+def test_ray_api_called_from_the_import_thread_mid_start_waits_for_this_ray(
+        tmp_path: Path) -> None:
+    """A prefetched import that calls Ray while ``ray.init`` is half way (here: once the
+    GCS client is set) waits for this process's Ray instead of auto-starting a second
+    cluster (seen with SmolLM2's demo: two GCS servers and raylets for the whole run)."""
+    (tmp_path / "ray_race_module.py").write_text(RACE_MODULE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (
+        str(REPO), str(tmp_path), os.environ.get("PYTHONPATH"))))}
+    done = subprocess.run([sys.executable, "-c", RACE_PROBE], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["half_way"] is True  # the probe did reach the window it tests
+    assert report == {"gcs_servers": 1, "half_way": True, "same_job": True}, done.stderr[-3000:]
