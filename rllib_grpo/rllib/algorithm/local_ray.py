@@ -138,11 +138,9 @@ def _no_second_ray() -> Iterator[None]:
     the GCS as soon as the GCS client is set, and the driver's job id is asked for before
     the driver is connected.  That auto-init then started a second local cluster (GCS,
     raylet, agents) for the whole run.  Holding the lock makes it wait for ours; once ours
-    is up, auto-init finds Ray initialized and does nothing."""
-    try:
-        from ray._private.auto_init_hook import auto_init_lock
-    except ImportError:  # another Ray layout: nothing to hold
-        yield
-        return
+    is up, auto-init finds Ray initialized and does nothing.  (A private name: Ray is
+    pinned to 2.60.x, and the test of this race fails loudly if it moves.)"""
+    from ray._private.auto_init_hook import auto_init_lock
+
     with auto_init_lock:
         yield

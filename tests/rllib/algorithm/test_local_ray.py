@@ -73,9 +73,9 @@ PROBE = textwrap.dedent("""
 """)
 
 
-def _run_probe(probe: str, modules: list[str]) -> dict:
+def _run_probe(probe: str, modules: list[str], *extra_paths: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (
-        str(REPO), os.environ.get("PYTHONPATH"))))}
+        str(REPO), *map(str, extra_paths), os.environ.get("PYTHONPATH"))))}
     done = subprocess.run([sys.executable, "-c", probe, *modules], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -194,7 +194,7 @@ RACE_MODULE = textwrap.dedent("""
     JOB_ID = ray.get_runtime_context().get_job_id()
 """)
 RACE_PROBE = textwrap.dedent("""
-    import json, sys
+    import json
     import psutil
     from rllib_grpo.rllib.algorithm import local_ray
     from rllib_grpo.rllib.config.grpo_config import GRPOConfig
@@ -217,11 +217,6 @@ def test_ray_api_called_from_the_import_thread_mid_start_waits_for_this_ray(
     GCS client is set) waits for this process's Ray instead of auto-starting a second
     cluster (seen with SmolLM2's demo: two GCS servers and raylets for the whole run)."""
     (tmp_path / "ray_race_module.py").write_text(RACE_MODULE)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (
-        str(REPO), str(tmp_path), os.environ.get("PYTHONPATH"))))}
-    done = subprocess.run([sys.executable, "-c", RACE_PROBE], env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    report = _run_probe(RACE_PROBE, [], tmp_path)
     assert report["half_way"] is True  # the probe did reach the window it tests
-    assert report == {"gcs_servers": 1, "half_way": True, "same_job": True}, done.stderr[-3000:]
+    assert report == {"gcs_servers": 1, "half_way": True, "same_job": True}
