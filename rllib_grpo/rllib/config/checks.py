@@ -19,7 +19,11 @@ from rllib_grpo.data.recipes import FILTER_METRICS
 from rllib_grpo.models.lm_head import TOKEN_STATS_MODES
 from rllib_grpo.models.lora import LORA_SYNC_MODES
 from rllib_grpo.rllib.config.input_checks import input_errors
-from rllib_grpo.rllib.config.layout import layout_errors, tensor_parallel_size
+from rllib_grpo.rllib.config.layout import (
+    layout_errors,
+    local_env_runner_pitfalls,
+    tensor_parallel_size,
+)
 from rllib_grpo.rllib.config.settings import GRPOSettings
 from rllib_grpo.rllib.config.staleness import async_errors, async_pitfalls
 from rllib_grpo.rllib.config.text_env import env_class
@@ -306,7 +310,8 @@ def find_pitfalls(c: GRPOSettings) -> list[str]:
     if c.adv_estimator == "remax" and c.group_size > 1:
         pitfalls.append("remax uses a greedy baseline per prompt, not the group: group_size "
                         f"{c.group_size} only adds samples (one extra greedy generation per prompt).")
-    pitfalls += _lora_and_memory_pitfalls(c) + _precision_pitfalls(c)
+    pitfalls += (_lora_and_memory_pitfalls(c) + _precision_pitfalls(c)
+                 + local_env_runner_pitfalls(c))
     if c.top_p < 1.0 or c.top_k > 0:
         pitfalls.append(
             f"top_p={c.top_p}, top_k={c.top_k}: the trainer's log-probs ignore the sampling "

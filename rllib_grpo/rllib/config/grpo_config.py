@@ -24,6 +24,7 @@ from ray.rllib.utils.annotations import override
 from ray.rllib.utils.serialization import deserialize_type
 
 from rllib_grpo.registration import LAZY_TRAINABLES
+from rllib_grpo.rllib.config.layout import LocalEnvRunnerWhereItSamples
 from rllib_grpo.rllib.config.settings import (
     DERIVED_FIELDS,
     MODULE_SETTINGS,
@@ -98,6 +99,8 @@ class GRPOConfig(AlgorithmConfig, GRPOSettings):
     # Both imported on first read (`ClassByPath`): the algorithm class imports this module.
     algo_class = ClassByPath()
     env_runner_cls = ClassByPath()
+    # The driver's env runner only where no remote one samples (unless set explicitly).
+    create_local_env_runner = LocalEnvRunnerWhereItSamples()
 
     def __init__(self, algo_class: type | None = None) -> None:
         AlgorithmConfig.__init__(self, algo_class=algo_class or ALGORITHM)
@@ -111,6 +114,7 @@ class GRPOConfig(AlgorithmConfig, GRPOSettings):
         self.num_epochs = 1
         self.shuffle_batch_per_epoch = False
         self.num_env_runners = 0
+        self.create_local_env_runner = None  # unset: see `LocalEnvRunnerWhereItSamples`
         self.observation_space = TEXT_SPACE
         self.action_space = TEXT_SPACE
         self.env_runner_cls = ENV_RUNNER

@@ -367,6 +367,9 @@ attributes; `.training(...)` sets them (and RLlib's own: `lr`, `grad_clip`, `num
 ...); the verl names are accepted as aliases in Python, YAML and on the command line.
 RLlib's `train_batch_size`, `train_batch_size_per_learner` and `minibatch_size` are derived
 from `prompts_per_step`, `prompts_per_minibatch` and `group_size` and refused by name.
+RLlib's `create_local_env_runner` is, unless set, True only with `num_env_runners=0`: GRPO
+samples and validates on the remote env runners wherever there are any, so the driver holds
+no sampler (a model copy, a vLLM engine) beside them.
 
 """
 

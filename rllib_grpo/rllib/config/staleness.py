@@ -26,7 +26,7 @@ def async_errors(c: GRPOSettings) -> list[str]:
     if k >= 1 and c.num_env_runners < 1 and not getattr(c, "in_evaluation", False):
         return [f"max_staleness={k} overlaps generation and training, which needs the "
                 "sampler in its own process: set num_env_runners >= 1 (e.g. "
-                ".env_runners(num_env_runners=1, create_local_env_runner=False)), or "
+                ".env_runners(num_env_runners=1)), or "
                 "max_staleness=0."]
     if mode == "continuous":
         return _continuous_errors(c)

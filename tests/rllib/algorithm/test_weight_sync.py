@@ -73,7 +73,7 @@ def remote_run(ray_session):
     it checks (``use_transport``: the configured setting's own planning, on the live runner).
     Class-scoped: stopped before the tests after the class build algorithms of their own."""
     config = tiny_config(lr=1e-2, weight_sync_transport="collective", weight_sync_bucket_mb=0.05)
-    config.env_runners(num_env_runners=1, create_local_env_runner=False)
+    config.env_runners(num_env_runners=1)  # no env runner in the driver: GRPO's default
     algo = config.build_algo()
     try:
         algo.train()
@@ -87,6 +87,10 @@ class TestRemoteTransports:
 
     def test_the_configured_transport_is_used_from_the_first_sync(self, remote_run):
         assert remote_run["configured"] == {1: "collective"}
+
+    def test_the_driver_holds_no_env_runner_beside_a_remote_one(self, remote_run):
+        """RLlib's default would build one (a sampler that never samples) and sync it."""
+        assert remote_run["algo"].env_runner_group.local_env_runner is None
 
     @pytest.mark.parametrize("setting,transport", [
         ("auto", "shm"),

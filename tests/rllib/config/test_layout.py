@@ -100,3 +100,41 @@ def test_only_colocated_tp_engines_pick_their_gpus(name, config, picks):
     from rllib_grpo.rllib.config.layout import engine_picks_devices
 
     assert engine_picks_devices(config()) is picks, name
+
+
+@pytest.mark.parametrize("runners,explicit,expected", [
+    (0, None, True), (2, None, False), (2, True, True), (0, True, True), (2, False, False)])
+def test_the_driver_holds_an_env_runner_only_where_no_remote_one_samples(runners, explicit,
+                                                                          expected):
+    from rllib_grpo import GRPOConfig
+
+    config = GRPOConfig().env_runners(num_env_runners=runners)
+    if explicit is not None:
+        config.env_runners(create_local_env_runner=explicit)
+    assert config.create_local_env_runner is expected
+    # Unset travels as unset: through RLlib's dict (Tune, `rllib train`) and pickling.
+    again = GRPOConfig().update_from_dict(config.to_dict())
+    assert vars(again)["create_local_env_runner"] is explicit
+    assert again.create_local_env_runner is expected
+
+
+def test_an_evaluation_copy_decides_with_its_own_env_runners():
+    from rllib_grpo import GRPOConfig
+
+    config = GRPOConfig().env_runners(num_env_runners=2)
+    assert config.get_evaluation_config_object().create_local_env_runner is True  # 0 eval runners
+    config.evaluation(evaluation_num_env_runners=1)
+    assert config.get_evaluation_config_object().create_local_env_runner is False
+
+
+def test_no_env_runner_at_all_is_refused_and_an_idle_one_is_a_pitfall():
+    from rllib_grpo import GRPOConfig
+    from rllib_grpo.rllib.config.checks import find_pitfalls
+
+    with pytest.raises(ValueError, match="create_local_env_runner=False with num_env_runners=0"):
+        GRPOConfig().env_runners(create_local_env_runner=False).validate()
+    idle = GRPOConfig().env_runners(num_env_runners=1, create_local_env_runner=True)
+    assert any("create_local_env_runner=True with num_env_runners=1" in p
+               for p in find_pitfalls(idle))
+    assert not any("create_local_env_runner" in p
+                   for p in find_pitfalls(GRPOConfig().env_runners(num_env_runners=1)))
