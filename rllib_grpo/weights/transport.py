@@ -19,6 +19,7 @@ holds when it asks for the next bucket is given memory of its own first.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import mmap
 import os
@@ -186,6 +187,26 @@ class SharedSlots:
         self._maps.clear()
 
 
+@contextlib.contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """torch's intra-op threads of the calling thread set to one, then back.
+
+    On a 2-core machine the sender's two packing threads slowed every receiver's copy of
+    the bucket before (a remote runner's 104 MiB sync, in turns: 44-49 ms with two, 28-40 ms
+    with one; benchmarks/README.md, "A remote runner's sync (2026-12-04)").  OpenMP's thread count and
+    MKL's (``mkl_set_num_threads_local``) are the calling thread's own, so a learner working
+    in another thread keeps its threads."""
+    before = torch.get_num_threads()
+    if before == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 # --------------------------------------------------------------------------- the two halves
 def _views_kept_safe(bucket: Any, buffer: torch.Tensor, aliases_of: dict[str, list[str]]
                      ) -> Iterator[tuple[str, torch.Tensor]]:
@@ -249,9 +270,13 @@ class BucketSender(_GroupMember):
              ) -> None:
         """Stream every bucket; returns when the last one is out (``shm``: in its slot)."""
         if via == VIA_SHM:
-            for k, bucket in enumerate(manifest.buckets):
-                pack_bucket(bucket, tensor_of, typed(self._slots().tensors[k % NUM_SLOTS], bucket))
-                self._group().barrier()  # receivers are past bucket k-1: slot (k+1) % 2 is free
+            # Packing bucket k+1 overlaps the receivers' copies of bucket k, in processes
+            # of their own: one packing thread leaves them the other cores.
+            with one_torch_thread():
+                for k, bucket in enumerate(manifest.buckets):
+                    pack_bucket(bucket, tensor_of,
+                                typed(self._slots().tensors[k % NUM_SLOTS], bucket))
+                    self._group().barrier()  # receivers are past bucket k-1: slot (k+1) % 2 is free
             return
         if via != VIA_COLLECTIVE:
             raise ValueError(f"BucketSender cannot send via {via!r}")

@@ -13,6 +13,7 @@ from rllib_grpo.weights.layout import (
     ALIGN_BYTES,
     fused_unit,
     pack_all,
+    pack_bucket,
     plan_manifest,
     split_aliases,
     unpack_all,
@@ -134,6 +135,47 @@ def test_streamed_buckets_equal_the_senders_tensors(via):
         assert set(got) == set(state)
         for name, tensor in state.items():
             assert torch.equal(got[name], tensor), name
+
+
+def test_the_shm_sender_packs_with_one_thread_and_gives_its_threads_back(monkeypatch):
+    """The receivers copy bucket k while the sender packs bucket k+1: on a 2-core machine
+    two packing threads made their copies 2-3x slower.  The count is the sending thread's
+    own (torch's OpenMP and MKL settings are per thread), and it comes back."""
+    from rllib_grpo.weights import transport
+
+    threads_while_packing = []
+
+    def pack(*args, **kwargs):
+        threads_while_packing.append(torch.get_num_threads())
+        return pack_bucket(*args, **kwargs)
+
+    monkeypatch.setattr(transport, "pack_bucket", pack)
+    unique, aliases = split_aliases(_state(2))
+    manifest = plan_manifest(unique, aliases=aliases, bucket_bytes=1500)
+    sender = BucketSender()
+    slots = sender.ensure_slots(manifest.max_bucket_bytes)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        def body(rank, spec, store):
+            if rank == 0:
+                sender.group = WeightGroup(spec, 0, store)
+                sender.send(manifest, unique.__getitem__, "shm")
+                return torch.get_num_threads()
+            receiver = BucketReceiver()
+            receiver.join(spec, rank)
+            receiver.map_slots(slots)
+            got = {name: tensor.clone() for name, tensor in receiver.stream(manifest, "shm")}
+            receiver.close()
+            return got
+
+        after_send, got = _run_ranks(2, body)
+    finally:
+        torch.set_num_threads(before)
+        sender.close()
+    assert threads_while_packing == [1] * len(manifest.buckets)
+    assert after_send == 2
+    assert all(torch.equal(got[name], tensor) for name, tensor in unique.items())
 
 
 @pytest.fixture(scope="module")
