@@ -225,19 +225,6 @@ def _check_weight_sync(c: GRPOSettings) -> list[str]:
     return errors
 
 
-def _check_placement(c: GRPOSettings) -> list[str]:
-    """Placements that NCCL refuses at the first collective, refused before Ray starts."""
-    gpus = c.num_gpus_per_learner or 0
-    # Two learners fit on one GPU only when each reserves at most half of it (above half,
-    # as in verl's colocated layout, Ray gives every learner a GPU of its own).
-    if c.num_learners >= 2 and 0 < gpus <= 0.5:
-        return [f"num_gpus_per_learner={gpus} with num_learners={c.num_learners}: two learners "
-                "could land on one GPU, which their NCCL group refuses ('Duplicate GPU "
-                "detected', NVIDIA/nccl#1241); set num_gpus_per_learner=1 (one learner per GPU),"
-                " or GRPOConfig.colocate(num_gpus) to share the GPUs with the engines."]
-    return []
-
-
 def _check_multi_turn(c: GRPOSettings) -> list[str]:
     errors = []
     for field in ("max_turns", "max_tokens_per_turn", "max_observation_tokens"):
@@ -255,7 +242,7 @@ def _check_multi_turn(c: GRPOSettings) -> list[str]:
 def find_errors(c: GRPOSettings) -> list[str]:
     """Settings that cannot run, each naming the field and the fix."""
     return (_check_names(c) + _check_sizes(c) + _check_algorithm(c) + _check_recipes(c)
-            + _check_lora_and_memory(c) + _check_placement(c) + _check_precision(c)
+            + _check_lora_and_memory(c) + _check_precision(c)
             + _check_lr_schedule(c)
             + _check_env_and_sampler(c) + _check_multi_turn(c) + input_errors(c)
             + async_errors(c))

@@ -177,10 +177,23 @@ def layout_of(c: Placement) -> Layout:
 
 
 def layout_errors(c: Placement) -> list[str]:
-    """Layouts that cannot run: no env runner at all, a TP engine with the wrong bundle,
-    colocated engines that do not cover the learners' GPUs one rank each, or that cannot
-    sleep."""
-    return local_env_runner_errors(c) + _engine_errors(c)
+    """Layouts that cannot run: no env runner at all, two learners that could share a GPU,
+    a TP engine with the wrong bundle, colocated engines that do not cover the learners'
+    GPUs one rank each, or that cannot sleep."""
+    return local_env_runner_errors(c) + _learner_gpu_errors(c) + _engine_errors(c)
+
+
+def _learner_gpu_errors(c: Placement) -> list[str]:
+    """Placements that NCCL refuses at the first collective, refused before Ray starts."""
+    gpus = c.num_gpus_per_learner or 0
+    # Two learners fit on one GPU only when each reserves at most half of it (above half,
+    # as in verl's colocated layout, Ray gives every learner a GPU of its own).
+    if c.num_learners >= 2 and 0 < gpus <= 0.5:
+        return [f"num_gpus_per_learner={gpus} with num_learners={c.num_learners}: two learners "
+                "could land on one GPU, which their NCCL group refuses ('Duplicate GPU "
+                "detected', NVIDIA/nccl#1241); set num_gpus_per_learner=1 (one learner per GPU),"
+                " or GRPOConfig.colocate(num_gpus) to share the GPUs with the engines."]
+    return []
 
 
 def _engine_errors(c: Placement) -> list[str]:
