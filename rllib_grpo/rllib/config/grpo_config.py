@@ -24,7 +24,6 @@ from ray.rllib.utils.annotations import override
 from ray.rllib.utils.serialization import deserialize_type
 
 from rllib_grpo.registration import LAZY_TRAINABLES
-from rllib_grpo.rllib.config.layout import LocalEnvRunnerWhereItSamples
 from rllib_grpo.rllib.config.settings import (
     DERIVED_FIELDS,
     MODULE_SETTINGS,
@@ -54,36 +53,63 @@ _RLLIB_TRAINING_KEYS = frozenset(inspect.signature(AlgorithmConfig.training).par
 TEXT_SPACE = gym.spaces.Text(max_length=1 << 16, charset="".join(map(chr, range(32, 127))) + "\n")
 
 
-class ClassByPath:
+class InstanceField:
+    """An RLlib field whose value stays in the instance's ``__dict__`` under the field's
+    name, where RLlib's ``to_dict`` and ``get_state`` look for it and pickling carries it;
+    a subclass says what a read returns (`held` is the value as stored)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __set__(self, config: Any, value: Any) -> None:
+        config.__dict__[self.name] = value
+
+    def held(self, config: Any) -> Any:
+        return config.__dict__.get(self.name)
+
+
+class ClassByPath(InstanceField):
     """A class-valued RLlib field held as its import path (``"pkg.module.Class"``) until
     first read, then as the class.
 
     The algorithm and the env runner import transformers (~3 s on the 2-core machine):
     held by path, ``GRPOConfig()`` costs RLlib's import only and that import can run
-    while Ray starts (`rllib_grpo.rllib.algorithm.local_ray`).  The value stays in the
-    instance's ``__dict__`` under the field's name, where RLlib's ``to_dict`` and
-    ``get_state`` look for it; a config pickled to a worker carries the path.
+    while Ray starts (`rllib_grpo.rllib.algorithm.local_ray`).  A config pickled to a
+    worker carries the path.
     """
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
 
     def __get__(self, config: Any, owner: type | None = None) -> Any:
         if config is None:
             return self
-        value = config.__dict__.get(self.name)
+        value = self.held(config)
         if isinstance(value, str):
             value = config.__dict__[self.name] = deserialize_type(value, error=True)
         return value
-
-    def __set__(self, config: Any, value: Any) -> None:
-        config.__dict__[self.name] = value
 
     @staticmethod
     def path(config: Any, name: str) -> str | None:
         """The import path ``config`` holds for field ``name``, or None once resolved."""
         value = config.__dict__.get(name)
         return value if isinstance(value, str) else None
+
+
+class LocalEnvRunnerWhereItSamples(InstanceField):
+    """RLlib's ``create_local_env_runner`` for GRPO: unset (None), True exactly when there
+    are no remote env runners.
+
+    GRPO samples and validates on the remote env runners wherever there are any, so an env
+    runner in the driver beside them (RLlib's default) would hold a sampler that never
+    samples (a model copy, or a whole vLLM engine) and take every weight sync.  An explicit
+    value (``.env_runners(create_local_env_runner=...)``) is kept
+    (`layout.explicit_local_env_runner` reads it).  Unset travels as None, so an evaluation
+    copy (its own ``num_env_runners``) decides for itself.
+    """
+
+    def __get__(self, config: Any, owner: type | None = None) -> Any:
+        if config is None:
+            return self
+        value = self.held(config)
+        return config.num_env_runners == 0 if value is None else bool(value)
 
 
 class GRPOConfig(AlgorithmConfig, GRPOSettings):

@@ -47,41 +47,16 @@ class Placement(Protocol):
     num_gpus_per_env_runner: float
 
 
-class LocalEnvRunnerWhereItSamples:
-    """RLlib's ``create_local_env_runner`` for GRPO: unset (None), True exactly when there
-    are no remote env runners.
-
-    GRPO samples and validates on the remote env runners wherever there are any, so an env
-    runner in the driver beside them (RLlib's default) would hold a sampler that never
-    samples (a model copy, or a whole vLLM engine) and take every weight sync.  An explicit
-    value (``.env_runners(create_local_env_runner=...)``) is kept.  The value stays in the
-    instance's ``__dict__`` under the field's name (None: unset), where RLlib's ``to_dict``
-    and pickling find it, so an evaluation copy (its own ``num_env_runners``) decides for
-    itself.
-    """
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, config: Any, owner: type | None = None) -> Any:
-        if config is None:
-            return self
-        value = config.__dict__.get(self.name)
-        return config.num_env_runners == 0 if value is None else bool(value)
-
-    def __set__(self, config: Any, value: bool | None) -> None:
-        config.__dict__[self.name] = value
-
-    @staticmethod
-    def explicit(config: Any) -> bool | None:
-        """What the user set (None: unset; a config without the descriptor: its value)."""
-        return vars(config).get("create_local_env_runner")
+def explicit_local_env_runner(c: Placement) -> bool | None:
+    """``create_local_env_runner`` as the user set it (None: unset, GRPO's default; see
+    `rllib_grpo.rllib.config.grpo_config.LocalEnvRunnerWhereItSamples`)."""
+    return vars(c).get("create_local_env_runner")
 
 
 def local_env_runner_errors(c: Placement) -> list[str]:
     """No env runner at all: the driver's left out and no remote ones.  (RLlib validates
     an evaluation copy too, with the evaluation's runner count: not the one GRPO trains on.)"""
-    if (c.num_env_runners == 0 and LocalEnvRunnerWhereItSamples.explicit(c) is False
+    if (c.num_env_runners == 0 and explicit_local_env_runner(c) is False
             and not getattr(c, "in_evaluation", False)):
         return ["create_local_env_runner=False with num_env_runners=0 leaves no env runner to "
                 "sample: set num_env_runners >= 1, or leave create_local_env_runner unset (GRPO "
@@ -91,7 +66,7 @@ def local_env_runner_errors(c: Placement) -> list[str]:
 
 def local_env_runner_pitfalls(c: Placement) -> list[str]:
     """An env runner in the driver beside remote ones: it never samples."""
-    if c.num_env_runners > 0 and LocalEnvRunnerWhereItSamples.explicit(c) is True:
+    if c.num_env_runners > 0 and explicit_local_env_runner(c) is True:
         return [f"create_local_env_runner=True with num_env_runners={c.num_env_runners}: GRPO "
                 "samples and validates on the remote env runners, so the driver's env runner "
                 "only holds a sampler (a model copy or a vLLM engine) that every weight sync "
