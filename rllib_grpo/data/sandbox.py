@@ -1,54 +1,93 @@
-"""The ``python`` tool: run model-written code in a limited subprocess.
+"""The ``python`` tool: run model-written code in a confined subprocess.
 
-What is enforced, per call (each a fresh ``python -I -S`` process, stdlib only):
+Each call is a fresh ``python -I -S`` process (standard library only), confined by the
+kernel the way containers are, with util-linux's ``unshare`` (as root, or through an
+unprivileged user namespace) and the first stage `rllib_grpo.data.sandbox_setup`:
 
-* **time**: a wall-clock limit (``timeout_s``; the process group is killed)
-  and a CPU-time limit (``RLIMIT_CPU``);
-* **memory**: ``RLIMIT_AS`` (``memory_mb`` of address space): allocations past
-  it raise ``MemoryError`` in the child;
+* **files**: a new mount namespace whose root is a read-only tmpfs holding only what the
+  interpreter needs, bound read-only at the same paths (its executable, its standard
+  library, ``libpython`` when shared, the system library folders ``/lib``, ``/lib64``,
+  ``/usr/lib``, ``/usr/lib64`` and ``/dev/null``, ``/dev/zero``, ``/dev/random``,
+  ``/dev/urandom``), a fresh ``/proc`` (its own processes, and the kernel's system-wide
+  files such as ``/proc/cpuinfo``) and the call's own folder, read-write at
+  ``/sandbox`` (its cwd, ``HOME`` and ``TMPDIR``; deleted afterwards).  The old root is
+  detached (``pivot_root``), so nothing else of the host can be read, and nothing outside
+  the folder can be written by any call (paths, directory descriptors, renames, links,
+  ``chmod``, ``utime``, ``truncate``).  The folder is ``noexec``: no native code loads
+  from it;
+* **environment**: ``HOME``, ``TMPDIR`` and ``LANG`` only; none of the run's variables
+  reaches any process of the call (``os.environ``, ``/proc/*/environ``);
+* **processes**: a new pid namespace: the code is pid 1 and ``/proc`` shows its own
+  processes only; a new user namespace in which the caller's uid is root but every
+  capability is dropped before the code starts (no mount, no ``chroot``, nothing
+  ``exec``-ed regains one); the audit hook below refuses process creation;
+* **network**: a new network namespace: no interface but a down loopback;
+* **host**: new UTS and IPC namespaces: the host name is ``sandbox`` and no System V
+  IPC object of the host is reachable;
+* **time**: a wall-clock limit (``timeout_s``, from when the code starts; the process
+  group is killed, and with it the pid namespace) and a CPU-time limit (``RLIMIT_CPU``);
+* **memory**: ``RLIMIT_AS`` (``memory_mb`` of address space): allocations past it raise
+  ``MemoryError`` in the child;
 * **output**: stdout and stderr go to files capped by ``RLIMIT_FSIZE``
-  (``max_file_bytes``); more than ``max_output_chars`` of stdout is an
-  ``output_limit`` error;
-* **files**: the process runs in a fresh temporary directory (its cwd,
-  ``HOME`` and ``TMPDIR``), deleted afterwards; an audit hook
-  (:pep:`578`) refuses opening for writing, creating, removing, renaming or
-  linking any path outside it.  Reading is not restricted;
-* **processes**: the audit hook refuses ``os.system``, ``subprocess``,
-  ``os.fork``/``exec``/``spawn``/``posix_spawn``, ``os.kill``, and importing
-  ``ctypes``, ``_posixsubprocess`` or ``multiprocessing``;
-* **network**: the process runs in an empty network namespace
-  (``unshare --net``; as root, or through an unprivileged user namespace) when
-  the kernel allows it: no interface but a down loopback, so no connection is
-  possible at the kernel level.  Where ``unshare`` is not available only the
-  audit hook stands: importing ``socket``/``_socket``/``ssl`` is refused.
+  (``max_file_bytes``); more than ``max_output_chars`` of stdout is an ``output_limit``
+  error.
 
-The audit hook runs in the child's interpreter, so it stops ordinary code,
-not a determined attacker with native code; the kernel-level limits
-(rlimits, namespace, killed process group) hold regardless.  For adversarial
-code, run the env runners in a container or VM as well.
+Where the namespaces cannot be made (no ``unshare``, unprivileged user namespaces
+disabled, a mount refused), no code is run: every call is an ``unavailable`` error whose
+message says why, logged once.
+
+A second layer, an audit hook (:pep:`578`) in the child's interpreter, refuses
+``os.system``, ``subprocess``, ``os.fork``/``exec``/``spawn``/``posix_spawn``, ``os.kill``,
+importing ``ctypes``, ``_posixsubprocess``, ``multiprocessing``, ``socket`` or ``ssl``, and
+writing, creating, removing, renaming or linking a path outside the folder, so that
+ordinary attempts end as a clear ``refused`` error.
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import logging
 import os
+import select
 import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+logger = logging.getLogger(__name__)
 
 # Exit statuses the bootstrap uses to say why the code stopped (unusual values, so that the
 # code's own ``sys.exit(n)`` is rarely mistaken for one of them).
 _EXIT_MEMORY, _EXIT_REFUSED, _EXIT_OUTPUT = 113, 114, 115
 _KINDS = {_EXIT_MEMORY: "memory", _EXIT_REFUSED: "refused", _EXIT_OUTPUT: "output_limit"}
 
-# Runs in the child before the model's code: limits, then the audit hook, then the code.
+# Where the call's folder appears inside the sandbox, and the whole environment the code sees.
+FOLDER = "/sandbox"
+SANDBOX_ENV = {"HOME": FOLDER, "TMPDIR": FOLDER, "LANG": "C.UTF-8"}
+# The namespaces `unshare` makes; the first stage checks it is in a new one of each.
+UNSHARE_OPTIONS = ("--user", "--map-root-user", "--mount", "--pid", "--net", "--uts", "--ipc",
+                   "--fork", "--kill-child")
+NAMESPACES = ("user", "mnt", "pid", "net", "uts", "ipc")
+HOSTNAME = "sandbox"
+# How long setting up a sandbox may take before the call is given up as unavailable (it takes
+# a few tens of milliseconds; much longer means something is stuck).
+SETUP_TIMEOUT_S = 30.0
+# The first stage, run by `unshare` as a script (the parent never imports it).
+SETUP_SCRIPT = str(Path(__file__).resolve().with_name("sandbox_setup.py"))
+
+# Runs in the confined child before the model's code: limits, then the audit hook, then it
+# tells the parent (one byte on the ready pipe) that the code is about to start confined.
 BOOTSTRAP = r'''
 import errno, os, resource, sys
-code_path, allowed, mem, cpu, fsize = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
+code_path, allowed = sys.argv[1], sys.argv[2]
+mem, cpu, fsize, ready_fd = map(int, sys.argv[3:7])
 for limit, value in ((resource.RLIMIT_AS, mem), (resource.RLIMIT_CPU, cpu),
                      (resource.RLIMIT_FSIZE, fsize), (resource.RLIMIT_NOFILE, 64),
                      (resource.RLIMIT_CORE, 0)):
@@ -99,6 +138,9 @@ def make_hook(allowed):
 
 sys.addaudithook(make_hook(os.path.realpath(allowed)))
 del make_hook, resource, limit, value, code_path, allowed
+os.write(ready_fd, b"1")
+os.close(ready_fd)
+del ready_fd
 status = 0
 try:
     exec(compile(source, "main.py", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
@@ -126,8 +168,9 @@ os._exit(status)
 
 
 class SandboxError(Exception):
-    """The code failed or hit a limit; ``kind`` says which (timeout, memory, output_limit,
-    refused, error), the message what the model sees."""
+    """The code failed or hit a limit, or could not be run confined; ``kind`` says which
+    (timeout, memory, output_limit, refused, error, unavailable), the message what the
+    model sees."""
 
     def __init__(self, message: str, kind: str) -> None:
         super().__init__(message)
@@ -146,37 +189,45 @@ class SandboxResult:
 
 
 @functools.lru_cache(maxsize=1)
-def network_isolation() -> tuple[str, ...]:
-    """The command prefix that gives a child an empty network namespace, or ``()``.
+def interpreter_paths() -> tuple[str, ...]:
+    """The host paths the sandbox shows read-only: what this interpreter needs to start and
+    import the standard library, and a few devices.  A path inside another is left out."""
+    paths = {os.path.realpath(sys.executable), os.path.realpath(sysconfig.get_path("stdlib"))}
+    if sysconfig.get_config_var("Py_ENABLE_SHARED"):
+        paths.add(os.path.realpath(os.path.join(sysconfig.get_config_var("LIBDIR"),
+                                                sysconfig.get_config_var("INSTSONAME"))))
+    # The dynamic loader and the C libraries; /lib and /lib64 are often links into /usr.
+    paths.update(p for p in ("/lib", "/lib64", "/usr/lib", "/usr/lib64") if os.path.lexists(p))
+    paths.update(("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom"))
+    return tuple(sorted(p for p in paths if not any(p.startswith(q + "/") for q in paths)))
 
-    Probed once per process: ``unshare --net`` (root), else
-    ``unshare --user --map-root-user --net`` (unprivileged user namespaces).
-    """
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        return ()
-    for prefix in ((unshare, "--net"), (unshare, "--user", "--map-root-user", "--net")):
-        try:
-            probe = subprocess.run([*prefix, "true"], capture_output=True, timeout=10)
-        except (OSError, subprocess.SubprocessError):
-            continue
-        if probe.returncode == 0:
-            return (*prefix, "--")
-    return ()
+
+@functools.lru_cache(maxsize=1)
+def _own_namespaces() -> dict[str, int]:
+    return {name: os.stat(f"/proc/self/ns/{name}").st_ino for name in NAMESPACES}
+
+
+_logged_unavailable: set[str] = set()
+
+
+def _log_unavailable_once(message: str) -> None:
+    if message not in _logged_unavailable:
+        _logged_unavailable.add(message)
+        logger.warning("%s", message)
 
 
 class PythonSandbox:
     """The ``python`` tool: runs code under the limits of the module docstring.
 
     Args:
-        timeout_s: wall-clock seconds per call (CPU time is limited to the
-            next whole second above it).
+        timeout_s: wall-clock seconds the code may run, from when it starts confined
+            (CPU time is limited to the next whole second above it).
         memory_mb: address-space limit of the child, in MiB.
         max_output_chars: longest stdout returned; more is an ``output_limit`` error.
         max_file_bytes: largest file the child may write (its stdout and stderr too).
-        isolate_network: ``"auto"`` (a network namespace where possible),
-            ``"namespace"`` (require it: refuse to build otherwise) or ``"audit"``
-            (the audit hook only).
+        unshare: util-linux's ``unshare`` program (a name looked up on ``PATH``, or a
+            path), which makes the namespaces.  Where it is missing or fails, calls are
+            refused (``unavailable``), never run unconfined.
     """
 
     name = "python"
@@ -185,27 +236,15 @@ class PythonSandbox:
 
     def __init__(self, *, timeout_s: float = 5.0, memory_mb: int = 256,
                  max_output_chars: int = 4096, max_file_bytes: int = 1 << 20,
-                 isolate_network: str = "auto") -> None:
+                 unshare: str = "unshare") -> None:
         if timeout_s <= 0 or memory_mb < 32 or max_output_chars < 1 or max_file_bytes < 1:
             raise ValueError("python tool limits: timeout_s > 0, memory_mb >= 32 (the "
                              "interpreter needs ~20 MiB), max_output_chars and max_file_bytes >= 1")
-        if isolate_network not in ("auto", "namespace", "audit"):
-            raise ValueError(f"isolate_network must be auto, namespace or audit, got "
-                             f"{isolate_network!r}")
         self.timeout_s = float(timeout_s)
         self.memory_bytes = int(memory_mb) << 20
         self.max_output_chars = int(max_output_chars)
         self.max_file_bytes = max(int(max_file_bytes), int(max_output_chars) + 1)
-        self.prefix = network_isolation() if isolate_network != "audit" else ()
-        if isolate_network == "namespace" and not self.prefix:
-            raise RuntimeError("isolate_network='namespace' but `unshare --net` does not work "
-                               "here (no root and no unprivileged user namespaces); use 'auto' "
-                               "to fall back to the audit hook")
-
-    @property
-    def network_isolated(self) -> bool:
-        """True when calls run in an empty network namespace (kernel-enforced)."""
-        return bool(self.prefix)
+        self.unshare = unshare
 
     def __call__(self, code: str) -> str:
         """Run ``code``; its stdout, or a :class:`SandboxError` naming what went wrong."""
@@ -217,33 +256,59 @@ class PythonSandbox:
     def run(self, code: str) -> SandboxResult:
         """Run ``code`` and report; never raises for anything the code does."""
         start = time.perf_counter()
-        folder = tempfile.mkdtemp(prefix="rllib_grpo_python_")
+        unshare = shutil.which(self.unshare)
+        if unshare is None:
+            return self._unavailable(f"{self.unshare!r} (util-linux) was not found", start, None)
+        base = tempfile.mkdtemp(prefix="rllib_grpo_python_")
         try:
-            return self._run_in(folder, code, start)
+            return self._run_in(base, unshare, code, start)
         finally:
-            shutil.rmtree(folder, ignore_errors=True)
+            shutil.rmtree(base, ignore_errors=True)
 
-    def _run_in(self, folder: str, code: str, start: float) -> SandboxResult:
-        code_path = os.path.join(folder, "main.py")
-        with open(code_path, "w", encoding="utf-8") as f:
+    def _run_in(self, base: str, unshare: str, code: str, start: float) -> SandboxResult:
+        # ``work`` is the code's folder (``FOLDER`` inside); ``root`` is where the first stage
+        # builds the new root, in its own mount namespace (so it stays empty out here).
+        work, root = os.path.join(base, "work"), os.path.join(base, "root")
+        os.mkdir(work)
+        os.mkdir(root)
+        with open(os.path.join(work, "main.py"), "w", encoding="utf-8") as f:
             f.write(code)
-        cpu_s = int(self.timeout_s) + 1
-        command = [*self.prefix, sys.executable, "-I", "-S", "-c", BOOTSTRAP, code_path, folder,
-                   str(self.memory_bytes), str(cpu_s), str(self.max_file_bytes)]
-        env = {"PATH": "/usr/bin:/bin", "HOME": folder, "TMPDIR": folder, "LANG": "C.UTF-8",
-               "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"}
-        out_path, err_path = os.path.join(folder, ".stdout"), os.path.join(folder, ".stderr")
-        with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        ready_read, ready_write = os.pipe()
+        python = os.path.realpath(sys.executable)
+        bootstrap = [python, "-I", "-S", "-c", BOOTSTRAP, f"{FOLDER}/main.py", FOLDER,
+                     str(self.memory_bytes), str(int(self.timeout_s) + 1),
+                     str(self.max_file_bytes), str(ready_write)]
+        spec = {"outer_namespaces": _own_namespaces(), "hostname": HOSTNAME, "root": root,
+                "work": work, "folder": FOLDER, "read_only": interpreter_paths(),
+                "argv": bootstrap}
+        command = [unshare, *UNSHARE_OPTIONS, "--", sys.executable, "-I", "-S", SETUP_SCRIPT,
+                   json.dumps(spec)]
+        out_path, err_path = os.path.join(work, ".stdout"), os.path.join(work, ".stderr")
+        # Read back through these descriptors, never by path: the code may replace the files.
+        with open(out_path, "w+b") as out, open(err_path, "w+b") as err:
             try:
-                proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                        cwd=folder, env=env, start_new_session=True)
-            except OSError as error:
-                return SandboxResult(f"could not start python: {error}", False, "error",
-                                     time.perf_counter() - start, None)
-            timed_out = _wait_or_kill(proc, self.timeout_s)
-        seconds = time.perf_counter() - start
-        stdout, out_size = _read_head(out_path, self.max_output_chars)
-        stderr, _ = _read_tail(err_path, 600)
+                try:
+                    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out,
+                                            stderr=err, cwd=work, env=SANDBOX_ENV,
+                                            start_new_session=True, pass_fds=(ready_write,))
+                except OSError as error:
+                    return self._unavailable(f"could not start {unshare}: {error}", start, None)
+                finally:
+                    os.close(ready_write)
+                # The code's time starts when it does: setting up the sandbox is not its.
+                # A failed setup has ended (its exit closed the pipe); a stuck one is killed.
+                ready = _wait_until_ready(ready_read, SETUP_TIMEOUT_S)
+                wait_s = self.timeout_s if ready else SETUP_TIMEOUT_S if ready is False else 0.0
+                timed_out = _wait_or_kill(proc, wait_s)
+            finally:
+                os.close(ready_read)
+            seconds = time.perf_counter() - start
+            stdout, out_size = _read_head(out, self.max_output_chars)
+            stderr, _ = _read_tail(err, 600)
+        if not ready:
+            reason = (f"the sandbox was not set up within {SETUP_TIMEOUT_S:g} s"
+                      if ready is None else _last_line(stderr) or f"exit status {proc.returncode}")
+            return self._unavailable(reason, start, proc.returncode)
         if timed_out or proc.returncode in (-signal.SIGXCPU, -signal.SIGKILL):
             return SandboxResult(f"timed out after {self.timeout_s:g} s", False, "timeout",
                                  seconds, proc.returncode)
@@ -255,6 +320,26 @@ class PythonSandbox:
             message = _last_line(stderr) or f"exit status {proc.returncode}"
             return SandboxResult(message, False, kind, seconds, proc.returncode)
         return SandboxResult(stdout.rstrip("\n"), True, "ok", seconds, 0)
+
+    @staticmethod
+    def _unavailable(reason: str, start: float, returncode: int | None) -> SandboxResult:
+        message = (f"the python sandbox cannot run here, so no code was run: {reason}. It "
+                   "needs new Linux namespaces (user, mount, pid, network, UTS, IPC) made by "
+                   "util-linux's unshare, as root or with unprivileged user namespaces "
+                   "enabled (user.max_user_namespaces > 0, and "
+                   "kernel.unprivileged_userns_clone=1 where that setting exists)")
+        _log_unavailable_once(message)
+        return SandboxResult(message, False, "unavailable", time.perf_counter() - start,
+                             returncode)
+
+
+def _wait_until_ready(ready_read: int, timeout_s: float) -> bool | None:
+    """True once the child says, on the ready pipe, that the code starts confined; False
+    when the pipe closes without that (the setup failed); None after ``timeout_s``."""
+    readable, _, _ = select.select([ready_read], [], [], timeout_s)
+    if not readable:
+        return None
+    return os.read(ready_read, 1) == b"1"
 
 
 def _wait_or_kill(proc: subprocess.Popen, timeout_s: float) -> bool:
@@ -271,17 +356,18 @@ def _wait_or_kill(proc: subprocess.Popen, timeout_s: float) -> bool:
         return True
 
 
-def _read_head(path: str, limit: int) -> tuple[str, int]:
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        return f.read(limit).decode("utf-8", errors="replace"), size
+def _read_head(file: BinaryIO, limit: int) -> tuple[str, int]:
+    """The first ``limit`` bytes of ``file`` as text, and its size."""
+    size = os.fstat(file.fileno()).st_size
+    file.seek(0)
+    return file.read(limit).decode("utf-8", errors="replace"), size
 
 
-def _read_tail(path: str, limit: int) -> tuple[str, int]:
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        f.seek(max(0, size - limit))
-        return f.read().decode("utf-8", errors="replace"), size
+def _read_tail(file: BinaryIO, limit: int) -> tuple[str, int]:
+    """The last ``limit`` bytes of ``file`` as text, and its size."""
+    size = os.fstat(file.fileno()).st_size
+    file.seek(max(0, size - limit))
+    return file.read().decode("utf-8", errors="replace"), size
 
 
 def _last_line(text: str) -> str:

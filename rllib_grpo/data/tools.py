@@ -80,7 +80,8 @@ class ToolResult:
     """What a call returned: ``output`` (``ok``) or an error message with its ``kind``.
 
     ``kind`` is ``"ok"``, ``"parse"`` (malformed call), ``"unknown_tool"``,
-    ``"timeout"``, ``"memory"``, ``"output_limit"``, ``"refused"`` or ``"error"``.
+    ``"timeout"``, ``"memory"``, ``"output_limit"``, ``"refused"``, ``"error"`` or
+    ``"unavailable"`` (the python sandbox cannot confine code here, so runs none).
     """
 
     name: str
