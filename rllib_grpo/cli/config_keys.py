@@ -225,17 +225,14 @@ def _resources_from_verl(out: Translated, source: str) -> None:
         out.mapped.append("trainer.n_gpus_per_node x trainer.nnodes = 0 -> num_learners=0 (CPU)")
         return
     tp = int(dict(out.config.get("sampler_config") or {}).get("tensor_parallel_size", 1) or 1)
-    if tp > 1 and int(VERL_NNODES if nodes is None else nodes) > 1:
-        raise ConfigError(f"{source}: trainer.nnodes={nodes} with actor_rollout_ref.rollout."
-                          f"tensor_model_parallel_size={tp}: colocated engines of tensor parallel"
-                          " > 1 tile the GPUs of one node (Ray gives each env runner one GPU); "
-                          "set trainer.nnodes=1, or tensor_model_parallel_size=1.")
     try:
         layout = colocated_layout(total, tp)
     except ValueError as error:
         raise ConfigError(f"{source}: verl keys trainer.n_gpus_per_node x trainer.nnodes and "
                           f"actor_rollout_ref.rollout.tensor_model_parallel_size: {error}") from None
-    settings = layout.settings()
+    settings = {**layout.settings(),
+                "gpus_per_node": int(VERL_GPUS_PER_NODE if gpus is None else gpus),
+                "num_nodes": int(VERL_NNODES if nodes is None else nodes)}
     for name, value in settings.items():
         _set(out, name, value, "trainer.n_gpus_per_node", source)
     out.mapped.append("trainer.n_gpus_per_node x trainer.nnodes, rollout TP -> verl's colocated "

@@ -175,3 +175,23 @@ def _build_atomically(builder_fn: BuiltinBuilder, params: dict[str, Any], folder
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
+
+
+# Model families by a part of their name, for a hub id whose config.json is not at hand.
+_FAMILIES = (("qwen3", "qwen3"), ("qwen2", "qwen2"), ("qwen", "qwen2"), ("llama", "llama"),
+             ("mistral", "mistral"), ("smollm", "llama"))
+
+
+def architecture_of(name_or_path: str) -> str:
+    """The transformers model type of a model: a local folder's ``config.json``
+    (``model_type``), else the family its name names (``Qwen/Qwen3-8B`` -> ``qwen3``),
+    else ``llama`` (what the built-in models are)."""
+    config = Path(os.path.expanduser(name_or_path)) / "config.json"
+    if config.is_file():
+        import json
+
+        model_type = json.loads(config.read_text()).get("model_type")
+        if isinstance(model_type, str):
+            return model_type
+    lowered = name_or_path.lower()
+    return next((arch for part, arch in _FAMILIES if part in lowered), "llama")

@@ -12,13 +12,13 @@ from typing import Any
 
 from rllib_grpo.samplers.base import Sample, Sampler, SamplingParams
 
-__all__ = ["Sample", "Sampler", "SamplingParams", "make_sampler", "SAMPLER_KINDS"]
+__all__ = ["Sample", "Sampler", "SamplingParams", "make_sampler", "SAMPLER_KINDS", "HF_OPTIONS"]
 
 logger = logging.getLogger(__name__)
 
 SAMPLER_KINDS = ("auto", "vllm", "hf")
 # Options the transformers sampler understands beyond the common ones.
-_HF_OPTIONS = {"device", "max_batch_size", "config_overrides"}
+HF_OPTIONS = frozenset({"device", "max_batch_size", "config_overrides"})
 
 
 def make_sampler(
@@ -49,7 +49,7 @@ def make_sampler(
             logger.warning("vLLM does not import (%s): sampling with transformers", error)
             if "hf_overrides" in engine_kwargs:  # vLLM's name for HF config overrides
                 engine_kwargs["config_overrides"] = engine_kwargs.pop("hf_overrides")
-            engine_kwargs = {k: v for k, v in engine_kwargs.items() if k in _HF_OPTIONS}
+            engine_kwargs = {k: v for k, v in engine_kwargs.items() if k in HF_OPTIONS}
     from rllib_grpo.samplers.hf import HFSampler
 
     return HFSampler(model_path, **common, **engine_kwargs)

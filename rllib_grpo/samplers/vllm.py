@@ -113,8 +113,9 @@ class VLLMSampler(VLLMWeightTransfer):
         caller holds at once: the KV cache is sized for ``max_num_seqs`` sequences and
         touched at start, so vLLM's 256 cost the 5.7M benchmark model 0.5 GB in fp32);
         ``engine_kwargs`` go to ``vllm.LLM`` unchanged.  With
-        ``tensor_parallel_size > 1`` the workers are separate processes, which
-        cannot receive tensors: weights then travel through a safetensors file.
+        ``tensor_parallel_size > 1`` the workers are Ray actors of vLLM's Ray executor, in
+        the bundles of the run's placement group the driver gives (``VLLM_RAY_BUNDLE_INDICES``),
+        which cannot receive tensors: weights then travel through a safetensors file.
 
         The engine starts without a tokenizer (``skip_tokenizer_init=True`` unless
         ``engine_kwargs`` say otherwise): requests are token ids and outputs are not
@@ -164,7 +165,7 @@ class VLLMSampler(VLLMWeightTransfer):
                     seed=seed,
                     max_model_len=max_model_len,
                     tensor_parallel_size=tensor_parallel_size,
-                    distributed_executor_backend="uni" if tensor_parallel_size == 1 else "mp",
+                    distributed_executor_backend="uni" if tensor_parallel_size == 1 else "ray",
                     **platform_engine_args(
                         self.on_cpu, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
                         enforce_eager=enforce_eager, enable_sleep_mode=enable_sleep_mode),

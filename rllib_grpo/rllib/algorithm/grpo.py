@@ -13,6 +13,7 @@ sampling and scoring in the env runners (`rllib_grpo.rllib.env_runner.env_runner
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -28,6 +29,7 @@ from ray.rllib.utils.metrics import (
     LEARNER_RESULTS,
     NUM_ENV_STEPS_SAMPLED_LIFETIME,
 )
+from ray.tune.execution.placement_groups import PlacementGroupFactory
 from ray.tune.registry import register_trainable
 from ray.tune.trainable import Trainable
 
@@ -35,6 +37,7 @@ from rllib_grpo.data.rollout import RolloutBatch, concat_rollouts, data_metrics
 from rllib_grpo.rllib.algorithm.async_pipeline import PipelinedSampling
 from rllib_grpo.rllib.algorithm.continuous import ContinuousSampling
 from rllib_grpo.rllib.algorithm.evaluation import EvaluatingAlgorithm, prompt_slices
+from rllib_grpo.rllib.algorithm.placement_group import RunPlacement
 from rllib_grpo.rllib.algorithm.reward_workers import RewardActors
 from rllib_grpo.rllib.algorithm.sampling import (
     SamplingServices,
@@ -43,7 +46,7 @@ from rllib_grpo.rllib.algorithm.sampling import (
     dynamic_sampling,
 )
 from rllib_grpo.rllib.algorithm.weight_sync import WeightSync
-from rllib_grpo.rllib.config.grpo_config import GRPOConfig
+from rllib_grpo.rllib.config.grpo_config import RUN_PLACEMENT_GROUP, GRPOConfig
 from rllib_grpo.rllib.learner.perf import LEARNER_METRIC_NAMESPACES
 from rllib_grpo.startup import STARTUP_KEY, startup_breakdown, startup_part, startup_part_key
 
@@ -69,10 +72,19 @@ class GRPO(EvaluatingAlgorithm):
         # The start-up line's "algorithm" part (its env runners' engines and its learners
         # are parts of their own, `rllib_grpo.startup`).
         with startup_part("algorithm"):
+            # Every process in its seat of one placement group (rllib_grpo.rllib.algorithm.
+            # placement_group); none for a CPU-only run built outside Tune.
+            self._placement = RunPlacement.start(self.config, self.config.startup_timeout_s)
+            if self._placement is not None:
+                object.__setattr__(self.config, RUN_PLACEMENT_GROUP, self._placement.group)
             # Reward models and judges run on Ray actors of their own, started before the
             # env runners that score through them (rllib_grpo.rllib.algorithm.reward_workers).
-            self._reward_actors = RewardActors.start(self.config)
-            super().setup(config)
+            self._reward_actors = RewardActors.start(self.config, self._placement)
+            with (self._placement.env_runner_groups() if self._placement is not None
+                  else contextlib.nullcontext()):
+                super().setup(config)
+            if self._placement is not None:
+                self._placement.check_learners(self.learner_group)
         self._no_signal_streak = 0
         self._startup_seconds: float | None = None
         self._startup_parts: dict[str, float] = {}
@@ -194,6 +206,21 @@ class GRPO(EvaluatingAlgorithm):
         reward_actors = getattr(self, "_reward_actors", None)
         if reward_actors is not None:
             reward_actors.stop()
+        placement = getattr(self, "_placement", None)
+        if placement is not None:
+            placement.close()
+
+    @override(Algorithm)
+    @classmethod
+    def default_resource_request(cls, config: Any) -> PlacementGroupFactory:
+        """Every process of the run, one bundle each (GPUs: one bundle per GPU): the main
+        process, learners, env runners, their engines' shards, evaluation env runners and
+        reward workers (`GRPOConfig.placement_plan`); Tune reserves the trial's placement
+        group from it and the run seats each process in its bundle."""
+        if not isinstance(config, GRPOConfig):
+            config = cls.get_default_config().update_from_dict(config)
+        plan = config.placement_plan()
+        return PlacementGroupFactory(plan.bundle_specs(), strategy=plan.strategy)
 
     # ------------------------------------------------------------------ checkpoints
     @override(Algorithm)

@@ -35,6 +35,8 @@ from rllib_grpo.rewards.judge import (
 )
 from rllib_grpo.rewards.reward_model import SequenceClassifierReward
 from rllib_grpo.rewards.specs import RewardSpec
+from rllib_grpo.rllib.algorithm.placement_group import RunPlacement, wait_started
+from rllib_grpo.rllib.config.layout import REWARD_WORKER
 from rllib_grpo.rllib.config.reward_plan import (
     REWARD_ACTOR_PREFIX,
     actor_names,
@@ -161,9 +163,11 @@ class RewardActors:
         self.actors = actors  # reward name -> actor handles
 
     @classmethod
-    def start(cls, config: Any) -> RewardActors | None:
-        """Start the pools the config's rewards need and record their name prefix on the
-        (frozen) config for the env runners; None when no reward runs on actors."""
+    def start(cls, config: Any, placement: RunPlacement | None = None) -> RewardActors | None:
+        """Start the pools the config's rewards need, each actor in its seat of the run's
+        ``placement`` (None: wherever Ray schedules it), and record their name prefix on the
+        (frozen) config for the env runners; None when no reward runs on actors.  Raises
+        RuntimeError when they do not start within ``startup_timeout_s``."""
         import ray
 
         specs = actor_specs(config)
@@ -174,17 +178,21 @@ class RewardActors:
         # user's, only where this run's actors are found, so it bypasses the freeze.
         object.__setattr__(config, REWARD_ACTOR_PREFIX, prefix)
         worker = ray.remote(RewardWorker)
+        seats = iter(placement.plan.seats_of(REWARD_WORKER) if placement is not None else [])
         actors: dict[str, list[Any]] = {}
         for spec in specs:
-            actors[spec.name] = [
-                worker.options(name=name, num_cpus=1,
-                               num_gpus=config.num_gpus_per_reward_worker,
-                               max_restarts=-1, max_task_retries=0).remote(
-                    spec, dtype=reward_dtype(config), batch_size=config.reward_batch_size,
-                    seed=(config.seed or 0) + i)
-                for i, name in enumerate(actor_names(prefix, spec, config.num_reward_workers))]
+            actors[spec.name] = []
+            for i, name in enumerate(actor_names(prefix, spec, config.num_reward_workers)):
+                where = (placement.options(next(seats)) if placement is not None else
+                         {"num_cpus": 1, "num_gpus": config.num_gpus_per_reward_worker})
+                actors[spec.name].append(worker.options(
+                    name=name, max_restarts=-1, max_task_retries=0, **where).remote(
+                        spec, dtype=reward_dtype(config), batch_size=config.reward_batch_size,
+                        seed=(config.seed or 0) + i))
         handles = [h for pool in actors.values() for h in pool]
-        ray.get([h.ready.remote() for h in handles])  # a model that does not load fails here
+        # A model that does not load fails here.
+        wait_started([h.ready.remote() for h in handles], "reward workers",
+                     config.startup_timeout_s)
         logger.info("started %d reward actor(s) for %s", len(handles), ", ".join(actors))
         return cls(prefix, actors)
 

@@ -23,6 +23,7 @@ from rllib_grpo.rllib.config.layout import (
     layout_errors,
     local_env_runner_pitfalls,
     tensor_parallel_size,
+    unplaceable,
 )
 from rllib_grpo.rllib.config.settings import GRPOSettings
 from rllib_grpo.rllib.config.staleness import async_errors, async_pitfalls
@@ -239,6 +240,22 @@ def _check_multi_turn(c: GRPOSettings) -> list[str]:
     return errors
 
 
+def cluster_fit_errors(c: GRPOSettings) -> list[str]:
+    """A run larger than the cluster its config declares (``num_nodes`` x ``gpus_per_node``
+    GPUs, verl's trainer.nnodes x trainer.n_gpus_per_node): the process that finds no GPU,
+    named, before Ray starts (Ray would wait for it forever)."""
+    if not (c.num_nodes and c.gpus_per_node and hasattr(c, "placement_plan")):
+        return []
+    nodes = [{"CPU": float("inf"), "GPU": float(c.gpus_per_node)}] * c.num_nodes
+    why = unplaceable(c.placement_plan(), nodes)
+    if why is None:
+        return []
+    return [f"the run does not fit its {c.num_nodes} node(s) x {c.gpus_per_node} GPUs "
+            f"(num_nodes x gpus_per_node, verl trainer.nnodes x trainer.n_gpus_per_node): "
+            f"{why}; add a node (num_nodes), or give that process no GPU or a share of the "
+            "learners' GPUs (num_gpus_per_reward_worker, num_gpus_per_env_runner)."]
+
+
 def find_errors(c: GRPOSettings) -> list[str]:
     """Settings that cannot run, each naming the field and the fix."""
     return (_check_names(c) + _check_sizes(c) + _check_algorithm(c) + _check_recipes(c)
@@ -375,7 +392,7 @@ def _check_env_and_sampler(c: GRPOSettings) -> list[str]:
     if tp > 1 and c.sampler == "hf":
         errors.append(f"tensor_parallel_size={tp} (verl rollout.tensor_model_parallel_size) "
                       "needs the vLLM sampler; set sampler='vllm' or tensor_parallel_size=1.")
-    errors += layout_errors(c)
+    errors += layout_errors(c) + cluster_fit_errors(c)
     vllm_only = sorted(set(c.sampler_config or {}) - set(HF_SAMPLER_OPTIONS))
     if c.sampler == "hf" and vllm_only:
         errors.append(f"sampler_config has vLLM engine options {', '.join(vllm_only)} but "

@@ -4,7 +4,7 @@ plan, the loss and KL set-up, the memory estimate, and every error and pitfall f
 from __future__ import annotations
 
 from rllib_grpo.rllib.config.checks import find_errors, find_pitfalls
-from rllib_grpo.rllib.config.layout import layout_lines
+from rllib_grpo.rllib.config.layout import layout_lines, planned_transports
 from rllib_grpo.rllib.config.memory import memory_lines
 from rllib_grpo.rllib.config.prompt_lengths import prompt_length_lines
 from rllib_grpo.rllib.config.reward_plan import reward_plan_lines
@@ -43,6 +43,19 @@ def _weight_sync_line(c: GRPOSettings) -> str:
     return (f"weight sync:                   {c.weight_sync_transport} -> {transport}{engine} "
             f"({why}); "
             f"buckets of {c.weight_sync_bucket_mb:g} MiB in the sampler's dtype")
+
+
+def _placement_lines(c: GRPOSettings) -> list[str]:
+    """The layout and the run's placement plan, with the transport the run's planner picks
+    for each env runner (a refused forced transport shows as the ERROR it raises)."""
+    plan = c.placement_plan() if hasattr(c, "placement_plan") else None
+    if plan is None:
+        return []
+    try:
+        transports = planned_transports(c, plan)
+    except ValueError:
+        transports = None
+    return layout_lines(c, plan, transports)
 
 
 def _agg_effect(mode: str) -> str:
@@ -170,7 +183,7 @@ def explain_config(c: GRPOSettings) -> str:
         _precision_line(c),
         *_schedule_lines(c),
         *_recipe_lines(c),
-        *layout_lines(c),
+        *_placement_lines(c),
         async_line(c),
         _weight_sync_line(c),
     ]

@@ -24,6 +24,7 @@ from ray.rllib.utils.annotations import override
 from ray.rllib.utils.serialization import deserialize_type
 
 from rllib_grpo.registration import LAZY_TRAINABLES
+from rllib_grpo.rllib.config.layout import PlacementPlan
 from rllib_grpo.rllib.config.settings import (
     DERIVED_FIELDS,
     MODULE_SETTINGS,
@@ -46,6 +47,9 @@ LEARNER_GROUP = "rllib_grpo.rllib.learner.learner_group.GRPOLearnerGroup"
 RL_MODULE = "rllib_grpo.rllib.learner.module.CausalLMRLModule"
 ENV_RUNNER = "rllib_grpo.rllib.env_runner.env_runner.TextEnvRunner"
 ALGORITHM = LAZY_TRAINABLES["GRPO"].replace(":", ".")
+# The algorithm stores its run's placement group on its (frozen) config under this name, for
+# the learner group it builds (`GRPOConfig.build_learner_group`).
+RUN_PLACEMENT_GROUP = "_run_placement_group"
 # `evaluation_duration` meaning "every held-out prompt, once" (RLlib validates an int > 0).
 WHOLE_HELD_OUT_SET = 2**31 - 1
 # RLlib's own `training()` arguments (a typo among them gets the nearest names).
@@ -214,9 +218,12 @@ class GRPOConfig(AlgorithmConfig, GRPOSettings):
     @override(AlgorithmConfig)
     def build_learner_group(self, *, env=None, spaces=None, rl_module_spec=None,
                             placement_group=None):
-        """RLlib's learner group, or `GRPOLearnerGroup` for >= 2 GRPO learners: it shards
-        by whole groups and gathers (FSDP) state on every learner, not learner 0 alone.
+        """RLlib's learner group, or `GRPOLearnerGroup` for remote GRPO learners: it shards
+        by whole groups, gathers (FSDP) state on every learner, not learner 0 alone, and
+        places the learners in the run's placement group (`RUN_PLACEMENT_GROUP`).
         Timed as the start-up's ``learner`` part (`rllib_grpo.startup`)."""
+        if placement_group is None:
+            placement_group = getattr(self, RUN_PLACEMENT_GROUP, None)
         with startup_part("learner"):
             return self._build_learner_group(env=env, spaces=spaces,
                                              rl_module_spec=rl_module_spec,
@@ -224,7 +231,7 @@ class GRPOConfig(AlgorithmConfig, GRPOSettings):
 
     def _build_learner_group(self, *, env: Any, spaces: Any, rl_module_spec: Any,
                              placement_group: Any) -> Any:
-        if self.num_learners < 2 or not issubclass(self.learner_class,
+        if self.num_learners < 1 or not issubclass(self.learner_class,
                                                    deserialize_type(LEARNER, error=True)):
             return super().build_learner_group(env=env, spaces=spaces,
                                                rl_module_spec=rl_module_spec,
@@ -263,6 +270,22 @@ class GRPOConfig(AlgorithmConfig, GRPOSettings):
         # RLlib's own __init__ assigns None; anything else would be silently overridden.
         if value is not None and value != self.batch_plan().trajectories_per_learner:
             raise ValueError(derived_field_error("train_batch_size_per_learner"))
+
+    def placement_plan(self) -> PlacementPlan:
+        """Where every process of a run of this config lives: its placement group's bundles
+        and each process's seat in them (`layout.placement_plan`), reward workers and
+        evaluation env runners included.  `GRPO.default_resource_request`, the run and
+        `explain` all use it."""
+        from rllib_grpo.rllib.config.layout import placement_plan
+        from rllib_grpo.rllib.config.reward_plan import reward_worker_seats
+
+        evaluation: list[tuple[float, float]] = []
+        if self.evaluation_interval and self.evaluation_num_env_runners > 0:
+            eval_config = self.get_evaluation_config_object()
+            evaluation = [(float(eval_config.num_cpus_per_env_runner),
+                           float(eval_config.num_gpus_per_env_runner or 0))
+                          ] * self.evaluation_num_env_runners
+        return placement_plan(self, reward_worker_seats(self), evaluation)
 
     def explain(self) -> str:
         """The resolved plan and every pitfall found, as text."""

@@ -167,3 +167,10 @@ def actor_specs(c: Any) -> list[RewardSpec]:
 def actor_names(prefix: str, spec: RewardSpec, num_workers: int) -> list[str]:
     """The Ray actor names of one reward's actors."""
     return [f"{prefix}.{spec.name}.{i}" for i in range(num_workers)]
+
+
+def reward_worker_seats(c: Any) -> list[tuple[str, float]]:
+    """``(label, GPUs)`` of every reward actor the run starts, in start order (the
+    placement plan gives each a bundle of the run's placement group)."""
+    return [(f"reward worker {spec.name}[{i}]", float(c.num_gpus_per_reward_worker))
+            for spec in actor_specs(c) for i in range(c.num_reward_workers)]

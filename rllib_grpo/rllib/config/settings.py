@@ -117,6 +117,20 @@ class GRPOSettings(RewardSettings):
         "the env runner's GPU share when fractional, else vLLM's default (0.9).",
         _ROLLOUT + "gpu_memory_utilization")
 
+    startup_timeout_s: float = knob(
+        900, "seconds", "How long a run waits for its processes to be placed and started "
+        "(its placement group, reward workers, an engine's TP workers) before it stops with "
+        "what is missing.")
+    gpus_per_node: int = knob(
+        0, "GPUs", "GPUs per node of the cluster the run is planned for (verl "
+        "trainer.n_gpus_per_node): explain and dry-run print each GPU by node, and colocated "
+        "engines of tensor parallel > 1 must tile whole nodes. 0 = not stated (one node in "
+        "explain; the run tiles the nodes Ray gives it).")
+    num_nodes: int = knob(
+        0, "nodes", "Nodes of the cluster the run is planned for (verl trainer.nnodes); with "
+        "gpus_per_node, a run that needs more GPUs than num_nodes x gpus_per_node (a reward "
+        "model on a GPU of its own, say) is refused before Ray starts. 0 = not stated.")
+
     # --- weight sync ----------------------------------------------------------------
     weight_sync_transport: str = knob(
         "auto", "name", "How the learner's weights reach the samplers after each step: 'auto' "
@@ -197,6 +211,10 @@ class GRPOSettings(RewardSettings):
         num_learners: int = 0
         num_gpus_per_learner: float = 0
         num_gpus_per_env_runner: float = 0
+        num_cpus_per_learner: float | str = "auto"
+        num_cpus_per_env_runner: float = 1
+        num_cpus_for_main_process: float = 1
+        placement_strategy: str = "PACK"
         num_epochs: int = 1
         shuffle_batch_per_epoch: bool = False
         lr: Any = None

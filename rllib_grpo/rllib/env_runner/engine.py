@@ -1,27 +1,33 @@
-"""The sampler options of an env runner, from its GRPO config: what the engine may take of
-the GPU, how long a sequence it plans for, whether it sleeps and whether requests are seeded.
+"""The sampler an env runner makes, from its GRPO config: which kind (vLLM, transformers),
+what the engine may take of the GPU, how long a sequence it plans for, whether it sleeps and
+whether requests are seeded; and where its engine's TP shards run.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
 from typing import Any
 
-from rllib_grpo.rllib.config.layout import (
-    COLOCATED_MEMORY_FRACTION,
-    colocated_engine_devices,
-    engine_picks_devices,
-    tensor_parallel_size,
-)
+import ray
+
+from rllib_grpo.rllib.config.layout import COLOCATED_MEMORY_FRACTION
 from rllib_grpo.rllib.config.memory import sequences_at_once
+from rllib_grpo.rllib.placement import BUNDLES_VARIABLE, fake_gpus, whereabouts
+from rllib_grpo.samplers import HF_OPTIONS
 from rllib_grpo.samplers.vllm_engine import context_length
 
 # Of a fractional GPU reserved from Ray, what vLLM may take (CUDA context and allocator slack).
 FRACTIONAL_GPU_SAFETY = 0.9
 
 
-def engine_options(config: Any, model_path: str | None = None) -> dict[str, Any]:
+def sampler_kind(config: Any) -> str:
+    """The sampler an env runner makes: the config's, but the transformers sampler on the
+    CPU where the GPUs are fake (vLLM cannot run on a GPU that is not there)."""
+    return "hf" if fake_gpus() and config.sampler != "hf" else config.sampler
+
+
+def engine_options(config: Any, model_path: str | None = None,
+                   kind: str | None = None) -> dict[str, Any]:
     """Sampler options: ``sampler_config``, plus for a vLLM engine
 
     * ``gpu_memory_utilization``: ``sampler_memory_fraction``, else ``sampler_config``'s,
@@ -39,14 +45,18 @@ def engine_options(config: Any, model_path: str | None = None) -> dict[str, Any]
 
     and HF config overrides (``model_override_config``) as vLLM's ``hf_overrides`` or the
     transformers sampler's ``config_overrides``.  (``sampler="auto"`` falling back to
-    transformers drops the vLLM-only ones.)"""
+    transformers drops the vLLM-only ones.)  ``kind``: the sampler made (`sampler_kind`;
+    None: the config's); a transformers sampler standing in for vLLM keeps the options it
+    knows."""
+    kind = kind or config.sampler
     options = dict(config.sampler_config)
     options.pop("dtype", None)  # the sampler's dtype is config.sampler_dtype
     overrides = dict(config.model_override_config)
     if overrides:
-        options["config_overrides" if config.sampler == "hf" else "hf_overrides"] = overrides
-    if config.sampler == "hf":
-        return options
+        options["config_overrides" if kind == "hf" else "hf_overrides"] = overrides
+    if kind == "hf":
+        return (options if config.sampler == "hf"
+                else {k: v for k, v in options.items() if k in HF_OPTIONS})
     if config.sampler_memory_fraction is not None:
         options["gpu_memory_utilization"] = config.sampler_memory_fraction
     gpus = config.num_gpus_per_env_runner
@@ -63,23 +73,16 @@ def engine_options(config: Any, model_path: str | None = None) -> dict[str, Any]
     return options
 
 
-def engine_environment(config: Any, worker_index: int,
-                       node_gpus: Callable[[], Sequence[str]]) -> dict[str, str]:
-    """The environment an env runner sets before its engine starts: for a colocated vLLM
-    engine of tensor parallel ``t > 1`` (`layout.engine_picks_devices`), the ``t`` GPUs of
-    its node it drives (`layout.colocated_engine_devices`) as ``CUDA_VISIBLE_DEVICES``,
-    which vLLM's ``t`` worker processes inherit; Ray gave the env runner only one.  Empty
-    otherwise (Ray's assignment is the engine's).  ``node_gpus`` lists the node's GPU ids
-    (`rllib_grpo.rllib.placement.node_gpu_ids`), asked only when needed."""
-    if not engine_picks_devices(config):
-        return {}
-    devices = colocated_engine_devices(node_gpus(), worker_index, tensor_parallel_size(config))
-    return {"CUDA_VISIBLE_DEVICES": ",".join(devices)}
+def engine_whereabouts(sampler: Any, shards: list[Any]) -> list[dict[str, Any]]:
+    """Where each TP shard of an env runner's engine runs: the stand-ins', a real vLLM
+    engine's Ray workers', or this process (an engine of TP 1 runs in it)."""
+    if shards:
+        return ray.get([s.whereabouts.remote() for s in shards])
+    llm = getattr(sampler, "llm", None)
+    if llm is not None and os.environ.get(BUNDLES_VARIABLE):
+        return list(llm.collective_rpc(_worker_whereabouts))
+    return [whereabouts()]
 
 
-def place_engine(config: Any, worker_index: int,
-                 node_gpus: Callable[[], Sequence[str]]) -> dict[str, str]:
-    """Set `engine_environment` in this process (before the engine starts); returns it."""
-    environment = engine_environment(config, worker_index, node_gpus)
-    os.environ.update(environment)
-    return environment
+def _worker_whereabouts(_worker: Any) -> dict[str, Any]:
+    return whereabouts()

@@ -42,7 +42,11 @@ from rllib_grpo.rllib.config.text_env import (
     make_text_env,
     validation_env_config,
 )
-from rllib_grpo.rllib.env_runner.engine import engine_options, place_engine
+from rllib_grpo.rllib.env_runner.engine import (
+    engine_options,
+    engine_whereabouts,
+    sampler_kind,
+)
 from rllib_grpo.rllib.env_runner.multiturn import (
     EpisodeSampler,
     check_multi_turn_config,
@@ -50,7 +54,7 @@ from rllib_grpo.rllib.env_runner.multiturn import (
     is_multi_turn,
 )
 from rllib_grpo.rllib.env_runner.rewards import install_reward_mixture, reward_metrics
-from rllib_grpo.rllib.placement import node_gpu_ids
+from rllib_grpo.rllib.placement import hide_unassigned_gpus, hold_engine_shards, whereabouts
 from rllib_grpo.samplers import SamplingParams, make_sampler
 from rllib_grpo.startup import startup_part
 
@@ -72,6 +76,7 @@ class TextEnvRunner(EnvRunner, Checkpointable):
     """Samples groups of responses per prompt with a `Sampler` and scores them in a `TextEnv`."""
 
     def __init__(self, *, config: Any, **kwargs: Any) -> None:
+        hide_unassigned_gpus()  # before anything initialises CUDA
         super().__init__(config=config, **kwargs)
         c = self.config
         self.worker_index = kwargs.get("worker_index", 0) or 0
@@ -84,12 +89,12 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         if is_multi_turn(self.env):
             check_multi_turn_config(c)  # before the (expensive) sampler starts
         self._val_env: gym.Env | None = None
-        # A colocated TP engine picks its GPUs; Ray gave this env runner one.
-        self.engine_environment = place_engine(c, self.worker_index, node_gpu_ids)
         with startup_part("engine"):  # the start-up line's part (`rllib_grpo.startup`)
+            kind = sampler_kind(c)
+            self.engine_shards = hold_engine_shards(c.startup_timeout_s)  # fake GPUs only
             self.sampler = make_sampler(
-                c.sampler, model_path=model_path, dtype=c.sampler_dtype, seed=seed,
-                **engine_options(c, model_path),
+                kind, model_path=model_path, dtype=c.sampler_dtype, seed=seed,
+                **engine_options(c, model_path, kind),
             )
         self._weights_seq_no = 0
         self._group_counter = 0
@@ -107,6 +112,11 @@ class TextEnvRunner(EnvRunner, Checkpointable):
     @override(EnvRunner)
     def assert_healthy(self) -> None:
         assert self.env is not None and self.sampler is not None, "TextEnvRunner not set up"
+
+    def placement_report(self) -> dict[str, Any]:
+        """Where this env runner and each TP shard of its engine run (`whereabouts`)."""
+        return {"runner": whereabouts(),
+                "engine": engine_whereabouts(self.sampler, self.engine_shards)}
 
     @override(EnvRunner)
     def get_spaces(self) -> dict[str, tuple[gym.Space, gym.Space]]:

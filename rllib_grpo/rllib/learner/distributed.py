@@ -84,23 +84,6 @@ def mixed_precision_policy(config: Any, device: torch.device) -> MixedPrecisionP
                                 reduce_dtype=_dtype(config.fsdp_reduce_dtype))
 
 
-HOST_AND_GPU_BACKEND = "cpu:gloo,cuda:nccl"  # torchtune's, for CPU-offloaded shards
-
-
-def learners_backend(config: Any) -> str | None:
-    """The learners' `torch.distributed` backend (Ray Train's ``TorchConfig.backend``).
-
-    ``cpu:gloo,cuda:nccl`` when FSDP keeps the shards in host memory on GPUs:
-    ``clip_grad_norm_`` then all-reduces CPU DTensors, which an NCCL-only group cannot
-    ("No backend type associated with device type cpu", pytorch#148532).  None otherwise:
-    Ray Train's choice (NCCL on GPUs, gloo on CPUs).
-    """
-    on_gpus = (config.num_gpus_per_learner or 0) > 0
-    if on_gpus and config.fsdp and config.fsdp_cpu_offload:
-        return HOST_AND_GPU_BACKEND
-    return None
-
-
 def offload_policy(config: Any) -> OffloadPolicy:
     """Keep sharded parameters, gradients and optimizer states in host memory if asked."""
     if config.fsdp_cpu_offload:

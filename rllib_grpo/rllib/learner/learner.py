@@ -23,15 +23,18 @@ of ``response_mask``, which stays the attention mask.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections import defaultdict
+from collections.abc import Iterator
 from functools import cached_property
 from typing import Any
 
 import numpy as np
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.core.learner.torch import torch_learner
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.core.learner.training_data import TrainingData
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
@@ -65,6 +68,7 @@ from rllib_grpo.rllib.learner.perf import (
 from rllib_grpo.rllib.learner.rollout_gap import rollout_correction
 from rllib_grpo.rllib.learner.step_schedule import LRSchedule, minibatch_order
 from rllib_grpo.rllib.learner.weight_sender import WeightSender
+from rllib_grpo.rllib.placement import fake_gpus, hide_unassigned_gpus
 
 logger = logging.getLogger(__name__)
 
@@ -88,12 +92,29 @@ def adamw_implementation(params: list[torch.Tensor]) -> dict[str, bool]:
     return {"fused": True} if fused else {}
 
 
+@contextlib.contextmanager
+def _cpu_where_gpus_are_fake() -> Iterator[None]:
+    """While RLlib's `TorchLearner.build` picks the learner's device (``get_device``, by
+    that module name): the CPU where Ray's GPUs are declared only (`fake_gpus`)."""
+    if not fake_gpus():
+        yield
+        return
+    original = torch_learner.get_device
+    torch_learner.get_device = lambda *_: torch.device("cpu")
+    try:
+        yield
+    finally:
+        torch_learner.get_device = original
+
+
 class GRPOLearner(TorchLearner):
     """Learner computing verl's GRPO loss with globally normalised aggregation."""
 
     @override(TorchLearner)
     def build(self) -> None:
-        super().build()
+        hide_unassigned_gpus()
+        with _cpu_where_gpus_are_fake():
+            super().build()
         self.step_metrics = StepMetrics()
         c = self.config
         self.kl_ctrl = get_kl_controller(

@@ -1,10 +1,10 @@
-"""`GRPOLearnerGroup`: RLlib's learner group for >= 2 GRPO learners (FSDP2 or DDP).
+"""`GRPOLearnerGroup`: RLlib's learner group for remote GRPO learners (FSDP2 or DDP).
 
 It hands every learner whole prompt groups (each learner's k-th mini-batch is its
 share of the global k-th mini-batch) and runs state gathers and checkpoint saves on
 *all* learners: RLlib's own group asks learner 0 alone, which would hang in the
 collective gather of a sharded model.  Its learners' process group gets the backend the
-config needs (`rllib_grpo.rllib.learner.distributed.learners_backend`).
+config needs (`rllib_grpo.rllib.placement.learners_backend`).
 """
 
 
@@ -21,7 +21,8 @@ from ray.rllib.core.learner.learner_group import LearnerGroup
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.annotations import override
 
-from rllib_grpo.rllib.learner.distributed import learners_backend, rank
+from rllib_grpo.rllib.learner.distributed import rank
+from rllib_grpo.rllib.placement import learners_backend
 
 
 # --------------------------------------------------------------------------- learner group
@@ -74,7 +75,7 @@ def torch_backend(backend: str | None) -> Iterator[None]:
 
 
 class GRPOLearnerGroup(LearnerGroup):
-    """Learner group for >= 2 GRPO learners (FSDP2 or DDP): group-wise sharding, state
+    """Learner group for remote GRPO learners (FSDP2 or DDP): group-wise sharding, state
     gathers / checkpoint saves that run on every learner, and the process group's backend
     from the config."""
 
@@ -84,6 +85,11 @@ class GRPOLearnerGroup(LearnerGroup):
         with torch_backend(learners_backend(config)):
             super().__init__(config=config, module_spec=module_spec,
                              placement_group=placement_group)
+        executor = getattr(self, "_backend_executor", None)
+        if executor is not None:
+            # The run's placement group outlives the learners (its env runners and reward
+            # workers are in it): Ray Train would remove the group it was given at shutdown.
+            executor._placement_group = None
 
     @override(LearnerGroup)
     def update(self, *, batch: MultiAgentBatch | None = None, **kwargs: Any) -> Any:

@@ -41,6 +41,8 @@ PRIVATE_RLLIB_NAMES = [
      ["self", "name", "components"], "rllib/learner/learner_group.py: get_state"),
     ("ray.rllib.algorithms.algorithm_config", "AlgorithmConfig", "_value_error",
      ["self", "errmsg"], "rllib/config/grpo_config.py: validate"),
+    ("ray.rllib.utils.framework", None, "get_device", ["config", "num_gpus_requested"],
+     "rllib/learner/learner.py: the CPU where Ray's GPUs are fake (torch_learner.get_device)"),
     ("ray.tune.registry", None, "_has_trainable", ["trainable_name"],
      "registration.py: 'GRPO' resolvable in any import order"),
     ("ray.rllib.core.learner.learner", "Learner", "_named_optimizers", None,
@@ -55,6 +57,21 @@ PRIVATE_RLLIB_NAMES = [
      "rllib/learner/learner.py: trainable parameters"),
     ("ray.rllib.algorithms.algorithm_config", "AlgorithmConfig",
      "_dont_auto_sync_env_runner_states", None, "rllib/config/grpo_config.py: no connector-state sync"),
+    ("ray.rllib.env.env_runner_group", "EnvRunnerGroup", "_make_worker",
+     ["self", "env_creator", "validate_env", "worker_index", "num_workers", "recreated_worker",
+      "config", "spaces"], "rllib/algorithm/placement_group.py: each env runner in its seat"),
+    ("ray.rllib.env.env_runner_group", "EnvRunnerGroup", "_remote_args", None,
+     "rllib/algorithm/placement_group.py: max_restarts of a placed env runner"),
+    ("ray.rllib.env.env_runner_group", "EnvRunnerGroup", "_policy_class", None,
+     "rllib/algorithm/placement_group.py: an env runner's constructor arguments"),
+    ("ray.rllib.env.env_runner_group", "EnvRunnerGroup", "_logdir", None,
+     "rllib/algorithm/placement_group.py: an env runner's constructor arguments"),
+    ("ray.rllib.env.env_runner_group", "EnvRunnerGroup", "_ds_shards", None,
+     "rllib/algorithm/placement_group.py: an env runner's constructor arguments"),
+    ("ray.rllib.env.env_runner_group", "EnvRunnerGroup", "_tune_trial_id", None,
+     "rllib/algorithm/placement_group.py: an env runner's constructor arguments"),
+    ("ray.train._internal.backend_executor", "BackendExecutor", "_placement_group", None,
+     "rllib/learner/learner_group.py: the run's placement group outlives the learners"),
     ("ray.rllib.core.learner.learner", "Learner", "_weights_seq_no", None,
      "rllib/learner/weight_sender.py: the sequence number a weight sync carries; "
      "rllib/learner/learner.py, rllib/algorithm/async_pipeline.py: the policy version (staleness)"),
@@ -132,3 +149,18 @@ def test_rllibs_loss_hook_is_required_but_unused():
     with pytest.raises(NotImplementedError, match="_uncompiled_update"):
         GRPOLearner.compute_loss_for_module(None, module_id="default_policy", config=None,
                                             batch={}, fwd_out={})
+
+
+def test_rllib_builds_env_runner_groups_and_picks_learner_devices_by_module_name():
+    """The names the package swaps while an algorithm sets up (`RunPlacement.env_runner_groups`)
+    or a learner builds (`learner._cpu_where_gpus_are_fake`): a Ray that imported them
+    differently would bypass the swap."""
+    from ray.rllib.algorithms import algorithm
+    from ray.rllib.core.learner.torch import torch_learner
+    from ray.rllib.env.env_runner_group import EnvRunnerGroup
+    from ray.rllib.utils.framework import get_device
+
+    assert algorithm.EnvRunnerGroup is EnvRunnerGroup
+    assert "EnvRunnerGroup(" in inspect.getsource(algorithm.Algorithm.setup)
+    assert torch_learner.get_device is get_device
+    assert "get_device(" in inspect.getsource(torch_learner.TorchLearner.build)

@@ -1,5 +1,5 @@
 """verl's colocated layout: N GPUs and rollout TP t are N learners and N/t engines of TP t
-on the same GPUs, asleep during the update (issue 27)."""
+on the same GPUs, asleep during the update."""
 
 from __future__ import annotations
 
@@ -57,49 +57,6 @@ def test_colocated_engines_that_do_not_cover_the_gpus_or_cannot_sleep_are_errors
     # Learners at half a GPU or less can share one: still refused.
     halves = _colocated().learners(num_gpus_per_learner=0.5)
     assert any("two learners could land on one GPU" in e for e in find_errors(halves))
-
-
-# ------------------------------------------------------------- TP engines pick their GPUs
-def test_colocated_tp_engines_tile_the_nodes_gpus_one_shard_each():
-    """Ray gives a colocated env runner one GPU (a fraction of it); an engine of TP 2 needs
-    two: engine i drives the node's GPUs [(i-1) t, i t), so the 4 engines on 8 GPUs put
-    exactly one shard on each learner's GPU (fake GPU ids: the node's CUDA_VISIBLE_DEVICES)."""
-    from rllib_grpo.rllib.config.layout import colocated_engine_devices, engine_picks_devices
-
-    config = _colocated()
-    assert engine_picks_devices(config)
-    node = ("0", "1", "2", "3", "4", "5", "6", "7")
-    plan = {i: colocated_engine_devices(node, i, 2) for i in range(1, 5)}
-    assert plan == {1: ("0", "1"), 2: ("2", "3"), 3: ("4", "5"), 4: ("6", "7")}
-    assert sorted(g for gpus in plan.values() for g in gpus) == sorted(node)  # tiled once
-    # A node started with CUDA_VISIBLE_DEVICES=3,5,6,7 (Ray's ids are those): the same tiling.
-    assert colocated_engine_devices(("3", "5", "6", "7"), 2, 2) == ("6", "7")
-    assert colocated_engine_devices(node, 1, 8) == node
-
-
-def test_a_colocated_tp_engine_whose_node_lacks_gpus_is_refused_naming_the_fix():
-    from rllib_grpo.rllib.config.layout import colocated_engine_devices
-
-    with pytest.raises(ValueError, match=r"colocated engine 3 of tensor parallel 2 needs GPUs "
-                                         r"4-5 of its node, which has 4: .*one node, or "
-                                         r"tensor_parallel_size=1, or .*num_gpus_per_env_runner=2"):
-        colocated_engine_devices(("0", "1", "2", "3"), 3, 2)
-    with pytest.raises(ValueError, match="remote env runners"):
-        colocated_engine_devices(("0", "1"), 0, 2)
-
-
-@pytest.mark.parametrize("name, config, picks", [
-    ("colocated TP 2", lambda: _colocated(), True),
-    ("colocated TP 1: Ray's one GPU is the engine's", lambda: _colocated(8, 1), False),
-    ("own GPUs, TP 2: Ray gives the runner its 2 GPUs", lambda: tiny_config(
-        sampler="vllm", sampler_config={"tensor_parallel_size": 2}).env_runners(
-        num_env_runners=2, num_gpus_per_env_runner=2), False),
-    ("transformers sampler", lambda: _colocated(8, 2).training(sampler="hf"), False),
-])
-def test_only_colocated_tp_engines_pick_their_gpus(name, config, picks):
-    from rllib_grpo.rllib.config.layout import engine_picks_devices
-
-    assert engine_picks_devices(config()) is picks, name
 
 
 @pytest.mark.parametrize("runners,explicit,expected", [

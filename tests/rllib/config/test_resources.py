@@ -41,16 +41,17 @@ def _tensor_parallel_config(tp: int = 2, **training):
     return config
 
 
-def test_tensor_parallel_env_runners_reserve_a_multi_gpu_bundle_each():
-    """verl's rollout.tensor_model_parallel_size=2: each env runner's placement bundle
-    holds the 2 GPUs its vLLM engine spreads over."""
+def test_tensor_parallel_env_runners_reserve_a_gpu_bundle_per_shard():
+    """verl's rollout.tensor_model_parallel_size=2: each env runner's engine spreads over
+    2 GPUs, one bundle of one GPU each (vLLM's Ray executor takes no bigger bundle); the
+    env runner itself holds a CPU bundle."""
     from rllib_grpo.rllib.config.checks import find_errors
 
     config = _tensor_parallel_config(2)
     assert find_errors(config) == []
     bundles = _bundles(config)
-    assert bundles.count({"CPU": 1, "GPU": 2}) == 2  # one 2-GPU bundle per env runner
-    assert any(b.get("GPU") == 1 for b in bundles)  # the learner
+    assert bundles.count({"CPU": 1.0}) == 3  # main process, 2 env runners
+    assert bundles.count({"GPU": 1.0}) == 5  # 2 engines x TP 2, and the learner
 
 
 def _fake_vllm_engine(monkeypatch, vllm) -> dict:
@@ -70,9 +71,9 @@ def _fake_vllm_engine(monkeypatch, vllm) -> dict:
     return captured
 
 
-def test_tensor_parallel_size_reaches_the_engine_with_its_own_executor(monkeypatch):
-    """The engine runs its tensor-parallel workers itself (vLLM's multiprocessing executor
-    inside the env runner's actor); weights then reach it through a file."""
+def test_tensor_parallel_size_reaches_the_engine_with_rays_executor(monkeypatch):
+    """The engine's tensor-parallel workers are Ray actors of vLLM's Ray executor, in the
+    bundles the run's placement plan gives them; weights then reach it through a file."""
 
     vllm = __import__("pytest").importorskip("vllm")
     from rllib_grpo.models import resolve_model
@@ -84,7 +85,7 @@ def test_tensor_parallel_size_reaches_the_engine_with_its_own_executor(monkeypat
     options = engine_options(config)
     sampler = make_sampler("vllm", model_path=resolve_model(config.model_path), **options)
     assert captured["tensor_parallel_size"] == 2
-    assert captured["distributed_executor_backend"] == "mp"
+    assert captured["distributed_executor_backend"] == "ray"
     assert captured["hf_overrides"] == {"max_position_embeddings": 64}
     assert sampler.weights_through_files
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from ray.rllib.core.learner import learner_group as rllib_learner_group
 
-from rllib_grpo.rllib.learner.distributed import learners_backend
 from rllib_grpo.rllib.learner.learner import GRPOLearner
 from rllib_grpo.rllib.learner.learner_group import GRPOLearnerGroup
+from rllib_grpo.rllib.placement import learners_backend
 from tests.conftest import tiny_config
 
 
