@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rllib_grpo.cli.dry_run import add_dry_run_parser, run_dry_run
 from rllib_grpo.cli.eval_command import add_eval_parser, run_eval
 from rllib_grpo.cli.experiment import ConfigError, Experiment
 from rllib_grpo.cli.export import add_export_parser, run_export
@@ -126,7 +127,7 @@ def build_parser(prog: str = "rllib") -> argparse.ArgumentParser:
         prog=prog, description="GRPO and RLlib's algorithms from the command line, "
                                "through Ray Tune.")
     sub = parser.add_subparsers(dest="command", required=True,
-                                metavar="{train,explain,export,eval}")
+                                metavar="{train,explain,dry-run,export,eval}")
     fmt = argparse.RawDescriptionHelpFormatter
     train = sub.add_parser(
         "train", help="train an algorithm with Ray Tune", formatter_class=fmt,
@@ -146,6 +147,7 @@ def build_parser(prog: str = "rllib") -> argparse.ArgumentParser:
     _add_source_args(explain)
     add_export_parser(sub)
     add_eval_parser(sub)
+    add_dry_run_parser(sub)
     return parser
 
 
@@ -291,6 +293,16 @@ def explain(args: argparse.Namespace, file: str | None, overrides: list[str]) ->
     return 1 if problems else 0
 
 
+def dry_run(args: argparse.Namespace, file: str | None, overrides: list[str]) -> int:
+    """``rllib-grpo dry-run``: place the run on a local fake-GPU cluster (`rllib_grpo.cli.dry_run`)."""
+    from rllib_grpo.cli.build import build_config
+
+    exp = assemble_from_args(args, file, overrides)
+    if exp.algo != "GRPO":
+        raise ConfigError(f"dry-run covers GRPO configs; this experiment runs {exp.algo!r}")
+    return run_dry_run(build_config(exp), args)
+
+
 # ----------------------------------------------------------------------------- entry points
 def main(argv: list[str] | None = None, prog: str = "rllib") -> int:
     """Parse and run one command; bad input is one line on stderr and exit code 2."""
@@ -308,7 +320,7 @@ def main(argv: list[str] | None = None, prog: str = "rllib") -> int:
         file, overrides = split_positionals(args.args + extra, args.config_file)
         if file is not None and not Path(file).is_file():
             raise ConfigError(f"{file}: no such file")
-        command = train if args.command == "train" else explain
+        command = {"train": train, "explain": explain, "dry-run": dry_run}[args.command]
         if args.command == "train" and args.resume:
             command = resume
         return command(args, file, overrides)
