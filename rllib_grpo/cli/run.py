@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from rllib_grpo.cli.experiment import ConfigError, Experiment
 from rllib_grpo.logs import console_env, quiet_console
+from rllib_grpo.rllib.config.layout import PlacementPlan, unplaceable
 
 DEFAULT_MAX_FAILURES = 3  # restarts of a failed trial from its newest complete checkpoint
 
@@ -44,8 +45,8 @@ def run_tune(exp: Experiment, config: GRPOConfig, stop: dict[str, Any],
     algo_cls = resolve_algo(exp.algo)
     started = _init_ray(args)
     try:
-        if started and not args.ray_address:
-            check_resources(algo_cls, config, ray.cluster_resources())
+        if started and not _cluster_address(args)[0]:
+            check_resources(algo_cls, config, _nodes())
         tuner = tune.Tuner(
             algo_cls, param_space=config,
             tune_config=tune.TuneConfig(num_samples=exp.num_samples,
@@ -131,28 +132,68 @@ def _quiet_tune(args: argparse.Namespace) -> None:
         os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
 
 
+def _cluster_address(args: argparse.Namespace) -> tuple[str | None, str]:
+    """The Ray cluster to join and where that came from: ``--ray-address``, else
+    ``$RAY_ADDRESS`` (as ``ray job submit`` sets it for its entrypoint), else none."""
+    if args.ray_address:
+        return args.ray_address, "--ray-address"
+    address = os.environ.get("RAY_ADDRESS")
+    return (address, "RAY_ADDRESS") if address else (None, "")
+
+
 def _init_ray(args: argparse.Namespace) -> bool:
     """Start (or connect to) Ray unless it is up already; True if this call did."""
     import ray
 
+    address, source = _cluster_address(args)
     # Checked first: a flag that contradicts another is an error whether or not Ray is up.
     sized = [f for f in ("num_cpus", "num_gpus", "object_store_memory") if getattr(args, f)]
-    if args.ray_address and sized:
+    if address and sized:
         raise ConfigError(f"--{sized[0].replace('_', '-')} sizes a Ray started here; it "
-                          "cannot be used with --ray-address")
+                          f"cannot be used with {source}={address}")
     if ray.is_initialized():
         return False
-    if args.ray_address:
-        # Workers of an existing cluster do not inherit this process's environment.
-        ray.init(address=args.ray_address,
-                 runtime_env={"env_vars": console_env()}, logging_level=_ray_log_level(args))
+    if address:
+        print(f"joining the Ray cluster at {address} ({source})", flush=True)
+        try:
+            # Workers of an existing cluster do not inherit this process's environment.
+            ray.init(address=address, runtime_env={"env_vars": console_env()},
+                     logging_level=_ray_log_level(args))
+        except ConnectionError as error:
+            raise ConfigError(
+                f"cannot join the Ray cluster at {address} ({source}): {error}. A cluster "
+                "started by Ray 2.60 has token authentication on: run with RAY_AUTH_MODE=token "
+                "where its token can be read, or start it with RAY_AUTH_MODE=disabled") from None
         return True
-    # A new local Ray, even when RAY_ADDRESS is set or a `ray start` cluster runs here.
+    running = _local_cluster()
+    if running:
+        print(f"note: a Ray cluster already runs on this machine ({running}); starting a "
+              f"separate local Ray for this run. To run on that cluster instead: "
+              f"--ray-address auto (or RAY_ADDRESS={running})", file=sys.stderr, flush=True)
     # Its workers inherit the console settings (`rllib_grpo.logs`) from this environment.
     ray.init(address="local", num_cpus=args.num_cpus, num_gpus=args.num_gpus,
              object_store_memory=args.object_store_memory, include_dashboard=False,
              logging_level=_ray_log_level(args))
     return True
+
+
+def _local_cluster() -> str | None:
+    """The address of a Ray cluster `ray start` launched on this machine, if one runs."""
+    from ray._private.services import find_gcs_addresses
+
+    try:
+        addresses = find_gcs_addresses()
+    except Exception:  # noqa: BLE001  (no ps access: assume none)
+        return None
+    return sorted(addresses)[0] if addresses else None
+
+
+def _nodes() -> list[dict[str, float]]:
+    """Each live node's CPUs and GPUs (of the Ray started here)."""
+    import ray
+
+    return [{k: float(v) for k, v in node["Resources"].items() if k in ("CPU", "GPU")}
+            for node in ray.nodes() if node.get("Alive")]
 
 
 def _ray_log_level(args: argparse.Namespace) -> int:
@@ -162,19 +203,26 @@ def _ray_log_level(args: argparse.Namespace) -> int:
     return logging.INFO if args.verbose >= 2 else logging.WARNING
 
 
-def check_resources(algo_cls: Any, config: GRPOConfig, available: dict[str, float]) -> None:
-    """Refuse a trial larger than the Ray started here (Tune would wait for it forever)."""
+def check_resources(algo_cls: Any, config: GRPOConfig, nodes: list[dict[str, float]]) -> None:
+    """Refuse a trial that the Ray started here cannot place (Tune would wait for it
+    forever): every process of the run in its bundle on one of ``nodes`` (each node's CPUs
+    and GPUs), naming the process that finds no room."""
     try:
-        need = algo_cls.default_resource_request(config).required_resources
+        request = algo_cls.default_resource_request(config)
     except Exception:  # noqa: BLE001  (a grid-search config: Tune resolves it per trial)
         return
-    short = {k: v for k, v in need.items() if v > available.get(k, 0.0)}
-    if short:
-        wanted = ", ".join(f"{v:g} {k}" for k, v in short.items())
-        have = ", ".join(f"{available.get(k, 0.0):g} {k}" for k in short)
-        raise ConfigError(f"one trial needs {wanted} but this Ray has {have}: lower "
-                          "num_env_runners / num_learners (and their GPUs) or raise "
-                          "--num-cpus / --num-gpus")
+    plan = (config.placement_plan() if hasattr(config, "placement_plan")  # GRPO's, named
+            else PlacementPlan.of_bundles(request.bundles, request.strategy))  # RLlib's own
+    why = unplaceable(plan, nodes)
+    if why:
+        raise ConfigError(f"one trial cannot be placed on this Ray ({len(nodes)} node(s): "
+                          f"{', '.join(_amounts(n) for n in nodes)}): {why}; lower "
+                          "num_env_runners / num_learners / num_reward_workers (and their "
+                          "GPUs) or raise --num-cpus / --num-gpus")
+
+
+def _amounts(node: dict[str, float]) -> str:
+    return " ".join(f"{value:g} {key}" for key, value in sorted(node.items()))
 
 
 def storage_path_error(path: str | None) -> str | None:

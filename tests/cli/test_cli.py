@@ -169,9 +169,28 @@ def test_a_trial_larger_than_the_local_ray_is_refused_before_tune_waits_forever(
     from ray.rllib.algorithms.ppo import PPO
 
     config = build_config(assemble(algo="PPO", env="CartPole-v1"))  # 1 + 2 env runners
-    with pytest.raises(ConfigError, match="one trial needs 3 CPU but this Ray has 2 CPU"):
-        check_resources(PPO, config, {"CPU": 2.0})
-    check_resources(PPO, config, {"CPU": 4.0})
+    with pytest.raises(ConfigError, match=r"one trial cannot be placed on this Ray \(1 node\(s\): "
+                                          r"2 CPU\): bundle \d needs 1 CPU on one node"):
+        check_resources(PPO, config, [{"CPU": 2.0}])
+    check_resources(PPO, config, [{"CPU": 4.0}])
+
+
+def test_a_grpo_trial_with_a_reward_worker_that_does_not_fit_names_the_worker():
+    """`rllib train ... reward_model.enable=True` on one CPU: the reward worker needs a CPU
+    of its own in the trial (it waited forever before); named before Tune starts."""
+    from rllib_grpo.rllib.algorithm.grpo import GRPO
+
+    config = build_config(assemble(overrides=[
+        "reward_model.enable=True", "reward_model.model.path=builtin:tiny-rm",
+        "model_path=builtin:tiny"]))
+    check_resources(GRPO, config, [{"CPU": 2.0}])  # main process + reward worker
+    with pytest.raises(ConfigError, match=r"reward worker builtin_tiny-rm\[0\] needs 1 CPU"):
+        check_resources(GRPO, config, [{"CPU": 1.0}])
+    with pytest.raises(ConfigError, match=r"reward worker builtin_tiny-rm\[0\] needs 1 CPU, 1 GPU"):
+        config = build_config(assemble(overrides=[
+            "reward_model.enable=True", "reward_model.model.path=builtin:tiny-rm",
+            "model_path=builtin:tiny", "num_gpus_per_reward_worker=1"]))
+        check_resources(GRPO, config, [{"CPU": 4.0, "GPU": 0.0}, {"CPU": 4.0}])
 
 
 def test_positionals_split_into_file_and_overrides():
