@@ -324,3 +324,48 @@ def test_train_from_yaml_with_verl_overrides(trainings):
     assert len((trial / "result.json").read_text().splitlines()) == 1  # one iteration
     texts = read_text_summaries(trial)
     assert any(tag.startswith("completions") for tag in texts), texts
+
+
+RAY_ADDRESS_CHECK = """
+import argparse, os, sys
+sys.path.insert(0, ".")
+import ray
+from ray.cluster_utils import Cluster
+cluster = Cluster(initialize_head=True, head_node_args={
+    "num_cpus": 1, "resources": {"joined_marker": 1}, "include_dashboard": False})
+os.environ["RAY_ADDRESS"] = cluster.address
+from rllib_grpo.cli.run import _init_ray
+args = argparse.Namespace(ray_address=None, num_cpus=None, num_gpus=None,
+                          object_store_memory=None, verbose=0)
+try:
+    print("started", _init_ray(args), "marker", ray.cluster_resources().get("joined_marker"))
+    ray.shutdown()
+    args.num_cpus = 2
+    try:
+        _init_ray(args)
+    except Exception as error:
+        print("refused", type(error).__name__, error)
+finally:
+    ray.shutdown()
+    cluster.shutdown()
+"""
+
+
+def test_rllib_train_joins_the_cluster_in_ray_address():
+    """`ray job submit -- rllib train ...` sets RAY_ADDRESS for its entrypoint: the run joins
+    that cluster (its custom resource is seen) instead of starting a new local Ray, and a
+    flag that sizes a local Ray is refused beside it."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO_ROOT
+
+    proc = subprocess.run([sys.executable, "-c", RAY_ADDRESS_CHECK], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert any(line.startswith("joining the Ray cluster at ") and line.endswith("(RAY_ADDRESS)")
+               for line in lines), lines
+    assert "started True marker 1.0" in lines
+    assert any(line.startswith("refused ConfigError --num-cpus sizes a Ray started here; it "
+                               "cannot be used with RAY_ADDRESS=") for line in lines), lines
