@@ -1,12 +1,13 @@
 """Samplers: generate groups of responses with their sampling log-probs.
 
-``make_sampler("auto", ...)`` gives the vLLM sampler where vLLM imports and
+``make_sampler("auto", ...)`` gives the vLLM sampler where vLLM is installed and
 the transformers one otherwise.  Importing this package imports neither vLLM
 nor transformers; they load when a sampler is made.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from typing import Any
 
@@ -32,24 +33,24 @@ def make_sampler(
 ) -> Sampler:
     """Build a sampler of ``kind`` (``"auto"``, ``"vllm"`` or ``"hf"``) for a model folder.
 
-    ``"auto"`` tries vLLM and falls back to transformers with one warning that
-    says why; vLLM-only ``engine_kwargs`` are then dropped.
+    ``"auto"`` is vLLM where vLLM is installed, else transformers with one warning
+    (vLLM-only ``engine_kwargs`` are then dropped).  An installed vLLM that does not
+    import, or is older than the package needs, raises its error rather than leaving
+    the run to transformers unasked.
     """
     if kind not in SAMPLER_KINDS:
         raise ValueError(f"sampler kind must be one of {SAMPLER_KINDS}, got {kind!r}")
     common: dict[str, Any] = {"tokenizer_path": tokenizer_path, "dtype": dtype, "seed": seed}
-    if kind in ("auto", "vllm"):
-        try:
-            from rllib_grpo.samplers.vllm import VLLMSampler
+    if kind == "vllm" or (kind == "auto" and importlib.util.find_spec("vllm") is not None):
+        from rllib_grpo.samplers.vllm import VLLMSampler
 
-            return VLLMSampler(model_path, **common, **engine_kwargs)
-        except ImportError as error:  # vLLM missing or built for another torch
-            if kind == "vllm":
-                raise
-            logger.warning("vLLM does not import (%s): sampling with transformers", error)
-            if "hf_overrides" in engine_kwargs:  # vLLM's name for HF config overrides
-                engine_kwargs["config_overrides"] = engine_kwargs.pop("hf_overrides")
-            engine_kwargs = {k: v for k, v in engine_kwargs.items() if k in HF_OPTIONS}
+        return VLLMSampler(model_path, **common, **engine_kwargs)
+    if kind == "auto":
+        logger.warning("vLLM is not installed: sampling with transformers "
+                       "(pip install 'rllib-grpo[vllm]' for vLLM)")
+        if "hf_overrides" in engine_kwargs:  # vLLM's name for HF config overrides
+            engine_kwargs["config_overrides"] = engine_kwargs.pop("hf_overrides")
+        engine_kwargs = {k: v for k, v in engine_kwargs.items() if k in HF_OPTIONS}
     from rllib_grpo.samplers.hf import HFSampler
 
     return HFSampler(model_path, **common, **engine_kwargs)

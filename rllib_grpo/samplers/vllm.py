@@ -33,7 +33,7 @@ from rllib_grpo.samplers.vllm_engine import (
     with_version_args,
 )
 from rllib_grpo.samplers.vllm_weights import LM_HEAD_KEY, VLLMWeightTransfer
-from rllib_grpo.samplers.vllm_worker import register_in_this_process, require_layerwise_reload
+from rllib_grpo.samplers.vllm_worker import register_in_this_process, require_supported_vllm
 
 logger = logging.getLogger(__name__)
 
@@ -129,10 +129,10 @@ class VLLMSampler(VLLMWeightTransfer):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         if kv_cache_space_gb is not None:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_space_gb)))
+        require_supported_vllm()  # before any other vLLM import: a too-old one is named so
         import vllm
         from vllm.platforms import current_platform
 
-        require_layerwise_reload()
         register_in_this_process()  # the in-process worker creates its engine from the factory
 
         logging.getLogger(LAYERWISE_LOGGER).addFilter(_COMPUTED_BUFFER_NOTICE)  # idempotent

@@ -15,25 +15,45 @@ import inspect
 from typing import Any
 
 EXTENSION_QUALNAME = "rllib_grpo.samplers.vllm_extension.WeightSyncExtension"
-# The first vLLM with ``reload_weights(weights_iterator=...)`` (the layerwise reload, vLLM
-# PR #32133); pyproject's ``[vllm]`` extra pins the same (a test keeps them equal).
-MIN_VLLM = "0.16"
+# The first vLLM release with every vLLM API this package calls; pyproject's ``[vllm]``
+# extra pins the same (a test keeps them equal).  The last to arrive decide it:
+# ``Worker.shutdown_weight_transfer_engine`` (0.32.0; a runner leaving its weight group),
+# the NCCL trainer engine ``NCCLTrainerInitInfo`` (0.28.0), ``IPCTrainerInitInfo(rank=)``
+# (0.27.0), ``WeightTransferTrainerFactory`` (0.26.0).
+MIN_VLLM = "0.32"
 
 
-def require_layerwise_reload() -> None:
-    """Refuse, at start-up, a vLLM whose workers cannot ``reload_weights`` from an iterator
-    or have no weight-transfer API (every sync would fail)."""
+def require_supported_vllm() -> None:
+    """Refuse, at start-up, a vLLM without the weight-transfer API that weight syncs go
+    through (else a sync would fail mid-run), naming the release that has it."""
     import vllm
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-    from vllm.v1.worker.gpu_worker import Worker
 
-    reload = getattr(GPUModelRunner, "reload_weights", None)
-    if (reload is None or "weights_iterator" not in inspect.signature(reload).parameters
-            or not hasattr(Worker, "init_weight_transfer_engine")):
+    missing = _missing_vllm_apis()
+    if missing:
         raise RuntimeError(
-            f"vLLM {getattr(vllm, '__version__', '?')} has no reload_weights(weights_iterator="
-            f"...) or no weight-transfer API, which weight syncs go through: install "
-            f"vllm>={MIN_VLLM} (pip install 'rllib-grpo[vllm]').")
+            f"vLLM {getattr(vllm, '__version__', '?')} lacks {'; '.join(missing)}, which "
+            f"weight syncs go through: install vllm>={MIN_VLLM} (pip install "
+            f"'rllib-grpo[vllm]').")
+
+
+def _missing_vllm_apis() -> list[str]:
+    """The weight-transfer APIs (of those `MIN_VLLM` names) the installed vLLM lacks."""
+    try:
+        from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+        from vllm.v1.worker.gpu_worker import Worker
+    except ImportError as error:
+        return [f"the weight-transfer modules ({error})"]
+    missing = []
+    reload = getattr(GPUModelRunner, "reload_weights", None)
+    if reload is None or "weights_iterator" not in inspect.signature(reload).parameters:
+        missing.append("reload_weights(weights_iterator=...)")
+    missing += [f"Worker.{method}" for method in (
+        "init_weight_transfer_engine", "shutdown_weight_transfer_engine")
+        if not hasattr(Worker, method)]
+    if "nccl" not in WeightTransferTrainerFactory._registry:
+        missing.append("NCCL trainer engine")
+    return missing
 
 
 def register_in_this_process() -> None:

@@ -13,6 +13,9 @@ receives weights only through vLLM's API: ``init_weight_transfer_engine``, then 
 * ``grpo``: what every `VLLMSampler` engine is created with; its init info names one of
   the above or vLLM's ``nccl`` / ``ipc`` / ``sparse_nccl``, which it creates through the
   factory and hands every call to.
+* ``grpo_nccl`` (trainer side only): vLLM's NCCL trainer engine on a rendezvous port bound
+  before the receivers are told of it, its store waiting no longer than the package's
+  deadline (`NcclTrainerEngine`); the receivers run vLLM's own ``nccl`` engine.
 
 `register_engines` runs in each process that creates engines: the sampler's, and every
 vLLM worker process (``rllib_grpo.samplers.vllm_worker`` is the engine's
@@ -21,7 +24,9 @@ vLLM worker process (``rllib_grpo.samplers.vllm_worker`` is the engine's
 
 from __future__ import annotations
 
-from typing import Any
+import socket
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import torch
 from vllm.config.weight_transfer import WeightTransferConfig
@@ -34,11 +39,21 @@ from vllm.distributed.weight_transfer.factory import (
     WeightTransferEngineFactory,
     WeightTransferTrainerFactory,
 )
+from vllm.distributed.weight_transfer.nccl_common import (
+    NCCLWeightTransferInitInfo,
+    worker_init_payload,
+)
+from vllm.distributed.weight_transfer.nccl_engine import (
+    NCCLTrainerInitInfo,
+    NCCLTrainerWeightTransferEngine,
+)
 
 from rllib_grpo.weights.names import fused_closure, module_of
+from rllib_grpo.weights.transport import JOIN_GRACE_S, on_daemon_thread
 from rllib_grpo.weights.wire import (
     DISPATCH_BACKEND,
     GLOO_BACKEND,
+    NCCL_TRAINER_BACKEND,
     SHM_BACKEND,
     SPARSE_GLOO_BACKEND,
     BucketUpdate,
@@ -63,6 +78,8 @@ def register_engines() -> None:
     for name, cls in _TRAINERS.items():
         if name not in WeightTransferTrainerFactory._registry:
             WeightTransferTrainerFactory.register_engine(name, "rllib_grpo.weights.trainer", cls)
+    if NCCL_TRAINER_BACKEND not in WeightTransferTrainerFactory._registry:
+        WeightTransferTrainerFactory.register_engine(NCCL_TRAINER_BACKEND, NcclTrainerEngine)
 
 
 def _worker_rank(engine: WeightTransferEngine) -> int:
@@ -244,3 +261,66 @@ class DispatchEngine(WeightTransferEngine):
         delegate, self.delegate, self.backend = self.delegate, None, None
         if delegate is not None:
             delegate.shutdown()
+
+
+# --------------------------------------------------------------------------- NCCL, trainer side
+@dataclass
+class NcclTrainerInit(NCCLTrainerInitInfo):
+    """vLLM's NCCL trainer init info plus, on rank 0, the socket already listening on
+    ``master_port`` (``listener``: bound before the receivers are told the port, so no
+    other process can take it in between) and the longest the rendezvous waits."""
+
+    backend: ClassVar[str] = NCCL_TRAINER_BACKEND
+    timeout_s: float = 300.0
+    listener: socket.socket | None = field(default=None, repr=False, compare=False)
+
+
+class NcclTrainerEngine(NCCLTrainerWeightTransferEngine):
+    """vLLM's NCCL trainer engine (``send_weights`` and the receivers' side are vLLM's),
+    its rendezvous opened on the socket the init info holds: vLLM's
+    ``StatelessProcessGroup`` takes it over (``listen_socket``), where vLLM's own
+    ``trainer_init`` would bind ``master_port`` anew."""
+
+    @classmethod
+    def trainer_init(cls, init_info: NcclTrainerInit, *, client: Any, source: Any = None
+                     ) -> NcclTrainerEngine:
+        if source is None:
+            raise ValueError("NCCL trainer weight transfer requires a WeightSource.")
+        engine = cls(client=client, source=source, is_sender=init_info.is_sender,
+                     packed=init_info.packed,
+                     packed_buffer_size_bytes=init_info.packed_buffer_size_bytes,
+                     packed_num_buffers=init_info.packed_num_buffers)
+        if not engine.is_sender:
+            return engine
+        if init_info.listener is None:
+            raise ValueError("nccl: rank 0's init info has no listening socket "
+                             "(rllib_grpo.weights.trainer.vllm_trainer_init binds it)")
+        workers = NCCLWeightTransferInitInfo(  # at rank_offset 1, after the sender
+            master_address=init_info.master_address, master_port=init_info.master_port,
+            rank_offset=1, world_size=init_info.world_size, packed=init_info.packed,
+            packed_buffer_size_bytes=init_info.packed_buffer_size_bytes,
+            packed_num_buffers=init_info.packed_num_buffers)
+        listener, init_info.listener = init_info.listener, None  # the store owns it now
+        # The receivers block in their rendezvous: they join from a side thread.
+        joining = on_daemon_thread(client.init_weight_transfer_engine,
+                                   worker_init_payload(workers))
+        engine.model_update_group = _open_sender(init_info, listener)
+        joining.result()
+        return engine
+
+
+def _open_sender(init_info: NcclTrainerInit, listener: socket.socket) -> Any:
+    """Rank 0's NCCL communicator, vLLM's ``stateless_init_process_group`` on the socket
+    ``listener`` already holds.  The store waits a little longer than the package's deadline
+    (`rllib_grpo.weights.trainer.connect`), whose error names what to open, and then lets
+    this thread go."""
+    from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+    from vllm.distributed.utils import StatelessProcessGroup
+    from vllm.utils.nccl import unpinned_nccl_env
+
+    group = StatelessProcessGroup.create(
+        host=init_info.master_address, port=init_info.master_port, rank=0,
+        world_size=init_info.world_size, listen_socket=listener,
+        store_timeout=int(init_info.timeout_s + 2 * JOIN_GRACE_S) + 1)
+    with unpinned_nccl_env():
+        return PyNcclCommunicator(group, device=torch.accelerator.current_device_index())

@@ -20,25 +20,35 @@ structural), so an install without vLLM still syncs a transformers sampler.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, ClassVar, NamedTuple
 
 import torch
+import torch.distributed as dist
 
 from rllib_grpo.weights.delta import SparsePatch
 from rllib_grpo.weights.layout import Manifest
 from rllib_grpo.weights.transport import (
+    JOIN_GRACE_S,
     VIA_COLLECTIVE,
     VIA_SHM,
     BucketSender,
+    GroupSpec,
     WeightGroup,
+    did_not_join,
+    listening_socket,
+    on_daemon_thread,
     open_store,
     wait_for_members,
 )
 from rllib_grpo.weights.wire import (
     GLOO_BACKEND,
+    NCCL_TRAINER_BACKEND,
     SHM_BACKEND,
     SPARSE_GLOO_BACKEND,
     BucketUpdate,
@@ -99,13 +109,16 @@ class ManifestSource:
 @dataclass
 class HostTrainerInit:
     """Trainer init info of our engines (vLLM's ``TrainerInitInfo`` contract: ``backend``
-    selects the engine, ``rank`` 0 sends): the gloo group's host and size."""
+    selects the engine, ``rank`` 0 sends): the gloo group's host and size; on rank 0 the
+    rendezvous store, listening already (`open_store`), and the spec naming its port."""
 
     backend: ClassVar[str] = GLOO_BACKEND
     host: str
     world_size: int
     timeout_s: float = 300.0
     rank: int = field(default=0, kw_only=True)
+    store: dist.TCPStore | None = field(default=None, kw_only=True, repr=False)
+    spec: GroupSpec | None = field(default=None, kw_only=True)
 
     @property
     def is_sender(self) -> bool:
@@ -137,17 +150,16 @@ class _HostTrainerEngine:
         engine = cls(client=client, source=source, is_sender=init_info.is_sender)
         if not engine.is_sender:
             return engine
-        store, spec = open_store(init_info.host, init_info.world_size, "gloo",
-                                 init_info.timeout_s)
-        pool = ThreadPoolExecutor(max_workers=1)
-        joining = pool.submit(client.init_weight_transfer_engine,
-                              as_dict(GroupInit.of(spec, rank_offset=1)))
-        try:
-            wait_for_members(store, spec, joining)  # a clear error, never a silent wait
-            engine.sender.group = WeightGroup(spec, 0, store)
-            joining.result()
-        finally:
-            pool.shutdown(wait=False)  # a joiner stuck elsewhere must not hold us here
+        store, spec = init_info.store, init_info.spec
+        if store is None or spec is None:
+            raise ValueError(f"{init_info.backend}: rank 0's init info has no rendezvous "
+                             "store (host_trainer_init opens it)")
+        joining = on_daemon_thread(client.init_weight_transfer_engine,
+                                   as_dict(GroupInit.of(spec, rank_offset=1)))
+        # A clear error, never a silent wait.
+        wait_for_members(store, spec, joining, partial(receivers, client))
+        engine.sender.group = WeightGroup(spec, 0, store)
+        joining.result()
         return engine
 
     def _round(self, update_info: dict, send: Callable[[], None]) -> None:
@@ -243,9 +255,40 @@ _OURS = {cls.backend: engine for cls, engine in (
     (SparseGlooTrainerInit, SparseGlooTrainerEngine))}
 
 
-def connect(init_info: Any, client: Any, source: Any = None) -> Any:
+def connect(init_info: Any, client: Any, source: Any = None, timeout_s: float = 300.0) -> Any:
     """A ready trainer engine: vLLM's ``WeightTransferTrainerFactory.trainer_init`` (ours
-    registered with it first); without vLLM, ours directly."""
+    registered with it first); without vLLM, ours directly.
+
+    The rendezvous has ``timeout_s``: after that (and `JOIN_GRACE_S`) `did_not_join`
+    names the receivers, the address they were to join and what to open, whatever the
+    engine was waiting in (a store, NCCL's own ``ncclCommInitRank``, or the receivers'
+    init calls).  It runs on a thread of its own for that: one stuck past the deadline is
+    left behind (a daemon; the run stops on the error)."""
+    outcome: dict[str, Any] = {}
+    done = threading.Event()
+    # The calling thread's CUDA device, which a new thread does not inherit.
+    device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
+
+    def run() -> None:
+        try:
+            with torch.cuda.device(device) if device is not None else contextlib.nullcontext():
+                outcome["engine"] = _trainer_init(init_info, client, source)
+        except BaseException as error:  # noqa: BLE001 - handed to the caller
+            outcome["error"] = error
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="weight_group_connect", daemon=True).start()
+    if not done.wait(timeout_s + JOIN_GRACE_S):
+        group = "NCCL" if init_info.backend == NCCL_TRAINER_BACKEND else (
+            "gloo" if init_info.backend in _OURS else init_info.backend)
+        raise did_not_join(receivers(client), group, timeout_s, rendezvous_address(init_info))
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["engine"]
+
+
+def _trainer_init(init_info: Any, client: Any, source: Any) -> Any:
     try:
         from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
@@ -258,27 +301,56 @@ def connect(init_info: Any, client: Any, source: Any = None) -> Any:
     return WeightTransferTrainerFactory.trainer_init(init_info, client=client, source=source)
 
 
-def vllm_trainer_init(backend: str, *, host: str, port: int, world_size: int, rank: int,
-                      packed: bool = True) -> Any:
-    """vLLM's own trainer init info for ``nccl`` / ``ipc``."""
+def receivers(client: Any, ranks: list[int] | None = None) -> str:
+    """Who holds the group ranks ``ranks`` (None: every receiver of ``client``), in the
+    client's words where it has them (`EnvRunnerClient.describe_ranks`: env runners and
+    their nodes)."""
+    describe = getattr(client, "describe_ranks", None)
+    if describe is not None:
+        return str(describe(ranks))
+    return "the receivers" if ranks is None else f"receiver ranks {ranks}"
+
+
+def rendezvous_address(init_info: Any) -> tuple[str, int] | None:
+    """``(host, port)`` where the receivers join the sender (None: no network rendezvous,
+    e.g. CUDA IPC)."""
+    spec = getattr(init_info, "spec", None)
+    if spec is not None:
+        return spec.host, spec.port
+    if getattr(init_info, "master_port", None) is not None:
+        return init_info.master_address, init_info.master_port
+    return None
+
+
+def vllm_trainer_init(backend: str, *, host: str, world_size: int, rank: int,
+                      timeout_s: float = 300.0, packed: bool = True) -> Any:
+    """vLLM's own trainer init info for ``ipc``, and for ``nccl`` ours over vLLM's
+    (`rllib_grpo.weights.engines.NcclTrainerInit`): on rank 0 the rendezvous port is bound
+    here, before anyone is told of it, and the store waits at most ``timeout_s``."""
     if backend == "ipc":
         from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
 
         return IPCTrainerInitInfo(packed=packed, rank=rank)
     if backend == "nccl":
-        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+        from rllib_grpo.weights.engines import NcclTrainerInit
 
-        return NCCLTrainerInitInfo(host, port, world_size, packed=packed, rank=rank)
+        listener = listening_socket(host) if rank == 0 else None
+        port = listener.getsockname()[1] if listener is not None else 0
+        return NcclTrainerInit(host, port, world_size, packed=packed, rank=rank,
+                               timeout_s=timeout_s, listener=listener)
     raise ValueError(f"{backend!r} is not one of vLLM's trainer engines")
 
 
 def host_trainer_init(backend: str, *, host: str, world_size: int, rank: int,
                       timeout_s: float = 300.0) -> HostTrainerInit:
-    """Our trainer init info for ``grpo_shm`` / ``grpo_gloo`` / ``grpo_sparse_gloo``."""
+    """Our trainer init info for ``grpo_shm`` / ``grpo_gloo`` / ``grpo_sparse_gloo``; on
+    rank 0 with the rendezvous store listening already (its port is what receivers join)."""
     cls = {GLOO_BACKEND: HostTrainerInit, SHM_BACKEND: ShmTrainerInit,
            SPARSE_GLOO_BACKEND: SparseGlooTrainerInit}[backend]
-    return cls(host, world_size, timeout_s, rank=rank)
-
+    if rank != 0:
+        return cls(host, world_size, timeout_s, rank=rank)
+    store, spec = open_store(host, world_size, "gloo", timeout_s)
+    return cls(host, world_size, timeout_s, rank=rank, store=store, spec=spec)
 
 
 class PendingUpdate:
@@ -340,4 +412,4 @@ def connect_receiver(receiver: Any, backend: str, source: Any = None,
     init = host_trainer_init(backend, host="127.0.0.1",
                              world_size=1 + receiver.num_weight_ranks, rank=0,
                              timeout_s=timeout_s)
-    return connect(init, ReceiverClient(receiver, backend), source)
+    return connect(init, ReceiverClient(receiver, backend), source, timeout_s)

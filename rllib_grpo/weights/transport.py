@@ -23,11 +23,14 @@ import contextlib
 import datetime
 import mmap
 import os
+import socket
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,12 +65,35 @@ def open_store(host: str, world_size: int, backend: str, timeout_s: float = 300.
                             timeout_s)
 
 
+# A rendezvous step with a deadline of its own (the host engines' wait for the joiners)
+# has this long past the deadline to raise its error, which names the missing ranks,
+# before `rllib_grpo.weights.trainer.connect` gives up with its own.
+JOIN_GRACE_S = 1.0
+
+
+def did_not_join(who: str, group: str, timeout_s: float,
+                 address: tuple[str, int] | None = None) -> TimeoutError:
+    """The one-line error of a weight group that did not form within ``timeout_s``: who
+    did not join, where (the rendezvous ``address``: host, port), and what opens the way.
+    ``group``: whose connections follow the rendezvous (``"NCCL"``, ``"gloo"``)."""
+    if address is None:
+        where, fix = "", "check that they are alive and not busy"
+    else:
+        host, port = address
+        where = f" at {host}:{port}"
+        fix = f"open TCP port {port} (and {group}'s ports) between the nodes"
+    return TimeoutError(f"weight sync: {who} did not join the {group} group{where} within "
+                        f"{timeout_s:g} s: {fix}, or set weight_sync_transport='object_store'")
+
+
 def wait_for_members(store: dist.Store, spec: GroupSpec, joining: Any,
+                     who: Callable[[list[int]], str] | None = None,
                      poll_s: float = 0.05) -> None:
     """Rank 0, before its own rendezvous: wait until ranks 1.. have reached the store,
     raising at once the error of a failed join (``joining``: a future) and, after
-    ``spec.timeout_s``, an error naming the ranks that never arrived, instead of waiting
-    in gloo's rendezvous (``TCPStore::doWait``) with no word of why."""
+    ``spec.timeout_s``, `did_not_join` naming the ranks that never arrived (``who``
+    describes them, e.g. as the env runners holding them), instead of waiting in gloo's
+    rendezvous (``TCPStore::doWait``) with no word of why."""
     prefixed = dist.PrefixStore(f"rllib_grpo/weights/{spec.token}", store)
     keys = [f"arrived/{r}" for r in range(1, spec.world_size)]
     deadline = time.monotonic() + spec.timeout_s
@@ -81,10 +107,40 @@ def wait_for_members(store: dist.Store, spec: GroupSpec, joining: Any,
                                f"returned but ranks {missing} never reached the store")
         if time.monotonic() > deadline:
             missing = [r for r, k in enumerate(keys, 1) if not prefixed.check([k])]
-            raise TimeoutError(f"weight group at {spec.host}:{spec.port}: ranks {missing} "
-                               f"did not join within {spec.timeout_s:.0f} s (an env runner "
-                               "busy or gone, or the address unreachable from it)")
+            raise did_not_join(who(missing) if who else f"ranks {missing}", "gloo",
+                               spec.timeout_s, (spec.host, spec.port))
         time.sleep(poll_s)
+
+
+def on_daemon_thread(func: Callable[..., Any], *args: Any) -> Future:
+    """``func(*args)`` on a daemon thread: the receivers' side of a rendezvous, which
+    blocks until they have joined.  One stuck past the deadline must hold neither the
+    sender nor, at exit, the process (an executor's threads are joined then)."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(func(*args))
+        except BaseException as error:  # noqa: BLE001 - handed to the future's reader
+            future.set_exception(error)
+
+    threading.Thread(target=run, name="weight_group_join", daemon=True).start()
+    return future
+
+
+def listening_socket(host: str) -> socket.socket:
+    """A TCP socket listening on ``host`` at a port the system picks: the side that
+    listens binds first, so the port it tells the others is one it holds (a port found
+    free and closed again can be taken by another process before the real bind)."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, 0))
+        listener.listen()
+    except OSError:
+        listener.close()
+        raise
+    return listener
 
 
 class WeightGroup:

@@ -44,6 +44,10 @@ DISPATCH_BACKEND = "grpo"
 SHM_BACKEND, GLOO_BACKEND, SPARSE_GLOO_BACKEND = "grpo_shm", "grpo_gloo", "grpo_sparse_gloo"
 HOST_BACKENDS = (SHM_BACKEND, GLOO_BACKEND, SPARSE_GLOO_BACKEND)  # ours, host memory
 VLLM_BACKENDS = ("nccl", "ipc")  # vLLM's own, GPU only (its sparse_nccl: see engines.py)
+# The trainer side of ``nccl``: vLLM's NCCL trainer engine on a port bound before the
+# receivers are told of it (`rllib_grpo.weights.engines.NcclTrainerEngine`); the receivers
+# run vLLM's own ``nccl`` engine.
+NCCL_TRAINER_BACKEND = "grpo_nccl"
 SPARSE_BACKENDS = (SPARSE_GLOO_BACKEND,)
 GROUP_BACKENDS = (SHM_BACKEND, GLOO_BACKEND, SPARSE_GLOO_BACKEND, "nccl")
 

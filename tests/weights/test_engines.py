@@ -29,24 +29,33 @@ def test_our_engines_are_registered_with_vllms_factories():
     register_engines()  # idempotent
     for name in ("grpo", "grpo_shm", "grpo_gloo", "grpo_sparse_gloo"):
         assert name in WeightTransferEngineFactory._registry
-    for name in ("grpo_shm", "grpo_gloo", "grpo_sparse_gloo"):
+    for name in ("grpo_shm", "grpo_gloo", "grpo_sparse_gloo", "grpo_nccl"):
         assert name in WeightTransferTrainerFactory._registry
 
 
 def test_vllms_trainer_init_infos_carry_the_group_we_plan():
+    import errno
+    import socket
+
     from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
     from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
     from rllib_grpo.weights.trainer import vllm_trainer_init
 
-    nccl = vllm_trainer_init("nccl", host="10.0.0.1", port=29511, world_size=5, rank=0)
+    nccl = vllm_trainer_init("nccl", host="127.0.0.1", world_size=5, rank=0, timeout_s=7)
     assert isinstance(nccl, NCCLTrainerInitInfo) and nccl.is_sender
-    assert (nccl.master_address, nccl.master_port, nccl.world_size) == ("10.0.0.1", 29511, 5)
-    follower = vllm_trainer_init("nccl", host="h", port=1, world_size=3, rank=1)
-    assert not follower.is_sender
+    assert (nccl.master_address, nccl.world_size, nccl.timeout_s) == ("127.0.0.1", 5, 7)
+    # The port the receivers are told is one the sender holds already: nobody can take it.
+    assert nccl.listener.getsockname() == ("127.0.0.1", nccl.master_port)
+    with socket.socket() as other, pytest.raises(OSError) as taken:
+        other.bind(("127.0.0.1", nccl.master_port))
+    assert taken.value.errno == errno.EADDRINUSE
+    nccl.listener.close()
+    follower = vllm_trainer_init("nccl", host="h", world_size=3, rank=1)
+    assert not follower.is_sender and follower.listener is None
     with pytest.raises(ValueError, match="sparse_nccl"):
-        vllm_trainer_init("sparse_nccl", host="h", port=1, world_size=3, rank=0)
-    ipc = vllm_trainer_init("ipc", host="h", port=0, world_size=2, rank=0)
+        vllm_trainer_init("sparse_nccl", host="h", world_size=3, rank=0)
+    ipc = vllm_trainer_init("ipc", host="h", world_size=2, rank=0)
     assert isinstance(ipc, IPCTrainerInitInfo) and ipc.backend == "ipc"
 
 
@@ -76,6 +85,18 @@ def test_the_client_gives_each_runner_its_own_ranks_in_one_group(monkeypatch):
     client.version = 7
     client.finish_weight_update()
     assert [kw["seq_no"] for _, _, kw in sent] == [7, 7]
+
+
+def test_the_client_names_the_runners_holding_group_ranks_and_their_nodes():
+    from rllib_grpo.rllib.algorithm.weight_client import EnvRunnerClient
+
+    # Runner 2's engine has two workers (ranks 1, 2), runner 5's one (rank 3).
+    client = EnvRunnerClient("nccl", {2: None, 5: None}, {2: 1, 5: 3}, token="t",
+                             nodes={2: "10.0.0.5", 5: "10.0.0.6"})
+    assert client.describe_ranks([2]) == "env runner 2 (node 10.0.0.5)"
+    assert client.describe_ranks([3]) == "env runner 5 (node 10.0.0.6)"
+    assert client.describe_ranks(None) == client.describe_ranks([1, 2, 3]) == (
+        "env runners 2 (node 10.0.0.5), 5 (node 10.0.0.6)")
 
 
 def test_a_host_engine_sync_is_one_request_per_runner_not_three(monkeypatch):

@@ -145,6 +145,9 @@ def test_settings_are_checked_and_explained():
                for e in find_errors(tiny_config(weight_sync_transport="ipc")))
     assert any("weight_sync_bucket_mb=0" in e
                for e in find_errors(tiny_config(weight_sync_bucket_mb=0)))
+    for timeout in (0, -5, float("nan")):
+        assert f"weight_sync_connect_timeout_s={timeout!r} must be a finite number > 0." in (
+            find_errors(tiny_config(weight_sync_connect_timeout_s=timeout)))
     assert find_errors(tiny_config(weight_sync_transport="shm")) == []
 
 

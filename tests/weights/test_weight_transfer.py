@@ -280,7 +280,8 @@ def test_the_sender_raises_a_clear_error_when_a_rank_never_joins():
     store, spec = open_store("127.0.0.1", 2, "gloo", timeout_s=0.5)
     never: cf.Future = cf.Future()  # a joiner that neither joins nor fails
     start = time.monotonic()
-    with pytest.raises(TimeoutError, match=r"ranks \[1\] did not join within"):
+    with pytest.raises(TimeoutError, match=rf"ranks \[1\] did not join the gloo group at "
+                                           rf"127.0.0.1:{spec.port} within 0.5 s"):
         wait_for_members(store, spec, never)
     assert time.monotonic() - start < 5
     failed: cf.Future = cf.Future()

@@ -13,7 +13,7 @@ never get weight syncs: a reward model is fixed for the run.  Ray restarts a dea
 * `SequenceClassifierReward` (`rllib_grpo.rewards.reward_model`);
 * `LocalJudge`: a causal LM with a template and a parse rule
   (`rllib_grpo.rewards.judge`); the ``range`` rule generates greedily with the package's
-  sampler (vLLM where it imports, the transformers sampler otherwise; ``sampler`` in the
+  sampler (vLLM where it is installed, the transformers sampler otherwise; ``sampler`` in the
   judge's spec chooses), the ``yes`` rule reads one forward pass's next-token distribution.
 """
 

@@ -26,13 +26,27 @@ from rllib_grpo.weights.wire import DispatchInit, as_dict
 
 class EnvRunnerClient:
     """Drives the weight-transfer engine ``backend`` on the env runners ``handles`` (by
-    runner index); ``rank_offsets``: each runner's first rank in the group."""
+    runner index); ``rank_offsets``: each runner's first rank in the group; ``nodes``:
+    each runner's node address, for errors that name it."""
 
     def __init__(self, backend: str, handles: dict[int, Any], rank_offsets: dict[int, int],
-                 token: str) -> None:
+                 token: str, nodes: dict[int, str] | None = None) -> None:
         self.backend, self.handles, self.rank_offsets, self.token = (
             backend, handles, rank_offsets, token)
+        self.nodes = nodes or {}
         self.version = 0  # the weights' sequence number, set by the sender before each sync
+
+    def describe_ranks(self, ranks: list[int] | None = None) -> str:
+        """The env runners holding the group ranks ``ranks`` (None: all of this client's),
+        with their nodes: ``"env runner 3 (node 10.0.0.5)"``."""
+        if ranks is None:
+            runners = sorted(self.handles)
+        else:
+            first_ranks = sorted(self.rank_offsets.items(), key=lambda item: item[1])
+            runners = sorted({max((i for i, first in first_ranks if first <= rank),
+                                  default=first_ranks[0][0]) for rank in ranks})
+        named = [f"{i} (node {self.nodes[i]})" if i in self.nodes else str(i) for i in runners]
+        return f"env runner{'s' if len(named) > 1 else ''} {', '.join(named)}"
 
     def _each(self, func: Any, **kwargs: Any) -> None:
         ray.get([handle.apply.remote(func, **kwargs) for handle in self.handles.values()])

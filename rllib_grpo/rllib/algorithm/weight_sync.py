@@ -9,9 +9,12 @@ overrides).
   ``sparse_nccl`` on GPUs, our ``grpo_shm`` / ``grpo_gloo`` / ``grpo_sparse_gloo`` in
   host memory).  The learners' trainer engine (`rllib_grpo.rllib.learner.weight_sender`)
   drives the runners through an `EnvRunnerClient`: init once, then start, update, finish.
-* ``object_store``: RLlib's own ``sync_weights`` (a state dict through Ray): where no
-  engine can be connected, for LoRA payloads (adapter-only) and for the driver's own env
-  runner when the learner is remote.
+  An engine that does not connect within ``weight_sync_connect_timeout_s``, or fails to,
+  is the run's error (one line: the runners, the address, what to open), never a quiet
+  move to the object store.
+* ``object_store``: RLlib's own ``sync_weights`` (a state dict through Ray): for a runner
+  whose sampler cannot join an engine, for LoRA payloads (adapter-only) and for the
+  driver's own env runner when the learner is remote.
 
 Per sync the driver stages the layout on the learners; for a layout the runners have not
 seen it has every runner check it (a partial or foreign state is refused before a byte
@@ -33,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
+import ray
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 
@@ -65,7 +69,6 @@ from rllib_grpo.weights.plan import (
 )
 
 logger = logging.getLogger(__name__)
-GROUP_TIMEOUT_S = 300.0
 
 
 def _indexed(runner: Any, func: Any) -> tuple[int, Any]:
@@ -80,6 +83,7 @@ class WeightSync:
         self.algo = algo
         self.setting = algo.config.weight_sync_transport
         self.bucket_bytes = max(1, int(algo.config.weight_sync_bucket_mb * 2**20))
+        self.connect_timeout_s = float(algo.config.weight_sync_connect_timeout_s)
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="weight_sync")
         self.transports: dict[int, str] = {}  # env runner index -> transport
         self.endpoints: dict[int, Endpoint] = {}
@@ -119,7 +123,6 @@ class WeightSync:
             if used - {"local"}:
                 remote_bytes, changed_frac = self._sync_remote()
                 nbytes = max(nbytes, remote_bytes)
-                used = set(self.transports.values())  # object_store if no engine connected
         seconds = max(time.perf_counter() - start, 1e-9)
         slowest = max(used, key=TRANSPORT_CODES.__getitem__)
         metrics = {"weight_sync/bytes": float(nbytes), "weight_sync/gbps": nbytes / seconds / 1e9,
@@ -229,8 +232,8 @@ class WeightSync:
     def _sync_remote(self) -> tuple[int, float | None]:
         """Every engine's sync; ``(one runner's bytes, changed fraction of a delta sync)``."""
         for backend in self.backends:
-            if backend not in self._tokens and not self._connect(backend):
-                return self._sync_object_store(), None
+            if backend not in self._tokens:
+                self._connect(backend)
         staged = self._stage_and_prepare()
         nbytes, changed_frac = staged["manifest"].nbytes, None
         try:
@@ -264,40 +267,45 @@ class WeightSync:
             logger.warning("weight sync: env runners of %s are not connected (restarted?); "
                            "connecting again", sorted(stale))
             self._prepared = set()
-            if attempt or not all(self._connect(b) for b in stale):
+            if attempt:
                 break
+            for backend in stale:
+                self._connect(backend)
         raise RuntimeError(f"weight sync: env runners of {sorted(stale)} could not connect")
 
-    def _connect(self, backend: str) -> bool:
+    def _connect(self, backend: str) -> None:
         """Connect ``backend``'s engine (vLLM's ``trainer_init`` on the learners, the
-        runners' ``init_weight_transfer_engine``); False (``auto``: the object store from
-        now on) if it cannot be."""
+        runners' ``init_weight_transfer_engine``), within ``weight_sync_connect_timeout_s``.
+        A failure is the run's error, whatever the setting: with ``auto`` too, the rest of
+        the run going through Ray's object store instead (a whole-model file per step for
+        a tensor-parallel engine) would be a slowdown nobody chose."""
         members = self.backends[backend]
         offsets, next_rank = {}, 1
         for i in sorted(members):
             offsets[i], next_rank = next_rank, next_rank + max(1, self.endpoints[i].num_ranks)
         handles = self.runners._worker_manager._actors
         token = uuid.uuid4().hex
-        client = EnvRunnerClient(backend, {i: handles[i] for i in members}, offsets, token)
+        client = EnvRunnerClient(backend, {i: handles[i] for i in members}, offsets, token,
+                                 nodes=self._node_addresses(members))
         self._tokens.pop(backend, None)
         try:
             self._on_learners(partial(learner_connect, backend=backend, world_size=next_rank,
-                                      client=client, timeout_s=GROUP_TIMEOUT_S))
+                                      client=client, timeout_s=self.connect_timeout_s))
         except Exception as error:
-            if self.setting != "auto":
-                raise RuntimeError(f"weight_sync_transport={self.setting!r}: the {backend} "
-                                   f"weight engine could not be connected: {error}") from error
-            logger.warning("weight sync: the %s weight engine could not be connected (%s); "
-                           "the weights go through Ray's object store from now on", backend,
-                           error)
-            self.transports = {i: "object_store" if t != "local" else t
-                               for i, t in self.transports.items()}
-            self.backends, self._tokens = {}, {}
-            return False
+            cause = getattr(error, "cause", None) or error  # a remote learner's own error
+            if isinstance(cause, TimeoutError):  # one line: who, where, what to open
+                raise TimeoutError(str(cause)) from error
+            raise RuntimeError(f"weight_sync_transport={self.setting!r}: the {backend} "
+                               f"weight engine could not be connected: {cause}") from error
         self._tokens[backend] = token
         logger.info("weight sync: %s engine, %d ranks (buckets of <= %d MB)", backend,
                     next_rank, self.bucket_bytes // 2**20)
-        return True
+
+    def _node_addresses(self, runners: list[int]) -> dict[int, str]:
+        """Each runner's node address (its Ray node id where Ray does not know it)."""
+        addresses = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()}
+        return {i: addresses.get(self.endpoints[i].node_id, self.endpoints[i].node_id)
+                for i in runners}
 
     # ---------------------------------------------------------------- calls
     def _on_learners(self, func: Any) -> list:

@@ -115,7 +115,7 @@ class AlgorithmSettings:
 
     # --- sampling -------------------------------------------------------------------
     sampler: str = knob(
-        "auto", "name", "Sampler: auto (vLLM where it imports, else transformers) | vllm | hf. "
+        "auto", "name", "Sampler: auto (vLLM where it is installed, else transformers) | vllm | hf. "
         "Samples are reproducible when the config has a seed (.debugging(seed=...)): every "
         "vLLM request is then seeded; without one vLLM's requests draw from the engine's RNG "
         "(seeded requests make vLLM's GPU sampler draw request by request).",

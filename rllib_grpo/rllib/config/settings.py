@@ -139,14 +139,20 @@ class GRPOSettings(RewardSettings):
         "IPC handles), 'shm' (buckets through shared memory), 'collective' (buckets "
         "broadcast over a gloo/NCCL group), 'delta' (only the elements changed since the "
         "last sync, a tensor whole where that is fewer bytes; logs weight_sync/changed_frac) "
-        "or 'object_store' (a state dict through Ray, RLlib's sync_weights; also auto's "
-        "fallback when no group can be formed). All but 'local' and 'object_store' go through "
-        "vLLM's weight-transfer engines (nccl, ipc; ours grpo_shm, grpo_gloo, "
-        "grpo_sparse_gloo).")
+        "or 'object_store' (a state dict through Ray, RLlib's sync_weights). All but 'local' "
+        "and 'object_store' go through vLLM's weight-transfer engines (nccl, ipc; ours "
+        "grpo_shm, grpo_gloo, grpo_sparse_gloo); one that cannot connect stops the run, "
+        "'auto' included (weight_sync_connect_timeout_s).")
     weight_sync_bucket_mb: float = knob(
         512, "MiB", "Size of one weight-sync bucket (in the sampler's dtype): each side of a "
         "'shm' or 'collective' sync holds at most two of them besides the model; a tensor "
         "larger than this travels in a bucket of its own.")
+    weight_sync_connect_timeout_s: float = knob(
+        300.0, "s", "Longest the env runners may take to join a weight-transfer engine's "
+        "group (its rendezvous: a TCP store on a port the learner holds, then NCCL's or "
+        "gloo's own connections), on every connect. Past it the run stops with one line "
+        "naming the runners, the address and the port to open; a cluster that opens only "
+        "Ray's ports needs those ports opened, or weight_sync_transport='object_store'.")
 
     # --- asynchronous rollouts (docs/async.md) -----------------------------------------
     max_staleness: int = knob(

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 from typing import Any, Protocol
 
 import ray
@@ -66,12 +65,6 @@ def _gathered(tensor: torch.Tensor) -> torch.Tensor:
     if tensor.device.type != mesh_device:  # CPU-offloaded shards of a GPU mesh
         tensor = tensor.to(mesh_device)
     return tensor.full_tensor().detach()
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("", 0))
-        return int(probe.getsockname()[1])
 
 
 class WeightSender:
@@ -150,18 +143,18 @@ class WeightSender:
     # ------------------------------------------------------------------ the engines
     def connect(self, backend: str, world_size: int, client: Any, timeout_s: float) -> None:
         """vLLM's ``trainer_init`` for ``backend`` on every learner; rank 0 drives the
-        runners' ``init_weight_transfer_engine`` through ``client``."""
+        runners' ``init_weight_transfer_engine`` through ``client``, and opens the
+        rendezvous on a port it holds before telling them; a group not formed within
+        ``timeout_s`` raises one line naming the runners, the address and what to open."""
         self.disconnect(backend)
         host = ray.util.get_node_ip_address()
-        if backend in HOST_BACKENDS:
-            init_info = host_trainer_init(backend, host=host, world_size=world_size,
-                                          rank=rank(), timeout_s=timeout_s)
-        else:
-            init_info = vllm_trainer_init(backend, host=host, port=_free_port(),
-                                          world_size=world_size, rank=rank())
+        make_init = host_trainer_init if backend in HOST_BACKENDS else vllm_trainer_init
+        init_info = make_init(backend, host=host, world_size=world_size, rank=rank(),
+                              timeout_s=timeout_s)
         sparse = backend in SPARSE_BACKENDS
         with self._on_device():
-            self.engines[backend] = connect(init_info, client, None if sparse else self.source)
+            self.engines[backend] = connect(init_info, client, None if sparse else self.source,
+                                            timeout_s)
         if sparse:
             self.deltas[backend] = DeltaTracker()  # new receivers: the first sync is whole
 

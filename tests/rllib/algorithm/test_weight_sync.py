@@ -158,20 +158,32 @@ class TestRemoteTransports:
             sync.use_transport("nvlink")
 
 
-def test_auto_falls_back_to_the_object_store_when_no_group_forms(ray_session, monkeypatch):
+def test_a_weight_engine_that_cannot_connect_stops_the_run_under_auto_too(ray_session,
+                                                                          monkeypatch):
+    """Regression: with ``auto`` a failed connect moved the rest of the run to Ray's object
+    store after one warning.  It is the run's error now, the learner's one line as it is;
+    the connect got ``weight_sync_connect_timeout_s``."""
     from rllib_grpo.rllib.learner import weight_sender
 
-    def unreachable(self, *args, **kwargs):
-        raise ConnectionError("no route to the learner")
+    line = ("weight sync: env runner 1 (node 10.0.0.5) did not join the gloo group at "
+            "10.0.0.2:41233 within 7 s: open TCP port 41233 (and gloo's ports) between the "
+            "nodes, or set weight_sync_transport='object_store'")
+    timeouts = []
+
+    def unreachable(self, backend, world_size, client, timeout_s):
+        timeouts.append(timeout_s)
+        raise TimeoutError(line)
 
     monkeypatch.setattr(weight_sender.WeightSender, "connect", unreachable)
-    config = tiny_config(lr=1e-2)
+    config = tiny_config(lr=1e-2, weight_sync_connect_timeout_s=7)
     config.env_runners(num_env_runners=1, create_local_env_runner=False)
     algo = config.build_algo()
     try:
-        algo.train()
-        assert algo._weight_sync.transport_names() == {1: "object_store"}
-        _assert_equal(_remote_sampler_state(algo), _learner_state(algo))
+        with pytest.raises(TimeoutError) as failed:
+            algo.train()
+        assert str(failed.value) == line
+        assert timeouts == [7]
+        assert algo._weight_sync.transport_names() == {1: "shm"}  # nothing fell back
     finally:
         algo.stop()
 
@@ -258,7 +270,8 @@ def test_a_sync_with_every_runner_out_of_service_sends_nothing():
     runners = SimpleNamespace(healthy_worker_ids=lambda: [], num_remote_env_runners=lambda: 1,
                               num_remote_worker_restarts=lambda: 0, local_env_runner=None)
     algo = SimpleNamespace(
-        config=SimpleNamespace(weight_sync_transport="auto", weight_sync_bucket_mb=1.0),
+        config=SimpleNamespace(weight_sync_transport="auto", weight_sync_bucket_mb=1.0,
+                               weight_sync_connect_timeout_s=300.0),
         env_runner_group=runners,
         learner_group=SimpleNamespace(foreach_learner=lambda func: [func(learner)],
                                       _get_results=lambda results: results))
