@@ -107,3 +107,28 @@ def test_validate_explain_and_rllib_train_refuse_the_same(tmp_path, capsys):
                        "env='rllib_grpo/Nope-v0' is no registered gymnasium id nor env class. "
                        "Did you mean 'rllib_grpo/Prompts-v0' or 'rllib_grpo/MATH-v0' or "
                        "'rllib_grpo/GSM8K-v0'?"]
+
+
+@pytest.mark.parametrize("content, problem", [(None, "no such file"),
+                                               ("", "no rows (empty file)")])
+def test_the_readme_text_env_dataset_file_is_checked(tmp_path, content, problem):
+    """README's own example: ``.environment(TextEnv, env_config={"dataset": "train.jsonl",
+    ...})``; a missing or empty file is refused at validate(), not by build_algo()."""
+    from rllib_grpo.data.env import TextEnv
+
+    data = tmp_path / "train.jsonl"
+    if content is not None:
+        data.write_text(content)
+    config = tiny_config().environment(TextEnv)
+    config.env_config = {"dataset": str(data)}
+    assert _errors(config) == [f"env_config.dataset: {data}: {problem}."]
+    with pytest.raises(ValueError, match="env_config.dataset: .*train.jsonl"):
+        config.validate()
+
+
+def test_a_text_env_dataset_given_as_rows_is_not_a_file():
+    from rllib_grpo.data.env import TextEnv
+
+    config = tiny_config().environment(TextEnv)
+    config.env_config = {"dataset": [{"prompt": "1+1=", "answer": "2"}]}
+    assert _errors(config) == []
