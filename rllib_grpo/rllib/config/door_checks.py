@@ -12,7 +12,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rllib_grpo.rllib.config.settings import LOGGER_PACKAGES, GRPOSettings, did_you_mean
+from rllib_grpo.rllib.config.settings import (
+    LOGGER_PACKAGES,
+    GRPOSettings,
+    choice_error,
+    did_you_mean,
+)
 
 # Process and device counts (RLlib's own fields): a negative one is accepted by RLlib.
 COUNT_FIELDS = ("num_env_runners", "num_envs_per_env_runner", "num_learners",
@@ -130,9 +135,8 @@ def logger_errors(c: GRPOSettings) -> list[str]:
     names = [loggers] if isinstance(loggers, str) else list(loggers or ())
     errors = []
     for name in names:
-        if name not in LOGGER_PACKAGES:
-            errors.append(f"loggers: {name!r} is unknown; use any of "
-                          f"{', '.join(LOGGER_PACKAGES)}." + did_you_mean(name, LOGGER_PACKAGES))
+        if error := choice_error("loggers", name, LOGGER_PACKAGES, note=" (any of them)"):
+            errors.append(error)
         elif (package := LOGGER_PACKAGES[name]) and importlib.util.find_spec(package) is None:
             errors.append(f"loggers: {name!r} needs the {package} package: pip install {package}.")
         elif name == "mlflow" and (error := mlflow_store_error(mlflow_tracking_uri())):
