@@ -72,21 +72,23 @@ def _run_child(spec: str, request: bytes, timeout_s: float) -> str | None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             [_PACKAGE_ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])}
         with open(Path(folder) / _OUTPUT, "wb") as output:
-            # Its own session: a timeout kills whatever the function started, too.
+            # Its own session (process group): what the function started ends with it.
             child = subprocess.Popen(
                 [sys.executable, "-m", "rllib_grpo.rewards.probe", folder],
                 stdin=subprocess.DEVNULL, stdout=output, stderr=output, env=env,
                 start_new_session=True)
+            status: int | None = None
             try:
-                status: int | None = child.wait(timeout=timeout_s)
+                status = child.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
+                pass
+            finally:  # also on an interrupt of this process: the child is no one else's
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(child.pid, signal.SIGKILL)
+                child.kill()  # were it out of its group (setsid), the group kill missed it
                 child.wait()
-                status = None
         replies = _replies(Path(folder) / _REPLY)
-        output_lines = (Path(folder) / _OUTPUT).read_text(errors="replace").split("\n")
-        last_output = next((line for line in reversed(output_lines) if line.strip()), "")
+        last_output = _last_line(Path(folder) / _OUTPUT)
     if replies and "problem" in replies[-1]:
         return replies[-1]["problem"]
     file = spec.rpartition(":")[0]
@@ -104,6 +106,14 @@ def _run_child(spec: str, request: bytes, timeout_s: float) -> str | None:
     what = what.replace("did not finish", "did not return")
     return (f"reward function {replies[-1]['function']} {what} when called on a sample row "
             "(the first row, its ground truth as the response)")
+
+
+def _last_line(path: Path) -> str:
+    """The last non-empty line of the child's output (read from its last 4 KiB)."""
+    with open(path, "rb") as output:
+        output.seek(max(0, output.seek(0, os.SEEK_END) - 4096))
+        lines = output.read().decode(errors="replace").splitlines()
+    return next((line for line in reversed(lines) if line.strip()), "")
 
 
 def _replies(path: Path) -> list[dict]:

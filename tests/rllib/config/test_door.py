@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -170,8 +171,11 @@ def test_a_reward_that_hangs_is_refused_after_the_door_s_limit(tmp_path, monkeyp
     from rllib_grpo.rewards import probe
 
     monkeypatch.setattr(probe, "PROBE_TIMEOUT_S", 4.0)
-    config = _prompts(tmp_path, "import time\n\n"
+    started = tmp_path / "started.pid"
+    config = _prompts(tmp_path, "import subprocess, time\n\n"
                                 "def score(data_source, s, gt, extra_info=None):\n"
+                                "    sleeper = subprocess.Popen(['sleep', '600'])\n"
+                                f"    open({str(started)!r}, 'w').write(str(sleeper.pid))\n"
                                 "    time.sleep(600)\n")
     start = time.monotonic()
     errors = _errors(config)
@@ -179,6 +183,19 @@ def test_a_reward_that_hangs_is_refused_after_the_door_s_limit(tmp_path, monkeyp
     assert errors == [f"env_config.reward_fn={_spec(tmp_path)!r}: reward function score "
                       f"({tmp_path / 'reward.py'}:3) did not return within 4 s when called on "
                       "a sample row (the first row, its ground truth as the response)."]
+    # What the function started went with it.
+    deadline = time.monotonic() + 10.0
+    while _running(int(started.read_text())) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running(int(started.read_text()))
+
+
+def _running(pid: int) -> bool:
+    """``pid`` is a process that has not ended (gone, or a zombie waiting for its parent)."""
+    try:
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
 
 
 def test_no_user_code_runs_in_the_checking_process_and_explain_says_it_calls_it(tmp_path):
