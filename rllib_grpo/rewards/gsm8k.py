@@ -3,7 +3,7 @@
 Fixes over verl's ``gsm8k.compute_score`` (docs/grpo-semantics.md section 6.3):
 
 * numbers compare by value, not string: ``#### 18.0`` vs ``18``, ``#### 1,000``
-  vs ``1000``, unicode minus ``−5`` vs ``-5``;
+  and ``#### 1 000`` vs ``1000``, ``#### 3/4`` vs ``0.75``, unicode minus ``−5`` vs ``-5``;
 * ``#### $18`` and ``#### $ 18`` parse (the currency sign is skipped);
 * a trailing period is not part of the number (``The answer is 18.``);
 * the whole response is searched (a window is the scorer's optional
@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from rllib_grpo.rewards._numbers import answers_match, first_number, last_number
+from rllib_grpo.rewards._numbers import answers_match, first_answer_number, last_number
 from rllib_grpo.rewards.pool import declare_isolation
 
 GSM8K_METHODS = ("strict", "flexible")
@@ -29,13 +29,14 @@ _ANSWER_MARKER = re.compile(r"####\s*(?P<rest>(?:(?!####)[^\n])*)")
 def extract_gsm8k_answer(text: str, method: str = "strict") -> str | None:
     """The canonical number the response gives as its answer, or None.
 
-    ``strict``: the first number after the last ``####`` that has one.
+    ``strict``: the first number after the last ``####`` that has one (a fraction and
+    space-separated thousands count as one number there: `first_answer_number`).
     ``flexible``: as strict, else the last number anywhere in ``text``.
     """
     if method not in GSM8K_METHODS:
         raise ValueError(f"gsm8k method must be one of {GSM8K_METHODS}, got {method!r}")
     for marker in reversed(list(_ANSWER_MARKER.finditer(text))):
-        number = first_number(marker["rest"])
+        number = first_answer_number(marker["rest"])
         if number is not None:
             return number
     return last_number(text) if method == "flexible" else None

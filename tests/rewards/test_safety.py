@@ -99,6 +99,37 @@ def test_none_or_a_dict_without_score_stops_naming_the_function(fn, shown, isola
     scorer.close()
 
 
+SCORES_0 = "the sample scores 0 with `reward_error`; counted, logged, training goes on"
+STOPS = "`RewardContractError`: the run stops, naming the function, its file and the value"
+# (what the reward function does, its body, what follows): docs/rewards.md's failure
+# table is generated from these rows (tests/rewards/test_docs.py).
+FAILURE_CASES = [
+    ("raises", "raise KeyError('boom')", SCORES_0),
+    ("exits", "raise SystemExit(3)", SCORES_0),
+    ("runs longer than `timeout_s`", "time.sleep(1.0)", SCORES_0),
+    ("returns no number", "return '1.0'", SCORES_0),
+    ("returns NaN", "return math.nan", SCORES_0),
+    ("returns a score infinite in float32", "return 1e39", SCORES_0),
+    ("returns a dict whose score is no number", "return {'score': 'high'}", SCORES_0),
+    ("returns None", "return None", STOPS),
+    ("returns a dict without `score`", "return {'acc': True}", STOPS),
+]
+
+
+@pytest.mark.parametrize(("case", "body", "outcome"), FAILURE_CASES)
+def test_failure_case(case, body, outcome):
+    namespace = {"math": math, "time": time}
+    exec(f"def reward(data_source, solution_str, ground_truth, extra_info=None):\n"
+         f"    {body}\n", namespace)
+    scorer = RewardScorer(namespace["reward"], timeout_s=0.2, isolation="thread")
+    if outcome == STOPS:
+        with pytest.raises(RewardContractError):
+            scorer("any", "x", "y")
+        return
+    result = scorer("any", "x", "y")
+    assert (result["score"], result["reward_error"], scorer.num_errors) == (0.0, True, 1), case
+
+
 @pytest.mark.parametrize("make", [lambda: np.array(0.5), lambda: np.float64(0.5),
                                   lambda: __import__("torch").tensor(0.5)])
 @pytest.mark.parametrize("as_dict", [False, True])

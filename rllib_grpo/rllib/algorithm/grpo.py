@@ -37,6 +37,7 @@ from rllib_grpo.data.rollout import RolloutBatch, concat_rollouts, data_metrics
 from rllib_grpo.rllib.algorithm.async_pipeline import PipelinedSampling
 from rllib_grpo.rllib.algorithm.continuous import ContinuousSampling
 from rllib_grpo.rllib.algorithm.evaluation import EvaluatingAlgorithm, prompt_slices
+from rllib_grpo.rllib.algorithm.no_signal import no_signal_warning
 from rllib_grpo.rllib.algorithm.placement_group import RunPlacement
 from rllib_grpo.rllib.algorithm.reward_workers import RewardActors
 from rllib_grpo.rllib.algorithm.sampling import (
@@ -353,14 +354,7 @@ class GRPO(EvaluatingAlgorithm):
         if self._no_signal_streak == self.config.warn_no_signal_after:
             right = self.metrics.peek("groups/all_right_frac", default=0.0)
             wrong = self.metrics.peek("groups/all_wrong_frac", default=0.0)
-            logger.warning(
-                "For %d steps most groups (%.0f%%: %.0f%% all right, %.0f%% all wrong) had equal "
-                "rewards, so they carry no learning signal. Likely causes: the reward parser "
-                "never matches (check critic/score and a sampled completion), no sampling "
-                "diversity (temperature too low, group_size too small), or the task is too "
-                "easy / too hard for the model.", self._no_signal_streak, 100 * flat,
-                100 * right, 100 * wrong,
-            )
+            logger.warning(no_signal_warning(self._no_signal_streak, flat, right, wrong))
 
 
 def startup_origin() -> float:

@@ -25,7 +25,7 @@ from rllib_grpo.rllib.config.layout import (
     tensor_parallel_size,
     unplaceable,
 )
-from rllib_grpo.rllib.config.settings import GRPOSettings
+from rllib_grpo.rllib.config.settings import GRPOSettings, choice_error
 from rllib_grpo.rllib.config.staleness import async_errors, async_pitfalls
 from rllib_grpo.rllib.config.text_env import env_class
 from rllib_grpo.samplers import SAMPLER_KINDS
@@ -34,6 +34,10 @@ from rllib_grpo.weights.plan import WEIGHT_SYNC_TRANSPORTS
 
 def _is_group_estimator(c: GRPOSettings) -> bool:
     return c.adv_estimator in ADV_ESTIMATORS and needs_groups(c.adv_estimator)
+
+
+# The KL estimators as the error lists them (aliases paired; every one also with '+').
+KL_LISTED = "kl/k1, abs, mse/k2, low_var_kl/k3, or any of them with a '+' suffix"
 
 
 def _check_names(c: GRPOSettings) -> list[str]:
@@ -46,16 +50,11 @@ def _check_names(c: GRPOSettings) -> list[str]:
         ("sampler", c.sampler, SAMPLER_KINDS),
         ("kl_ctrl_type", c.kl_ctrl_type, KL_CONTROLLERS.names()),
     ]
+    named += [(field, getattr(c, field), kl_kinds()) for field in ("kl_loss_type", "kl_penalty")]
     for field, value, known in named:
-        if value not in known:
-            errors.append(f"{field}={value!r} is unknown; use one of: {', '.join(known)}.")
-    for field in ("kl_loss_type", "kl_penalty"):
-        value = getattr(c, field)
-        if value not in kl_kinds():
-            errors.append(
-                f"{field}={value!r} is not a KL estimator; use kl/k1, abs, mse/k2, "
-                "low_var_kl/k3, or any of them with a '+' suffix."
-            )
+        listed = KL_LISTED if field in ("kl_loss_type", "kl_penalty") else None
+        if error := choice_error(field, value, known, listed=listed):
+            errors.append(error)
     return errors
 
 
@@ -120,9 +119,8 @@ def _check_algorithm(c: GRPOSettings) -> list[str]:
         )
     if c.clip_ratio_c <= 1.0:
         errors.append(f"clip_ratio_c={c.clip_ratio_c} must be > 1 (dual clip; verl uses 3).")
-    if c.rollout_is is not None and c.rollout_is not in ROLLOUT_IS_LEVELS:
-        errors.append(f"rollout_is={c.rollout_is!r} is unknown; use None (off) or one of "
-                      f"{', '.join(map(repr, ROLLOUT_IS_LEVELS))}.")
+    if error := choice_error("rollout_is", c.rollout_is, (None, *ROLLOUT_IS_LEVELS)):
+        errors.append(error)
     if c.rollout_is and c.rollout_is_threshold <= 0:
         errors.append(f"rollout_is_threshold={c.rollout_is_threshold} must be > 0.")
     if c.kl_ctrl_type == "adaptive" and c.kl_horizon <= 0:
@@ -132,11 +130,11 @@ def _check_algorithm(c: GRPOSettings) -> list[str]:
 
 def _check_recipes(c: GRPOSettings) -> list[str]:
     errors = []
-    if c.filter_groups and c.filter_groups_metric not in FILTER_METRICS:
-        hint = (" (it includes the in-reward KL, which is computed on the learners)"
-                if c.filter_groups_metric == "seq_final_reward" else "")
-        errors.append(f"filter_groups_metric={c.filter_groups_metric!r} is not available"
-                      f"{hint}; use one of: {', '.join(FILTER_METRICS)}.")
+    hint = (" (seq_final_reward includes the in-reward KL, which is computed on the learners)"
+            if c.filter_groups_metric == "seq_final_reward" else "")
+    if c.filter_groups and (error := choice_error("filter_groups_metric", c.filter_groups_metric,
+                                                  FILTER_METRICS, note=hint)):
+        errors.append(error)
     if c.gen_prompts_per_batch is not None and c.gen_prompts_per_batch < 1:
         errors.append(f"gen_prompts_per_batch={c.gen_prompts_per_batch} must be >= 1 (prompts).")
     if c.overlong_buffer_len < 0 or c.overlong_buffer_len > c.max_response_length:
@@ -159,16 +157,14 @@ def _check_lora_and_memory(c: GRPOSettings) -> list[str]:
                           "lora_alpha / lora_rank).")
         if not 0 <= c.lora_dropout < 1:
             errors.append(f"lora_dropout={c.lora_dropout} must be in [0, 1).")
-        if c.lora_sync not in LORA_SYNC_MODES:
-            errors.append(f"lora_sync={c.lora_sync!r} is unknown; use one of: "
-                          f"{', '.join(LORA_SYNC_MODES)}.")
+        if error := choice_error("lora_sync", c.lora_sync, LORA_SYNC_MODES):
+            errors.append(error)
         if c.fsdp and c.num_learners >= 2:
             errors.append(f"lora_rank={c.lora_rank} with FSDP sharding over {c.num_learners} "
                           "learners is not supported yet; set fsdp=False (each learner holds "
                           "the frozen base and DDP averages the small adapter's gradients).")
-    if c.token_stats not in TOKEN_STATS_MODES:
-        errors.append(f"token_stats={c.token_stats!r} is unknown; use one of: "
-                      f"{', '.join(TOKEN_STATS_MODES)}.")
+    if error := choice_error("token_stats", c.token_stats, TOKEN_STATS_MODES):
+        errors.append(error)
     errors += _check_weight_sync(c)
     fraction = c.sampler_memory_fraction
     if fraction is not None and not 0 < fraction <= 1:
@@ -189,12 +185,11 @@ FSDP_DTYPES = {"fsdp_param_dtype": ("auto", "model", *COMPUTE_DTYPES),
 def _check_precision(c: GRPOSettings) -> list[str]:
     errors = []
     allowed = {"model_dtype": ("auto", *COMPUTE_DTYPES), "master_weights_dtype": MASTER_DTYPES,
-               **FSDP_DTYPES}
+               "reward_model_dtype": ("auto", *COMPUTE_DTYPES), **FSDP_DTYPES}
     for field, known in allowed.items():
-        value = getattr(c, field)
-        if value not in known:
-            errors.append(f"{field}={value!r} is not a dtype here; use one of: "
-                          f"{', '.join(known)} (verl's bf16/fp32 spellings are accepted).")
+        if error := choice_error(field, getattr(c, field), known,
+                                 note=" (verl's bf16/fp32 spellings are accepted)"):
+            errors.append(error)
     if not errors and c.master_weights_dtype == "bfloat16" and c.compute_dtype == "float32":
         errors.append("master_weights_dtype='bfloat16' with model_dtype='float32': the weights "
                       "would be stored less precisely than they are computed with. Use "
@@ -204,9 +199,8 @@ def _check_precision(c: GRPOSettings) -> list[str]:
 
 def _check_weight_sync(c: GRPOSettings) -> list[str]:
     transport = getattr(c, "weight_sync_transport", "auto")
-    if transport not in WEIGHT_SYNC_TRANSPORTS:
-        return [f"weight_sync_transport={transport!r} is unknown; use one of: "
-                f"{', '.join(WEIGHT_SYNC_TRANSPORTS)}."]
+    if error := choice_error("weight_sync_transport", transport, WEIGHT_SYNC_TRANSPORTS):
+        return [error]
     errors = []
     if not getattr(c, "weight_sync_bucket_mb", 1) > 0:
         errors.append(f"weight_sync_bucket_mb={c.weight_sync_bucket_mb} must be > 0 (MiB per "
@@ -348,10 +342,8 @@ def _lora_and_memory_pitfalls(c: GRPOSettings) -> list[str]:
 
 def _check_lr_schedule(c: GRPOSettings) -> list[str]:
     errors = []
-    if c.lr_scheduler_type not in LR_SCHEDULER_TYPES:
-        errors.append(f"lr_scheduler_type={c.lr_scheduler_type!r} is unknown; use one of: "
-                      f"{', '.join(LR_SCHEDULER_TYPES)}.")
-        return errors
+    if error := choice_error("lr_scheduler_type", c.lr_scheduler_type, LR_SCHEDULER_TYPES):
+        return [error]
     scheduled = c.lr_warmup_steps != 0 or c.lr_scheduler_type != "constant"
     if isinstance(getattr(c, "lr", None), list | tuple) and scheduled:
         errors.append("lr is an RLlib schedule ([[timestep, lr], ...]) and lr_warmup_steps / "

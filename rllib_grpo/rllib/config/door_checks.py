@@ -1,6 +1,6 @@
 """The door's checks that load something small before any process starts: the env id
 exists, counts are >= 0, and the reward function imports and returns a number on a sample
-built from the first row.  `rllib_grpo.rllib.config.input_checks.input_errors` includes
+built from the first row (in a child process: `rllib_grpo.rewards.probe`).  `rllib_grpo.rllib.config.input_checks.input_errors` includes
 them, so `GRPOConfig.validate`, `explain` and `rllib train` refuse the same inputs.
 """
 
@@ -12,14 +12,17 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rllib_grpo.rllib.config.settings import LOGGER_PACKAGES, GRPOSettings, did_you_mean
+from rllib_grpo.rllib.config.settings import (
+    LOGGER_PACKAGES,
+    GRPOSettings,
+    choice_error,
+    did_you_mean,
+)
 
 # Process and device counts (RLlib's own fields): a negative one is accepted by RLlib.
 COUNT_FIELDS = ("num_env_runners", "num_envs_per_env_runner", "num_learners",
                 "num_gpus_per_learner", "num_cpus_per_learner", "num_gpus_per_env_runner",
                 "num_cpus_per_env_runner", "evaluation_num_env_runners", "num_epochs")
-# Seconds the door waits for the reward function's one call (a hang scores 0 at run time).
-SAMPLE_CALL_TIMEOUT_S = 10.0
 
 
 def count_errors(c: GRPOSettings) -> list[str]:
@@ -60,51 +63,60 @@ def _importable(path: str) -> bool:
         return False
 
 
-def reward_fn_errors(c: GRPOSettings) -> list[str]:
-    """``env_config.reward_fn`` (and ``val_env_config``'s) imports, and one call on a sample
-    built from the first row of the data returns a number or a dict with ``"score"``.
-    A syntax error names the file and line; a non-number names the function's file and
-    line.  A call that raises is left to run time (that sample scores 0 there)."""
-    from rllib_grpo.rewards import resolve_reward_fn
-    from rllib_grpo.rewards.pool import RewardPool
-    from rllib_grpo.rewards.scorer import (
-        RewardContractError,
-        describe_function,
-        is_contract_violation,
-        normalize_reward_result,
-    )
-
-    errors = []
+def _user_reward_fns(c: GRPOSettings) -> list[tuple[str, str, dict]]:
+    """``(field, spec, env settings)`` of each reward function given as ``"module:function"``
+    or ``"file.py:function"`` in ``env_config`` / ``val_env_config`` whose file exists
+    (`input_checks` names a missing one); registered names, None and callables are not
+    user code the door imports."""
+    found = []
     for field in ("env_config", "val_env_config"):
         settings = getattr(c, field, None) or {}
         spec = settings.get("reward_fn")
         if not isinstance(spec, str) or ":" not in spec:
-            continue  # a registered name, None (data_source dispatch) or a callable
+            continue
         file = spec.rpartition(":")[0]
         if file.endswith(".py") and not Path(file).expanduser().is_file():
-            continue  # input_checks names the missing file
-        try:
-            fn = resolve_reward_fn(spec)
-        except SyntaxError as err:
-            errors.append(f"{field}.reward_fn={spec!r}: {err.filename}:{err.lineno}: "
-                          f"SyntaxError: {err.msg}.")
             continue
-        except Exception as err:  # noqa: BLE001  (any import failure: say which)
-            errors.append(f"{field}.reward_fn={spec!r} does not import "
-                          f"({type(err).__name__}: {err}).")
-            continue
-        pool = RewardPool(fn, mode="thread", max_workers=1, timeout_s=SAMPLE_CALL_TIMEOUT_S)
-        ok, value = pool.map([(_first_row_sample(settings), settings.get("reward_kwargs") or {})])[0]
-        pool.close()
-        if not ok:
-            continue  # it raised or hung on this sample: scored 0 and counted at run time
-        try:
-            if is_contract_violation(value):
-                raise RewardContractError(fn, value)
-            normalize_reward_result(value)
-        except (TypeError, ValueError) as err:
-            errors.append(f"{field}.reward_fn: {describe_function(fn)} on the first row: {err}.")
+        found.append((field, spec, settings))
+    return found
+
+
+def reward_fn_errors(c: GRPOSettings) -> list[str]:
+    """Each user reward function (`_user_reward_fns`) imports and, called once on a
+    sample built from the first row of the data, returns a number or a dict with
+    ``"score"``, without killing its process and in time (`_probe_timeout_s`).  The call runs
+    in a child process (`rllib_grpo.rewards.probe`): none of the user's code runs here.
+    A call that raises is left to run time (that sample scores 0)."""
+    from rllib_grpo.rewards.probe import probe_reward_fn
+
+    errors = []
+    for field, spec, settings in _user_reward_fns(c):
+        problem = probe_reward_fn(spec, _first_row_sample(settings),
+                                  dict(settings.get("reward_kwargs") or {}),
+                                  timeout_s=_probe_timeout_s(settings))
+        if problem:
+            errors.append(f"{field}.reward_fn={spec!r}: {problem}.")
     return errors
+
+
+def _probe_timeout_s(settings: dict) -> float:
+    """The door's limit on the child (start, import and one call): `PROBE_TIMEOUT_S`, plus
+    the run's own limit on one call (``reward_timeout_s``) where that is longer."""
+    from rllib_grpo.rewards.probe import PROBE_TIMEOUT_S
+
+    per_call = settings.get("reward_timeout_s")
+    if isinstance(per_call, int | float) and not isinstance(per_call, bool) and \
+            per_call > PROBE_TIMEOUT_S:
+        return PROBE_TIMEOUT_S + float(per_call)
+    return PROBE_TIMEOUT_S
+
+
+def reward_fn_probe_lines(c: GRPOSettings) -> list[str]:
+    """``explain``'s line per user reward function: the door calls it once, and where."""
+    return [f"reward check:                  {field}.reward_fn {spec!r} is imported and called "
+            "once on the first row (its ground truth as the response), in a child process, "
+            f"{_probe_timeout_s(settings):g} s at most" for field, spec, settings in
+            _user_reward_fns(c)]
 
 
 def _first_row_sample(settings: dict) -> tuple[str, str, Any, dict | None]:
@@ -130,9 +142,8 @@ def logger_errors(c: GRPOSettings) -> list[str]:
     names = [loggers] if isinstance(loggers, str) else list(loggers or ())
     errors = []
     for name in names:
-        if name not in LOGGER_PACKAGES:
-            errors.append(f"loggers: {name!r} is unknown; use any of "
-                          f"{', '.join(LOGGER_PACKAGES)}." + did_you_mean(name, LOGGER_PACKAGES))
+        if error := choice_error("loggers", name, LOGGER_PACKAGES, note=" (any of them)"):
+            errors.append(error)
         elif (package := LOGGER_PACKAGES[name]) and importlib.util.find_spec(package) is None:
             errors.append(f"loggers: {name!r} needs the {package} package: pip install {package}.")
         elif name == "mlflow" and (error := mlflow_store_error(mlflow_tracking_uri())):

@@ -4,6 +4,7 @@ plan, the loss and KL set-up, the memory estimate, and every error and pitfall f
 from __future__ import annotations
 
 from rllib_grpo.rllib.config.checks import find_errors, find_pitfalls
+from rllib_grpo.rllib.config.door_checks import reward_fn_probe_lines
 from rllib_grpo.rllib.config.layout import layout_lines, planned_transports
 from rllib_grpo.rllib.config.memory import memory_lines
 from rllib_grpo.rllib.config.prompt_lengths import prompt_length_lines
@@ -173,6 +174,7 @@ def explain_config(c: GRPOSettings) -> str:
         f"(truncation={c.truncation}), response <= {c.max_response_length} tokens",
         *prompt_length_lines(c),
         *reward_plan_lines(c),
+        *reward_fn_probe_lines(c),
         f"advantage:                     {c.adv_estimator}"
         + (" (Dr.GRPO: no std normalisation)" if not c.norm_adv_by_std_in_grpo else ""),
         f"policy loss:                   {c.policy_loss}, clip [{c.clip_ratio_low or c.clip_ratio}, "

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rllib_grpo.data.env import TextEnv
 from rllib_grpo.data.prompt_files import prompt_file_error
 from rllib_grpo.models.registry import model_path_error
 from rllib_grpo.rllib.config.door_checks import (
@@ -21,6 +22,7 @@ from rllib_grpo.rllib.config.door_checks import (
 from rllib_grpo.rllib.config.prompt_lengths import prompt_length_errors
 from rllib_grpo.rllib.config.reward_plan import reward_plan_errors
 from rllib_grpo.rllib.config.settings import GRPOSettings
+from rllib_grpo.rllib.config.text_env import env_class
 
 # (field, predicate, requirement) for scalar settings; None values are skipped ("off").
 _POSITIVE = (lambda v: v > 0, "a finite number > 0")
@@ -90,18 +92,34 @@ def range_errors(c: GRPOSettings) -> list[str]:
 
 def _data_paths(c: GRPOSettings) -> list[tuple[str, Any]]:
     """``(field, path)`` of every data file; a list of files (verl's ``data.train_files``
-    may be one) gives one entry per file, named by its position."""
+    may be one) gives one entry per file, named by its position.  A `TextEnv`'s own
+    ``dataset`` option counts when it names a file (`_dataset_file`)."""
     paths = []
     for field in ("env_config", "val_env_config"):
         settings = getattr(c, field, None) or {}
-        if isinstance(settings, dict) and settings.get("path") is not None:
+        if not isinstance(settings, dict):
+            continue
+        if settings.get("path") is not None:
             given = settings["path"]
             if isinstance(given, list | tuple):
                 paths += [(f"{field}.path[{i}]", path) for i, path in enumerate(given)]
                 paths += [] if given else [(f"{field}.path", None)]  # no file: no data
             else:
                 paths.append((f"{field}.path", given))
+        if (dataset := _dataset_file(c, settings)) is not None:
+            paths.append((f"{field}.dataset", dataset))
     return paths
+
+
+def _dataset_file(c: GRPOSettings, settings: dict) -> str | Path | None:
+    """The file a `TextEnv` (or subclass) loads its ``dataset`` option from, or None for
+    rows given in memory (a list, a `PromptDataset`) and envs of other kinds (their
+    ``dataset`` may mean something else)."""
+    dataset = settings.get("dataset")
+    if not isinstance(dataset, str | Path):
+        return None
+    cls = env_class(getattr(c, "env", None))
+    return dataset if cls is not None and issubclass(cls, TextEnv) else None
 
 
 def _reward_file_errors(c: GRPOSettings) -> list[str]:

@@ -169,9 +169,13 @@ def _measure_env(c: GRPOSettings, env_config: dict, seed: int, folder: str
                  ) -> PromptLengths | None:
     from rllib_grpo.models.tokenizers import load_tokenizer
 
+    # The env's own reward is not needed to measure prompts: a user's reward function is
+    # imported (and called) only in the door's child process (`door_checks`).
+    no_reward = {"reward_fn": None} if "reward_fn" in env_config else {}
     try:
         tokenizer = load_tokenizer(folder)
-        env = make_text_env(c, None, seed, env_config=env_config, overrides=_UNLIMITED)
+        env = make_text_env(c, None, seed, env_config=env_config,
+                            overrides={**_UNLIMITED, **no_reward})
     except Exception as err:  # noqa: BLE001  (other checks or the run report it)
         logger.debug("prompt lengths not measured: %s: %s", type(err).__name__, err)
         return None

@@ -369,6 +369,20 @@ def did_you_mean(name: str, known: Iterable[str]) -> str:
     return f" Did you mean {' or '.join(map(repr, near))}?" if near else ""
 
 
+def choice_error(field: str, value: Any, choices: Iterable[Any], *, listed: str | None = None,
+                 note: str = "") -> str | None:
+    """The one refusal of every choice-valued setting, or None when ``value`` is one of
+    ``choices``: ``field='x' is unknown; use one of: a, b (note). Did you mean 'a'?``.
+    ``listed`` replaces the list of choices shown (where they are many and follow a rule);
+    the suggestion is the nearest of all of them (`did_you_mean`)."""
+    choices = tuple(choices)
+    if value in choices:
+        return None
+    shown = listed if listed is not None else ", ".join(map(str, choices))
+    return (f"{field}={value!r} is unknown; use one of: {shown}{note}."
+            + did_you_mean(str(value), [str(choice) for choice in choices]))
+
+
 def settings_table() -> str:
     """Every GRPO setting as a Markdown table: name, type, default, unit, verl name, meaning."""
     rows = ["| field | type | default | unit | verl | meaning |", "|---|---|---|---|---|---|"]

@@ -4,7 +4,7 @@ the update's own forward gives the old log-probs; the driver's pipeline
 
 from __future__ import annotations
 
-from rllib_grpo.rllib.config.settings import GRPOSettings
+from rllib_grpo.rllib.config.settings import GRPOSettings, choice_error
 
 
 def async_errors(c: GRPOSettings) -> list[str]:
@@ -14,8 +14,8 @@ def async_errors(c: GRPOSettings) -> list[str]:
         return [f"max_staleness={k!r} must be an integer >= 0 (0 = synchronous GRPO, 1 = "
                 "one step off policy)."]
     mode = getattr(c, "rollout_mode", "auto")
-    if mode not in ROLLOUT_MODES:
-        return [f"rollout_mode={mode!r} must be one of {ROLLOUT_MODES}."]
+    if error := choice_error("rollout_mode", mode, ROLLOUT_MODES):
+        return [error]
     if mode == "sync" and k:
         return [f"rollout_mode='sync' trains on fresh samples only, but max_staleness={k}: "
                 "set max_staleness=0, or rollout_mode='one_step_off' / 'continuous'."]

@@ -26,7 +26,7 @@ def _continuous(**training):
     (dict(rollout_mode="continuous", max_staleness=0), "needs max_staleness >= 1"),
     (dict(rollout_mode="sync", max_staleness=1), "set max_staleness=0"),
     (dict(rollout_mode="one_step_off", max_staleness=0), "needs max_staleness >= 1"),
-    (dict(rollout_mode="eager"), "rollout_mode='eager' must be one of"),
+    (dict(rollout_mode="eager"), "rollout_mode='eager' is unknown; use one of"),
     (dict(rollout_mode="continuous", max_staleness=2, sampler="hf"), "set sampler='vllm'"),
     (dict(rollout_mode="continuous", max_staleness=2, sampler="vllm", adv_estimator="remax"),
      "ReMax"),

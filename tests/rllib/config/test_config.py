@@ -74,6 +74,50 @@ def test_validation_names_field_and_fix(training, needle):
     assert any(needle in e for e in errors), errors
 
 
+# Every choice-valued setting (units name / mode / dtype / names) with a misspelling of one
+# of its values and that value; extra settings that switch the field's check on.
+CHOICE_UNITS = ("name", "mode", "dtype", "names")
+MISSPELT_CHOICES = {
+    "truncation": ("midle", "middle", {}),
+    "model_dtype": ("bfloat61", "bfloat16", {}),
+    "master_weights_dtype": ("float23", "float32", {}),
+    "sampler": ("vllmm", "vllm", {}),
+    "adv_estimator": ("grpo_passs", "grpo_passk", {}),
+    "kl_penalty": ("low_var_kll", "low_var_kl", {}),
+    "kl_ctrl_type": ("adaptiv", "adaptive", {}),
+    "kl_loss_type": ("lowvar_kl", "low_var_kl", {}),
+    "policy_loss": ("vanila", "vanilla", {}),
+    "loss_agg_mode": ("token_mean", "token-mean", {}),
+    "filter_groups_metric": ("scor", "score", {"filter_groups": True}),
+    "rollout_is": ("tokens", "token", {}),
+    "lr_scheduler_type": ("cosin", "cosine", {}),
+    "reward_model_dtype": ("bfloat61", "bfloat16", {}),
+    "fsdp_param_dtype": ("bfloat61", "bfloat16", {}),
+    "fsdp_reduce_dtype": ("float23", "float32", {}),
+    "lora_sync": ("merge", "merged", {"lora_rank": 4}),
+    "token_stats": ("chunkd", "chunked", {}),
+    "weight_sync_transport": ("collectiv", "collective", {}),
+    "rollout_mode": ("continous", "continuous", {}),
+    "loggers": ("tensorbord", "tensorboard", {}),
+}
+
+
+def test_every_choice_setting_refuses_a_misspelling_with_the_nearest_choice():
+    """One mechanism (`settings.choice_error`) for every setting whose value is one of a
+    list: the list, and the nearest choice."""
+    from rllib_grpo.rllib.config.settings import SETTINGS_FIELDS
+
+    choice_fields = {name for name, f in SETTINGS_FIELDS.items()
+                     if f.metadata["unit"] in CHOICE_UNITS}
+    assert set(MISSPELT_CHOICES) == choice_fields
+    for field, (typo, meant, switches) in MISSPELT_CHOICES.items():
+        value = (typo,) if field == "loggers" else typo
+        errors = _errors(**{field: value, **switches})
+        refusal = [e for e in errors if e.startswith(f"{field}={typo!r} is unknown; use one of:")]
+        assert len(refusal) == 1 and f"Did you mean {meant!r}" in refusal[0], (
+            field, errors)
+
+
 def test_validate_raises_value_error():
     with pytest.raises(ValueError, match="group_size=1"):
         tiny_config(group_size=1).validate()
