@@ -1,8 +1,9 @@
 """`rllib train`: flags, experiment YAML files and verl's command line.
 
-Argument parsing and key validation run in-process (fast); two real one-iteration
-trainings run as concurrent subprocesses (each starts its own Ray): one from flags,
-one from a YAML file with verl-style overrides and completions in TensorBoard.
+Argument parsing and key validation run in-process (fast); three real one-iteration
+trainings run as concurrent subprocesses (each starts its own Ray on 2 CPUs): one from
+flags, one from a YAML file with verl-style overrides and completions in TensorBoard, one
+with verl's reward model on a reward worker.
 """
 
 from __future__ import annotations
@@ -282,9 +283,16 @@ def trainings(tmp_path_factory):
                    "trainer.experiment_name=verl_run", "trainer.logger=[console]",
                    "actor_rollout_ref.model.use_remove_padding=True",
                    "--storage-path", str(root / "verl")], root)
-    outputs = {name: proc.communicate(timeout=240)[0] for name, proc in
-               (("flags", flags), ("verl", verl))}
-    return root, outputs, {"flags": flags.returncode, "verl": verl.returncode}
+    # The reward model on an actor of its own, on a 2-CPU Ray (it waited forever once: the
+    # trial's resource request left it no CPU).
+    reward_model = _start([*TINY_VERL, "--env", ENV, "trainer.total_training_steps=1",
+                           "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                           "reward_model.enable=True", "reward_model.model.path=builtin:tiny-rm",
+                           "trainer.val_before_train=False", "--storage-path",
+                           str(root / "reward_model")], root)
+    runs = (("flags", flags), ("verl", verl), ("reward_model", reward_model))
+    outputs = {name: proc.communicate(timeout=360)[0] for name, proc in runs}
+    return root, outputs, {name: proc.returncode for name, proc in runs}
 
 
 def _checkpoint(output: str) -> Path:
@@ -324,6 +332,16 @@ def test_train_from_yaml_with_verl_overrides(trainings):
     assert len((trial / "result.json").read_text().splitlines()) == 1  # one iteration
     texts = read_text_summaries(trial)
     assert any(tag.startswith("completions") for tag in texts), texts
+
+
+def test_train_with_a_reward_model_on_two_cpus_runs(trainings):
+    """verl's `reward_model.enable=True` on a 2-CPU Ray: the trial reserves the reward
+    worker's CPU beside the main process, and the iteration runs."""
+    root, outputs, codes = trainings
+    out = outputs["reward_model"]
+    assert codes["reward_model"] == 0, out[-3000:]
+    assert re.search(r"^iter 1  reward ", out, re.MULTILINE), out[-3000:]
+    _checkpoint(out)
 
 
 RAY_ADDRESS_CHECK = """
