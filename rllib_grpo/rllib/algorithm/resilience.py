@@ -3,7 +3,9 @@
 * Checkpoints are written atomically with a manifest of components and checksums, and
   refused on restore when a component is missing or corrupt
   (`rllib_grpo.rllib.algorithm.checkpoints`); ``keep_checkpoints`` prunes old ones.
-* A restore restores the checkpoint named; only a Tune trial resuming itself continues
+* A restore restores the checkpoint named, into the learners and every sampler: the
+  samplers take the restored weights even where they held newer ones (`restore_from_path`,
+  `GRPO.set_state`).  Only a Tune trial resuming itself continues
   from the newest complete checkpoint of its folder, whatever checkpoint Tune's
   (lagging) experiment snapshot names, or when it names none (the driver was killed
   before its snapshot recorded a checkpoint): such a trial restores itself before its
@@ -264,12 +266,34 @@ class ResilientAlgorithm(Algorithm):
     @override(Algorithm)
     def restore_from_path(self, path, *args, **kwargs) -> None:
         """Refuse an incomplete or corrupt checkpoint (naming the component and file)
-        before restoring anything; then RLlib's restore."""
+        before restoring anything; then RLlib's restore, and every sampler gets the
+        restored weights."""
         if _is_local_checkpoint(path, kwargs):
             manifest = verify_checkpoint(path, required_components=[COMPONENT_LEARNER_GROUP])
             if manifest is not None:
                 self._checkpoint_run_id = manifest["run_id"]
         super().restore_from_path(path, *args, **kwargs)
+        component = kwargs.get("component")
+        if component is None or component.startswith(COMPONENT_LEARNER_GROUP):
+            self.samplers_take_restored_weights()
+
+    def samplers_take_restored_weights(self) -> None:
+        """After the learners were restored: every sampler (local, remote and evaluation
+        env runners) loads the learners' weights and their version.
+
+        A restored checkpoint carries the weights version it was saved at, older than the
+        samplers' own after training went on, and a sampler skips weights no newer than
+        its own (RLlib's rule, meant for syncs arriving out of order): the samplers forget
+        their version first (`TextEnvRunner.forget_weights_version`), then the usual sync
+        pushes the weights."""
+        for group in (self.env_runner_group, self.eval_env_runner_group):
+            if group is not None:
+                group.foreach_env_runner(lambda runner: runner.forget_weights_version())
+        self._sync_weights()
+
+    def _sync_weights(self) -> None:
+        """Push the learners' weights to every training sampler (`GRPO._sync_weights`)."""
+        raise NotImplementedError
 
     @override(Algorithm)
     @classmethod
