@@ -1,9 +1,10 @@
 """Every restore path leaves the learners and every sampler (local and remote env runners)
 on the restored weights, also in an algorithm that trained on (whose samplers hold newer
-weights, of a newer version)."""
+weights, of a newer version); `get_module` returns the policy with remote learners too."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tests.conftest import tiny_config
@@ -80,3 +81,19 @@ def test_every_restore_path_puts_the_restored_weights_in_every_sampler(ray_sessi
         restored.stop()
     failed = {name: found for name, found in problems.items() if found}
     assert not failed, "\n".join(f"{name}: {'; '.join(found)}" for name, found in failed.items())
+
+@pytest.mark.parametrize("num_learners", [1, pytest.param(2, marks=pytest.mark.slow)])  # 2: FSDP
+def test_get_module_with_remote_learners_is_the_trained_policy(ray_session, num_learners):
+    algo = tiny_config(lr=1e-2).learners(num_learners=num_learners).build_algo()
+    try:
+        algo.train()
+        module = algo.get_module()
+        # Independent of the learners: the driver's sampler got the trained weights by the
+        # weight sync (float32 here, as the learners' weights).
+        ((synced, _),) = _sampler_weights(algo)
+        weights = module.lm.state_dict()
+        assert weights.keys() == synced.keys()
+        assert all(torch.equal(weights[k], synced[k]) for k in synced)
+        assert algo.get_module("no_such_module") is None
+    finally:
+        algo.stop()
