@@ -4,13 +4,13 @@
   iteration, save a checkpoint and pause (`InterruptScheduler`); once none runs, Tune's
   loop is ended (through its own SIGUSR1 hook) and `rllib train` exits 130 / 143.  A
   second signal aborts at once.
-* `ContinueTrialResults` (a Tune callback; `rllib train` passes it) keeps each trial's
-  ``result.json`` and ``progress.csv`` whole across every restart of the trial: each
-  iteration once, from the first, in order.  When Tune registers a checkpoint, the result
-  files reach the trial's folder in storage at once; when a trial starts again (resumed,
-  or retried after a failure with ``--max-failures``), it continues from the newest
-  complete checkpoint whose iteration its results record, and the rows after that
-  checkpoint are cut (they are produced again).
+* `ContinueTrialResults` (a Tune callback and the run's CSV logger; `rllib train` passes
+  it) keeps each trial's ``result.json`` and ``progress.csv`` whole across every restart
+  of the trial: each iteration once, from the first, in order.  When Tune registers a
+  checkpoint, the result files reach the trial's folder in storage at once; when a trial
+  starts again (resumed, or retried after a failure with ``--max-failures``), it continues
+  from the newest complete checkpoint whose iteration its results record, and the rows
+  after that checkpoint are cut (they are produced again).
 * ``rllib train --resume RUN_DIR`` (`prepare_resume`, then ``tune.Tuner.restore``)
   continues each unfinished trial that way, also after ``kill -9`` of the driver: the
   algorithm is read from Tune's experiment state, and a trial whose snapshot names no

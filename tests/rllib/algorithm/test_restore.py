@@ -82,7 +82,7 @@ def test_every_restore_path_puts_the_restored_weights_in_every_sampler(ray_sessi
     failed = {name: found for name, found in problems.items() if found}
     assert not failed, "\n".join(f"{name}: {'; '.join(found)}" for name, found in failed.items())
 
-@pytest.mark.parametrize("num_learners", [1, pytest.param(2, marks=pytest.mark.slow)])  # 2: FSDP
+@pytest.mark.parametrize("num_learners", [1, 2])  # 2: FSDP, sharded
 def test_get_module_with_remote_learners_is_the_trained_policy(ray_session, num_learners):
     algo = tiny_config(lr=1e-2).learners(num_learners=num_learners).build_algo()
     try:
