@@ -12,6 +12,7 @@ from ray import tune
 
 import rllib_grpo  # noqa: F401  (registers "GRPO" with Tune)
 from rllib_grpo import GRPOConfig
+from rllib_grpo.cli.resume import ContinueTrialResults
 
 
 def sweep_config(model: str, sampler: str) -> GRPOConfig:
@@ -47,6 +48,9 @@ def main() -> None:
             storage_path=args.storage_path,
             stop={"training_iteration": args.iterations},
             checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=True),
+            # Each iteration once in result.json / progress.csv across a resume
+            # (tune.Tuner.restore) or a retry: README, "Interrupt, resume, faults".
+            callbacks=[ContinueTrialResults()],
         ),
     )
     results = tuner.fit()

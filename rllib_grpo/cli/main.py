@@ -61,7 +61,8 @@ examples:
   rllib train --resume ~/ray_results/GRPO_2026-11-30_12-00-00
 
 Ctrl+C (SIGINT) or SIGTERM: every trial finishes its iteration, saves a checkpoint and
-pauses; --resume RUN_DIR continues from the newest complete checkpoint of each trial.
+pauses; --resume RUN_DIR continues each trial from its newest complete checkpoint whose
+results are recorded (result.json and progress.csv keep each iteration once).
 
 exit codes: 0 done, 1 a trial failed, 2 bad input (the message names the key),
 130 / 143 interrupted by SIGINT / SIGTERM.
@@ -98,8 +99,8 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", help="experiment name (a folder under the storage path)")
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="continue an interrupted or failed run (the 'results:' folder it "
-                        "printed) from each trial's newest complete checkpoint; takes no "
-                        "config, only the Ray options")
+                        "printed) from each trial's newest complete checkpoint whose results "
+                        "are recorded; takes no config, only the Ray options")
     p.add_argument("--num-samples", type=int, metavar="N", help="trials to run (default 1)")
     p.add_argument("--max-failures", type=int, metavar="N",
                    help="restart a failed trial (a lost learner, env runner or node) from its "

@@ -29,7 +29,7 @@ def run_tune(exp: Experiment, config: GRPOConfig, stop: dict[str, Any],
     from ray import tune
 
     from rllib_grpo.cli.algorithms import resolve_algo
-    from rllib_grpo.cli.resume import InterruptScheduler, TrimResultsOnRetry
+    from rllib_grpo.cli.resume import ContinueTrialResults, InterruptScheduler
     from rllib_grpo.cli.tune import (
         CompletionsTBXCallback,
         ProgressPrinter,
@@ -37,7 +37,7 @@ def run_tune(exp: Experiment, config: GRPOConfig, stop: dict[str, Any],
         logger_callbacks,
     )
 
-    callbacks: list[Any] = [ProgressPrinter(), TrimResultsOnRetry(), *logger_callbacks(
+    callbacks: list[Any] = [ProgressPrinter(), ContinueTrialResults(), *logger_callbacks(
         getattr(config, "loggers", ()), exp.name)]
     if getattr(config, "log_completions_every", 0):
         install_completions(config)

@@ -1,5 +1,6 @@
 """`rllib train` sets Tune's failure handling: a failed trial restarts from its newest
-complete checkpoint (``--max-failures``, default 3) with its logs trimmed to it."""
+complete checkpoint (``--max-failures``, default 3) with its result files cut to it
+(`ContinueTrialResults`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ def test_rllib_train_restarts_failed_trials(monkeypatch, argv, expected):
 
     import rllib_grpo.cli.run as run
     from rllib_grpo.cli.main import main
-    from rllib_grpo.cli.resume import TrimResultsOnRetry
+    from rllib_grpo.cli.resume import ContinueTrialResults
 
     made: dict = {}
 
@@ -26,7 +27,7 @@ def test_rllib_train_restarts_failed_trials(monkeypatch, argv, expected):
     assert main(["train", "model_path=builtin:tiny", "sampler=hf", *argv]) == 0
     run_config = made["run_config"]
     assert run_config.failure_config.max_failures == expected
-    assert any(isinstance(c, TrimResultsOnRetry) for c in run_config.callbacks)
+    assert any(isinstance(c, ContinueTrialResults) for c in run_config.callbacks)
 
 
 def test_resume_keeps_the_runs_failure_handling(capsys):

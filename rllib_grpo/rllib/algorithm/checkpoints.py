@@ -13,7 +13,10 @@ weights).  Here:
   files are missing, truncated or changed, naming the component and the file;
 * `prune_checkpoints` keeps the newest K checkpoints one run wrote into one folder;
 * `newest_complete_checkpoint` finds the newest checkpoint of a Tune trial folder that
-  passes `verify_checkpoint` (what a resume should continue from).
+  passes `verify_checkpoint` (optionally no newer than a given iteration);
+* `write_resume_point` / `read_resume_point`: where a Tune trial continues from at its next
+  start, as the driver decided it (`rllib_grpo.cli.resume.ContinueTrialResults`, from the
+  checkpoints and the results recorded in the trial folder) and the trial reads it.
 
 No Ray here; `rllib_grpo.rllib.algorithm.grpo.GRPO` calls these from its checkpoint hooks.
 """
@@ -34,6 +37,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 MANIFEST_FILE = "grpo_manifest.json"
+RESUME_POINT_FILE = "grpo_resume_point.json"  # in a Tune trial folder
 MANIFEST_VERSION = 1
 TOP_LEVEL = "(top level)"
 _CHUNK = 1 << 20
@@ -174,13 +178,18 @@ def prune_checkpoints(parent: str | os.PathLike, run_id: str, keep_last: int) ->
     return [str(folder) for folder in deleted]
 
 
-def newest_complete_checkpoint(trial_dir: str | os.PathLike,
-                               pattern: str = "checkpoint_*") -> tuple[Path, int] | None:
+def newest_complete_checkpoint(trial_dir: str | os.PathLike, pattern: str = "checkpoint_*", *,
+                               up_to: int | None = None) -> tuple[Path, int] | None:
     """``(folder, training_iteration)`` of the newest checkpoint in ``trial_dir`` that passes
-    `verify_checkpoint`, or None.  Incomplete and corrupt ones are skipped with a warning."""
+    `verify_checkpoint` (and, with ``up_to``, was written at iteration ``up_to`` or before),
+    or None.  Incomplete and corrupt ones are skipped with a warning."""
     found = []
     for folder in Path(trial_dir).glob(pattern):
         if not folder.is_dir():
+            continue
+        manifest = read_manifest(folder)
+        if up_to is not None and manifest is not None and manifest.get(
+                "training_iteration", 0) > up_to:
             continue
         try:
             manifest = verify_checkpoint(folder)
@@ -193,3 +202,31 @@ def newest_complete_checkpoint(trial_dir: str | os.PathLike,
         return None
     iteration, _, folder = max(found)
     return folder, iteration
+
+
+def write_resume_point(trial_dir: str | os.PathLike, checkpoint: tuple[Path, int] | None) -> None:
+    """Record that the Tune trial of ``trial_dir`` continues from ``checkpoint``
+    (``(folder, training_iteration)``; None: from the start) at its next start."""
+    folder = Path(trial_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    point = {"checkpoint": checkpoint[0].name if checkpoint else None,
+             "training_iteration": checkpoint[1] if checkpoint else 0}
+    scratch = folder / f".{RESUME_POINT_FILE}.{uuid.uuid4().hex[:8]}"
+    _write_json_durably(scratch, point)
+    os.replace(scratch, folder / RESUME_POINT_FILE)
+
+
+def clear_resume_point(trial_dir: str | os.PathLike) -> None:
+    """Forget the resume point of ``trial_dir`` (the trial then restores what Tune names)."""
+    (Path(trial_dir) / RESUME_POINT_FILE).unlink(missing_ok=True)
+
+
+def read_resume_point(trial_dir: str | os.PathLike) -> tuple[Path | None, int] | None:
+    """``(checkpoint folder or None for the start, training_iteration)`` recorded by
+    `write_resume_point` for ``trial_dir``, or None when none is recorded."""
+    try:
+        point = json.loads((Path(trial_dir) / RESUME_POINT_FILE).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    name = point["checkpoint"]
+    return (Path(trial_dir) / name if name else None), int(point["training_iteration"])

@@ -162,14 +162,22 @@ class EvaluatingAlgorithm(ResilientAlgorithm):
     @override(Algorithm)
     def get_module(self, module_id: ModuleID | None = None) -> RLModule | None:
         """The policy's RLModule: the learner's (GRPO's env runners hold a sampler, not an
-        RLModule).  With remote learners, a copy from the first."""
-        from ray.rllib.core import DEFAULT_MODULE_ID
+        RLModule).  With remote learners, a copy of learner rank 0's: a module built from
+        the config's spec, loaded with its full state (gathered from every shard under
+        FSDP)."""
+        from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 
         module_id = module_id or DEFAULT_MODULE_ID
         learner_group = self.learner_group
         if learner_group.is_local:
             module = learner_group._learner.module
             return module[module_id] if module_id in module else None
-        return learner_group.foreach_learner(
-            lambda learner, mid=module_id: learner.module[mid]
-            if mid in learner.module else None)[0]
+        spec = self.config.get_multi_rl_module_spec(spaces=self.spaces, inference_only=False)
+        if module_id not in spec.rl_module_specs:
+            return None
+        state = learner_group.get_state(
+            components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}/{module_id}",
+        )[COMPONENT_LEARNER][COMPONENT_RL_MODULE][module_id]
+        module = spec.rl_module_specs[module_id].build()
+        module.set_state(state)
+        return module

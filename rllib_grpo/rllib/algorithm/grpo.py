@@ -21,7 +21,12 @@ from typing import Any
 
 import ray
 from ray.rllib.algorithms.algorithm import Algorithm
-from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
+from ray.rllib.core import (
+    COMPONENT_LEARNER,
+    COMPONENT_LEARNER_GROUP,
+    COMPONENT_RL_MODULE,
+    DEFAULT_MODULE_ID,
+)
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.metrics import (
@@ -243,6 +248,8 @@ class GRPO(EvaluatingAlgorithm):
 
     @override(Algorithm)
     def set_state(self, state: dict) -> None:
+        """RLlib's, plus the remote runners' data positions; restored learner weights
+        reach every sampler before the next sample."""
         super().set_state(state)
         self._sampling.reset()  # restored weights and data: start the pipeline clean
         self._data_position = state.get(DATA_POSITION, self._data_position)
@@ -252,6 +259,8 @@ class GRPO(EvaluatingAlgorithm):
             self.env_runner_group.foreach_env_runner(
                 lambda er: er.set_state(by_index[er.worker_index])
                 if er.worker_index in by_index else None, local_env_runner=False)
+        if COMPONENT_LEARNER_GROUP in state:
+            self.samplers_take_restored_weights()
 
     @override(Trainable)
     def export_model(self, path: str, *, dtype: str | None = None, lora_mode: str = "merge",

@@ -3,11 +3,15 @@
 * Checkpoints are written atomically with a manifest of components and checksums, and
   refused on restore when a component is missing or corrupt
   (`rllib_grpo.rllib.algorithm.checkpoints`); ``keep_checkpoints`` prunes old ones.
-* A restore restores the checkpoint named; only a Tune trial resuming itself continues
-  from the newest complete checkpoint of its folder, whatever checkpoint Tune's
-  (lagging) experiment snapshot names, or when it names none (the driver was killed
-  before its snapshot recorded a checkpoint): such a trial restores itself before its
-  first step.
+* A restore restores the checkpoint named, into the learners and every sampler: the
+  samplers take the restored weights even where they held newer ones (`restore_from_path`,
+  `GRPO.set_state`).  A Tune trial that starts again (``Tuner.restore``, Tune's retry after
+  a failure) continues from the resume point the driver recorded in its folder
+  (`rllib_grpo.cli.resume.ContinueTrialResults`: the newest complete checkpoint whose
+  results are recorded), whatever checkpoint Tune's (lagging) experiment snapshot names, or
+  when it names none (the driver was killed before its snapshot recorded a checkpoint):
+  such a trial restores itself before its first step.  Without a recorded point it
+  restores what Tune names.
 * A learner actor that dies fails the step with `LearnerDiedError`, naming the learner
   and what to do (Ray's own error names an actor id only).
 * A run that learns nothing for ``max_skipped_steps`` steps in a row (every optimizer
@@ -48,8 +52,8 @@ from ray.rllib.utils.typing import ResultDict
 
 from rllib_grpo.rllib.algorithm.checkpoints import (
     atomic_save,
-    newest_complete_checkpoint,
     prune_checkpoints,
+    read_resume_point,
     verify_checkpoint,
 )
 
@@ -79,8 +83,8 @@ class ResilientAlgorithm(Algorithm):
     @override(Algorithm)
     def step(self) -> ResultDict:
         """RLlib's step; before the first one a Tune trial that was not restored resumes
-        itself from its folder's newest complete checkpoint, if it has one; a learner
-        actor's death is re-raised naming the learner."""
+        itself from the resume point recorded in its folder, if any; a learner actor's
+        death is re-raised naming the learner."""
         if not self._first_step_done:
             self._first_step_done = True
             if not self._restored:
@@ -94,18 +98,23 @@ class ResilientAlgorithm(Algorithm):
             raise died from error
 
     def _resume_own_trial(self) -> None:
-        """Restore the newest complete checkpoint of this Tune trial's folder, if any.
+        """Restore the checkpoint the driver recorded as this Tune trial's resume point.
 
-        Tune's folders are new per trial, so checkpoints there mean a trial started again:
-        resumed (``Tuner.restore`` after ``kill -9`` of the driver, when Tune's snapshot
-        was written before the trial's first checkpoint) or retried."""
-        trial_dir = getattr(getattr(self, "_storage", None), "trial_fs_path", None)
-        newest = newest_complete_checkpoint(Path(trial_dir)) if trial_dir and Path(
-            trial_dir).is_dir() else None
-        if newest is not None:
+        Tune restores the checkpoint its experiment snapshot names before the first step;
+        a trial that starts again without one (``Tuner.restore`` after ``kill -9`` of the
+        driver, when the snapshot was written before the trial's first checkpoint) restores
+        its resume point here."""
+        point = self._resume_point()
+        if point is not None and point[0] is not None:
             logger.warning("Resuming from %s (iteration %d), the newest complete checkpoint "
-                           "of this trial (Tune named none).", newest[0], newest[1])
-            self.restore(str(newest[0]))
+                           "of this trial whose results are recorded (Tune named none).",
+                           point[0], point[1])
+            self.restore(str(point[0]))
+
+    def _resume_point(self) -> tuple[Path | None, int] | None:
+        """Where the driver decided this Tune trial continues from (None: not decided)."""
+        trial_dir = getattr(getattr(self, "_storage", None), "trial_fs_path", None)
+        return read_resume_point(trial_dir) if trial_dir and Path(trial_dir).is_dir() else None
 
     def _learner_died(self, error: ray.exceptions.RayActorError) -> LearnerDiedError | None:
         """`LearnerDiedError` naming the learner when ``error`` is a learner actor's death;
@@ -264,12 +273,34 @@ class ResilientAlgorithm(Algorithm):
     @override(Algorithm)
     def restore_from_path(self, path, *args, **kwargs) -> None:
         """Refuse an incomplete or corrupt checkpoint (naming the component and file)
-        before restoring anything; then RLlib's restore."""
+        before restoring anything; then RLlib's restore, and every sampler gets the
+        restored weights."""
         if _is_local_checkpoint(path, kwargs):
             manifest = verify_checkpoint(path, required_components=[COMPONENT_LEARNER_GROUP])
             if manifest is not None:
                 self._checkpoint_run_id = manifest["run_id"]
         super().restore_from_path(path, *args, **kwargs)
+        component = kwargs.get("component")
+        if component is None or component.startswith(COMPONENT_LEARNER_GROUP):
+            self.samplers_take_restored_weights()
+
+    def samplers_take_restored_weights(self) -> None:
+        """After the learners were restored: every sampler (local, remote and evaluation
+        env runners) loads the learners' weights and their version.
+
+        A restored checkpoint carries the weights version it was saved at, older than the
+        samplers' own after training went on, and a sampler skips weights no newer than
+        its own (RLlib's rule, meant for syncs arriving out of order): the samplers forget
+        their version first (`TextEnvRunner.forget_weights_version`), then the usual sync
+        pushes the weights."""
+        for group in (self.env_runner_group, self.eval_env_runner_group):
+            if group is not None:
+                group.foreach_env_runner(lambda runner: runner.forget_weights_version())
+        self._sync_weights()
+
+    def _sync_weights(self) -> None:
+        """Push the learners' weights to every training sampler (`GRPO._sync_weights`)."""
+        raise NotImplementedError
 
     @override(Algorithm)
     @classmethod
@@ -287,17 +318,17 @@ class ResilientAlgorithm(Algorithm):
         state, iteration included), except when a Tune trial resumes itself.
 
         A trial that restores a checkpoint of its own trial folder is resuming
-        (``Tuner.restore``, Tune's retry after a failure): it continues from the newest
-        complete checkpoint there, since Tune's experiment snapshot is written every few
-        seconds and can name an older checkpoint, or one whose copy was cut short."""
+        (``Tuner.restore``, Tune's retry after a failure): it continues from the resume
+        point the driver recorded there (the newest complete checkpoint whose results are
+        recorded), since Tune's experiment snapshot is written every few seconds and can
+        name an older checkpoint."""
         folder = Path(checkpoint_dir)
-        if self._is_own_trial_checkpoint(folder):
-            newest = newest_complete_checkpoint(folder.parent)
-            if newest is not None and newest[0] != folder:
-                logger.warning("Resuming from %s (iteration %d), the newest complete "
-                               "checkpoint of this trial, instead of %s.", newest[0],
-                               newest[1], folder)
-                checkpoint_dir = str(newest[0])
+        point = self._resume_point() if self._is_own_trial_checkpoint(folder) else None
+        if point is not None and point[0] is not None and point[0].resolve() != folder.resolve():
+            logger.warning("Resuming from %s (iteration %d), the newest complete checkpoint "
+                           "of this trial whose results are recorded, instead of %s.",
+                           point[0], point[1], folder)
+            checkpoint_dir = str(point[0])
         super().load_checkpoint(checkpoint_dir)
 
     def _is_own_trial_checkpoint(self, folder: Path) -> bool:

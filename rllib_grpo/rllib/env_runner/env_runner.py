@@ -364,6 +364,11 @@ class TextEnvRunner(EnvRunner, Checkpointable):
                                               self.config.sampler_dtype)
         return self._lora_merger.apply(self.sampler, module_state)
 
+    def forget_weights_version(self) -> None:
+        """The learners were restored to weights whose version may be older than this
+        sampler's: load the next weights that arrive, whatever their version, and take it."""
+        self._weights_seq_no = 0
+
     def weights_received(self, stats: dict[str, Any], seq_no: int) -> None:
         """Record a sync that streamed straight into the sampler (`weight_receiver`)."""
         self.last_weight_sync = stats

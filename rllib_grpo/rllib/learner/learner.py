@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.core.learner.torch import torch_learner
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.core.learner.training_data import TrainingData
@@ -412,6 +412,12 @@ class GRPOLearner(TorchLearner):
 
     @override(TorchLearner)
     def set_state(self, state: dict) -> None:
+        """RLlib's, except that module weights are loaded whatever their version: RLlib's
+        Learner skips weights no newer than its own, so restoring an earlier state
+        (``Algorithm.set_state``) would keep the newer weights beside the restored
+        optimizer state."""
+        if COMPONENT_RL_MODULE in state:
+            self._weights_seq_no = 0  # RLlib's Learner loads the module at version 0
         super().set_state(state)
         if "kl_ctrl" in state:
             self.kl_ctrl.load_state_dict(state["kl_ctrl"])

@@ -17,6 +17,7 @@ from rllib_grpo.rllib.algorithm.checkpoints import (
     newest_complete_checkpoint,
     prune_checkpoints,
     verify_checkpoint,
+    write_resume_point,
 )
 from tests.conftest import TESTS_DIR, tiny_config
 
@@ -153,15 +154,19 @@ def test_grpo_refuses_to_restore_a_checkpoint_with_a_missing_component(ray_sessi
         assert algo.training_iteration == 3
         algo.restore(str(trial / "checkpoint_000000"))
         assert algo.training_iteration == 1
-        # ... but a Tune trial resuming from its own folder continues from the newest
-        # complete checkpoint there, whichever one its (lagging) snapshot names.
+        # ... and so does a Tune trial resuming from its own folder, unless the driver
+        # recorded a resume point there (`ContinueTrialResults`: the newest checkpoint whose
+        # results are recorded), whichever checkpoint its (lagging) snapshot names.
         algo._storage = types.SimpleNamespace(trial_fs_path=str(trial))
-        algo.load_checkpoint(str(trial / "checkpoint_000000"))
+        algo.load_checkpoint(str(trial / "checkpoint_000001"))
         assert algo.training_iteration == 2
-        (next((trial / "checkpoint_000001").rglob("module_state.pkl"))).write_bytes(b"cut")
+        write_resume_point(trial, (trial / "checkpoint_000000", 1))
+        algo.load_checkpoint(str(trial / "checkpoint_000001"))
+        assert algo.training_iteration == 1
+        write_resume_point(trial, (trial / "checkpoint_000001", 2))
         algo.load_checkpoint(str(trial / "checkpoint_000000"))
         algo._storage = None
-        assert algo.training_iteration == 1
+        assert algo.training_iteration == 2
     finally:
         algo.stop()
 

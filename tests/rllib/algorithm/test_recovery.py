@@ -1,10 +1,12 @@
 """Crash recovery and Tune schedulers: a dead learner is named; a trial Tune retries
 (``rllib train --max-failures``) continues from its newest complete checkpoint with each
-iteration recorded once; Population Based Training's exploit restores the donor's
-checkpoint, iteration included."""
+iteration recorded once in result.json and progress.csv; Population Based Training's
+exploit restores the donor's checkpoint, iteration included."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from pathlib import Path
 
@@ -18,6 +20,11 @@ STOP = 6
 def _iterations(trial_dir: Path) -> list[int]:
     return [json.loads(line)["training_iteration"]
             for line in (trial_dir / "result.json").read_text().splitlines()]
+
+
+def _progress_iterations(trial_dir: Path) -> list[int]:
+    return [int(row["training_iteration"]) for row in csv.DictReader(io.StringIO(
+        (trial_dir / "progress.csv").read_text(), newline=""))]
 
 
 @pytest.mark.slow
@@ -61,7 +68,7 @@ def test_a_lost_learner_restarts_the_trial_recording_each_iteration_once(ray_ses
                                                                           tmp_path):
     from ray import tune
 
-    from rllib_grpo.cli.resume import TrimResultsOnRetry
+    from rllib_grpo.cli.resume import ContinueTrialResults
     from rllib_grpo.rllib.algorithm import GRPO
 
     # Checkpoints at 2 and 4; the learner dies in iteration 6, after 5 was recorded: the
@@ -70,7 +77,7 @@ def test_a_lost_learner_restarts_the_trial_recording_each_iteration_once(ray_ses
         _kill_learner_once(GRPO), param_space=tiny_config().learners(num_learners=1),
         run_config=tune.RunConfig(
             storage_path=str(tmp_path), name="retry", stop={"training_iteration": STOP},
-            callbacks=[TrimResultsOnRetry()], verbose=0,
+            callbacks=[ContinueTrialResults()], verbose=0,
             failure_config=tune.FailureConfig(max_failures=1),
             checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=2)),
     ).fit()
@@ -78,7 +85,7 @@ def test_a_lost_learner_restarts_the_trial_recording_each_iteration_once(ray_ses
     assert result.error is None, result.error
     trial = Path(result.path)
     assert (trial / "learner_killed").exists()
-    assert _iterations(trial) == list(range(1, STOP + 1))
+    assert _iterations(trial) == _progress_iterations(trial) == list(range(1, STOP + 1))
     assert result.metrics["training_iteration"] == STOP
 
 

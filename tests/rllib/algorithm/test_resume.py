@@ -1,12 +1,16 @@
 """`rllib train`: SIGINT saves a checkpoint and exits non-zero; ``--resume`` continues from
-the newest complete checkpoint with the same data position, recording no iteration twice,
-and ends with the weights of an uninterrupted run.  The runs use a relative data path, so
-this also checks that relative paths resolve against the launch folder (the trial runs in
-Tune's folder)."""
+the newest complete checkpoint with the same data position, and ends with the weights of an
+uninterrupted run.  After ``kill -9`` of the driver, ``--resume`` (and, from Python,
+``prepare_resume`` + ``tune.Tuner.restore``) continues from the newest checkpoint whose
+results were recorded.  Either way ``result.json`` and ``progress.csv`` hold every iteration
+once, from the first.  The runs use a relative data path, so this also checks that relative
+paths resolve against the launch folder (the trial runs in Tune's folder)."""
 
 from __future__ import annotations
 
 import contextlib
+import csv
+import io
 import json
 import os
 import pickle
@@ -22,6 +26,7 @@ import torch
 
 from rllib_grpo.cli.resume import trim_results
 from rllib_grpo.rllib.algorithm.checkpoints import verify_checkpoint
+from tests.conftest import REPO_ROOT
 
 RAY_LIMITS = ["--num-cpus", "2", "--object-store-memory", str(300 * 1024**2)]
 SETTINGS = ["--env", "rllib_grpo/GSM8K-v0", "data.train_files=data/train.jsonl",
@@ -50,6 +55,33 @@ def _weights(checkpoint: Path) -> dict[str, torch.Tensor]:
     assert len(files) == 1, files
     with files[0].open("rb") as f:
         return pickle.load(f)
+
+
+def _recorded(trial: Path) -> tuple[list[int], list[int]]:
+    """The iterations ``result.json`` and ``progress.csv`` of a trial folder hold."""
+    result = [json.loads(line)["training_iteration"]
+              for line in (trial / "result.json").read_text().splitlines()]
+    progress = [int(row["training_iteration"]) for row in csv.DictReader(io.StringIO(
+        (trial / "progress.csv").read_text(), newline=""))]
+    return result, progress
+
+
+def _kill_at(process: subprocess.Popen, line_start: str) -> None:
+    """``kill -9`` ``process`` (its own session, Ray included) once it prints a line
+    starting with ``line_start``."""
+    try:
+        seen, deadline = [], time.monotonic() + 400
+        for line in process.stdout:  # type: ignore[union-attr]
+            seen.append(line)
+            if line.startswith(line_start):
+                process.kill()  # SIGKILL
+                break
+            assert time.monotonic() < deadline, "".join(seen)
+        process.wait(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)  # the Ray processes it left
+    assert process.returncode == -signal.SIGKILL, "".join(seen)[-3000:]
 
 
 def _final_checkpoint(output: str) -> Path:
@@ -86,52 +118,73 @@ def test_sigint_then_resume_matches_an_uninterrupted_run(tmp_path):
                      resumed_output), resumed_output[-3000:]
 
     (trial,) = [p for p in run_dir.iterdir() if (p / "result.json").is_file()]
-    iterations = [json.loads(line)["training_iteration"]
-                  for line in (trial / "result.json").read_text().splitlines()]
-    assert iterations == [1, 2, 3, 4]  # nothing recorded twice
-    final = _final_checkpoint(resumed_output)
-    assert final.is_relative_to(run_dir)
-    expected, got = _weights(_final_checkpoint(whole_output)), _weights(final)
-    for key, value in expected.items():
-        assert torch.equal(torch.as_tensor(got[key]), torch.as_tensor(value)), key
+    assert _recorded(trial) == ([1, 2, 3, 4], [1, 2, 3, 4])  # each once
 
 
 @pytest.mark.slow
 def test_kill_9_of_the_driver_then_resume(tmp_path):
-    """``kill -9`` leaves no time to save or to copy Tune's logs: the run continues from
-    the newest complete checkpoint (Tune's snapshot may name none yet), and records no
-    iteration twice."""
+    """``kill -9`` leaves no time to save or to copy Tune's logs: the run continues from the
+    newest checkpoint whose results reached storage (each registered checkpoint puts them
+    there), whether Tune's snapshot names it or none, and records each iteration once."""
     _write_data(tmp_path)
     # Its own session, so that the Ray it started can be cleaned up after the kill.
-    cut = _start([*SETTINGS, "--storage-path", "runs", "--name", "cut", "--checkpoint-freq",
-                  "1"], tmp_path, start_new_session=True)
-    try:
-        seen, deadline = [], time.monotonic() + 400
-        for line in cut.stdout:  # type: ignore[union-attr]
-            seen.append(line)
-            if line.startswith("iter 2 "):
-                cut.kill()  # SIGKILL
-                break
-            assert time.monotonic() < deadline, "".join(seen)
-        cut.wait(timeout=60)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(cut.pid, signal.SIGKILL)  # the Ray processes it left
-    assert cut.returncode == -signal.SIGKILL, "".join(seen)[-3000:]
+    _kill_at(_start([*SETTINGS, "--storage-path", "runs", "--name", "cut",
+                     "--checkpoint-freq", "1"], tmp_path, start_new_session=True), "iter 3 ")
 
     resumed = _start(["--resume", "runs/cut"], tmp_path)
     output = resumed.communicate(timeout=400)[0]
     assert resumed.returncode == 0, output[-3000:]
     found = re.search(r"resume GRPO_\S+: from checkpoint checkpoint_\d+ \(iteration (\d)\)",
                       output)
-    assert found and int(found.group(1)) >= 1, output[-3000:]
+    assert found and int(found.group(1)) >= 2, output[-3000:]
+    assert "Failed to fetch metrics" not in output  # Tune found the results in storage
     (trial,) = [p for p in (tmp_path / "runs" / "cut").iterdir()
                 if (p / "result.json").is_file()]
-    iterations = [json.loads(line)["training_iteration"]
-                  for line in (trial / "result.json").read_text().splitlines()]
-    # Rows Tune had not yet copied from the killed driver are lost; none is recorded twice.
-    assert iterations == sorted(set(iterations)) and iterations[-1] == 4, iterations
-    assert iterations[0] <= int(found.group(1)) + 1, iterations
+    assert _recorded(trial) == ([1, 2, 3, 4], [1, 2, 3, 4])
+
+
+# The Python path: a Tuner with `ContinueTrialResults`, killed; then `prepare_resume` and
+# `tune.Tuner.restore` (`python -c`, from the repository root, which has `tests`).
+PYTHON_RUN = """
+import sys
+import ray
+from ray import tune
+from rllib_grpo.cli.resume import ContinueTrialResults
+from rllib_grpo.cli.tune import ProgressPrinter
+from rllib_grpo.rllib.algorithm import GRPO
+from tests.conftest import tiny_config
+
+ray.init(address="local", num_cpus=2, object_store_memory=300 * 1024**2,
+         include_dashboard=False)
+tune.Tuner(GRPO, param_space=tiny_config(), run_config=tune.RunConfig(
+    storage_path=sys.argv[1], name="cut", stop={"training_iteration": 6}, verbose=0,
+    callbacks=[ProgressPrinter(), ContinueTrialResults()],
+    checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=2))).fit()
+"""
+
+
+@pytest.mark.slow
+def test_kill_9_of_a_python_tuner_then_restore(ray_session, tmp_path):
+    from ray import tune
+
+    from rllib_grpo.cli.resume import prepare_resume
+    from rllib_grpo.rllib.algorithm import GRPO
+
+    run = subprocess.Popen(
+        [sys.executable, "-c", PYTHON_RUN, str(tmp_path)], cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    _kill_at(run, "iter 3 ")  # checkpoint 2 is registered before iteration 3 reports
+
+    run_dir = tmp_path / "cut"
+    (line,) = prepare_resume(run_dir)
+    found = re.search(r": from checkpoint checkpoint_\d+ \(iteration (\d)\)", line)
+    assert found and int(found.group(1)) >= 2, line
+    (result,) = tune.Tuner.restore(str(run_dir), trainable=GRPO, resume_unfinished=True,
+                                   resume_errored=True).fit()
+    assert result.error is None, result.error
+    assert result.metrics["training_iteration"] == 6
+    assert _recorded(Path(result.path)) == (list(range(1, 7)), list(range(1, 7)))
 
 
 def test_trim_results_drops_the_iterations_after_the_checkpoint(tmp_path):
