@@ -34,14 +34,29 @@ from typing import Any
 
 import torch
 
-from rllib_grpo.weights.names import fused_closure as sync_modules
-from rllib_grpo.weights.names import module_of
-
 logger = logging.getLogger(__name__)
 
 LORA_SYNC_MODES = ("adapter", "merged")
 ADAPTER = "default"  # peft's adapter name
 PEFT_PREFIX = "base_model.model."  # peft's prefix before the HF names
+# Projections vLLM loads into one fused parameter: a partial sync carries all of a group or none.
+FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def module_of(key: str) -> str:
+    """``model.layers.0.self_attn.q_proj.weight`` -> ``model.layers.0.self_attn.q_proj``."""
+    return key.rpartition(".")[0]
+
+
+def fused_closure(modules: set[str]) -> set[str]:
+    """``modules`` plus their fused siblings (``...q_proj`` brings ``...k_proj``, ``...v_proj``)."""
+    out = set(modules)
+    for name in modules:
+        parent, _, leaf = name.rpartition(".")
+        for group in FUSED_GROUPS:
+            if leaf in group:
+                out |= {f"{parent}.{sibling}" if parent else sibling for sibling in group}
+    return out
 
 
 @dataclass(frozen=True)
@@ -198,7 +213,7 @@ def merge(base: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float) 
 def merged_weights(model: torch.nn.Module, settings: LoRASettings) -> dict[str, torch.Tensor]:
     """Merged weights of the adapted layers, and the base tensors of their fused siblings."""
     base, adapter = base_state_dict(model), adapter_tensors(model)
-    wanted = sync_modules(set(adapter))
+    wanted = fused_closure(set(adapter))
     out = {k: v for k, v in base.items() if module_of(k) in wanted}
     for name, (a, b) in adapter.items():
         out[f"{name}.weight"] = merge(out[f"{name}.weight"], a, b, settings.scaling)
@@ -232,7 +247,7 @@ class AdapterMerger:
         """Load ``payload`` into ``sampler``; ``bytes`` is what crossed from the learner."""
         start = time.perf_counter()
         if payload.kind == "full":
-            wanted = sync_modules(set(payload.adapter))
+            wanted = fused_closure(set(payload.adapter))
             self.base = {k: v for k, v in payload.weights.items() if module_of(k) in wanted}
             weights = {**payload.weights, **self._merged(payload)}
             stats = sampler.load_weights(weights)
@@ -247,7 +262,7 @@ class AdapterMerger:
 
     def _merged(self, payload: LoRAPayload) -> dict[str, torch.Tensor]:
         """Merged adapted weights plus the base tensors of every touched module."""
-        wanted = sync_modules(set(payload.adapter))
+        wanted = fused_closure(set(payload.adapter))
         self._ensure_base(wanted)
         out = {k: v for k, v in self.base.items() if module_of(k) in wanted}
         for name, (a, b) in payload.adapter.items():

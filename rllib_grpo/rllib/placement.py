@@ -74,6 +74,12 @@ def node_id() -> str:
     return ray.get_runtime_context().get_node_id() if ray.is_initialized() else "local"
 
 
+def fake_gpu_ids(where: dict[str, Any]) -> tuple[str, ...]:
+    """The GPUs Ray assigned a process (its `whereabouts`) as ``node:gpu`` ids, unique across
+    the cluster: what weight-sync endpoints name where the GPUs are fake."""
+    return tuple(f"{where['node_id']}:{gpu}" for gpu in where["gpu_ids"])
+
+
 def visible_gpus() -> tuple[str, ...]:
     """The UUIDs of the GPUs this process sees (none without CUDA)."""
     import torch

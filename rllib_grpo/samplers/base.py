@@ -6,9 +6,10 @@ log-probability of every sampled token under the *sampling* distribution
 top-p filtering.  With ``top_p=1`` and ``top_k=-1`` these equal what a trainer
 computes with a forward pass at the same temperature (``forward_log_probs``).
 
-New weights come in two ways: a whole state dict (``load_weights``) or streamed by a
-weight sync (the `rllib_grpo.weights.receiver.WeightReceiver` contract, which `Sampler`
-extends: every sampler implements all of it).
+New weights come as a state dict (``load_weights``: the learner's live tensors, views of
+the node's shared weights file, or a state dict from Ray's object store); a vLLM engine on
+GPUs also takes them through vLLM's own weight-transfer engines
+(`rllib_grpo.samplers.vllm_weights`).
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
-
-from rllib_grpo.weights.receiver import WeightReceiver
 
 logger = logging.getLogger(__name__)
 
@@ -62,9 +61,18 @@ class Sample:
 
 
 @runtime_checkable
-class Sampler(WeightReceiver, Protocol):
-    """Generates groups of responses and takes new weights from the learner (as a state
-    dict, or streamed: `WeightReceiver`)."""
+class Sampler(Protocol):
+    """Generates groups of responses and takes new weights from the learner."""
+
+    @property
+    def device(self) -> torch.device:
+        """Where the sampler's weights live (only the type counts: ``cpu`` or ``cuda``)."""
+        ...
+
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        """The dtype the weights should travel in (the sampler's own)."""
+        ...
 
     def generate(
         self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams,

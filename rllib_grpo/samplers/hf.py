@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -27,12 +27,11 @@ from rllib_grpo.samplers.base import (
     runner_device,
     state_dict_bytes,
 )
-from rllib_grpo.samplers.hf_weights import HFWeightTransfer
 
 logger = logging.getLogger(__name__)
 
 
-class HFSampler(HFWeightTransfer):
+class HFSampler:
     """Samples with its own copy of a transformers causal LM.
 
     All prompts x ``n`` samples go through one left-padded ``generate`` call
@@ -40,7 +39,7 @@ class HFSampler(HFWeightTransfer):
     scores (temperature, top-k, top-p applied), i.e. the sampling distribution,
     gathered at the drawn token step by step (`ChosenTokenLogProbs`).  ``device=None``
     is the GPU this process holds, else the CPU (`rllib_grpo.samplers.base.runner_device`).
-    Weights arrive through vLLM's weight-transfer API (`HFWeightTransfer`).
+    New weights are copied into the live parameters in place (`load_weights`).
     """
 
     def __init__(
@@ -70,7 +69,13 @@ class HFSampler(HFWeightTransfer):
         )
         self.seeds = CallSeeds(seed)
         self.max_batch_size = max_batch_size
-        self._init_weight_transfer()
+        self._live: dict[str, torch.Tensor] | None = None  # parameters and buffers by name
+        self._checked_names: tuple | None = None
+
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        """The dtype weights should travel in: the model's."""
+        return next(self.model.parameters()).dtype
 
     def generate(
         self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams,
@@ -105,6 +110,30 @@ class HFSampler(HFWeightTransfer):
         self._copy_into_model(state_dict.items())
         return {"bytes": state_dict_bytes(state_dict), "seconds": time.perf_counter() - start}
 
+    def _check_names(self, names: set[str], partial: bool) -> None:
+        key = (frozenset(names), partial)
+        if key != self._checked_names:  # the same names every sync: check them once
+            _check_state_dict_keys(self.model, names, partial=partial)
+            self._checked_names = key
+
+    @torch.no_grad()
+    def _copy_into_model(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy in place (cast to the model's dtype); a tied weight given under both names
+        is copied once."""
+        if self._live is None:
+            self._live = self.model.state_dict(keep_vars=True)
+        done: set[int] = set()
+        for name, tensor in weights:
+            target = self._live[name]
+            if id(target) in done:
+                continue
+            tensor = torch.as_tensor(tensor)
+            if target.shape != tensor.shape:  # copy_ would broadcast silently
+                raise ValueError(f"{name}: shape {tuple(tensor.shape)} does not fit the "
+                                 f"sampler's {tuple(target.shape)}")
+            target.copy_(tensor)
+            done.add(id(target))
+
     def sleep(self) -> None:
         """No-op: the transformers sampler keeps its weights where they are."""
 
@@ -113,7 +142,6 @@ class HFSampler(HFWeightTransfer):
 
     def close(self) -> None:
         """Drop the model."""
-        self._weight_receiver.close()
         self.model, self._live = None, None
 
     # ------------------------------------------------------------------ internals
@@ -201,6 +229,28 @@ def _warpers(params: SamplingParams) -> list[LogitsProcessor]:
     if params.top_p < 1.0:
         warpers.append(TopPLogitsWarper(top_p=params.top_p, min_tokens_to_keep=1))
     return warpers
+
+
+def _check_state_dict_keys(model: torch.nn.Module, names: set[str], partial: bool = False
+                           ) -> None:
+    """Refuse a foreign state dict, or (unless ``partial``) one missing a tensor that is not
+    a tied alias of one given."""
+    expected = set(model.state_dict())
+    missing = set() if partial else expected - names - _tied_aliases(model, names)
+    unexpected = names - expected
+    if missing or unexpected:
+        raise KeyError(
+            f"state dict does not match the sampler's model: missing {sorted(missing)}, "
+            f"unexpected {sorted(unexpected)}"
+        )
+
+
+def _tied_aliases(model: torch.nn.Module, provided: set[str]) -> set[str]:
+    """State-dict keys that share storage with a provided key (a tied ``lm_head.weight``)."""
+    by_storage: dict[int, set[str]] = {}
+    for name, tensor in model.state_dict().items():
+        by_storage.setdefault(tensor.data_ptr(), set()).add(name)
+    return {name for names in by_storage.values() if names & provided for name in names - provided}
 
 
 def _eos_token_ids(model: Any, tokenizer_path: str) -> set[int]:

@@ -32,8 +32,11 @@ from rllib_grpo.samplers.vllm_engine import (
     torch_threads_kept,
     with_version_args,
 )
-from rllib_grpo.samplers.vllm_weights import LM_HEAD_KEY, VLLMWeightTransfer
-from rllib_grpo.samplers.vllm_worker import register_in_this_process, require_supported_vllm
+from rllib_grpo.samplers.vllm_weights import (
+    LM_HEAD_KEY,
+    VLLMWeightTransfer,
+    require_supported_vllm,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +99,7 @@ class VLLMSampler(VLLMWeightTransfer):
         tensor_parallel_size: int = 1,
         kv_cache_space_gb: int | None = None,
         cpu_max_num_seqs: int | None = None,
+        weight_transfer_backend: str | None = None,
         **engine_kwargs: Any,
     ) -> None:
         """The engine's platform configuration is `platform_engine_args`'s: ``dtype=None``
@@ -112,6 +116,8 @@ class VLLMSampler(VLLMWeightTransfer):
         ``cpu_max_num_seqs``: on CPU, ``max_num_seqs`` unless given (the sequences the
         caller holds at once: the KV cache is sized for ``max_num_seqs`` sequences and
         touched at start, so vLLM's 256 cost the 5.7M benchmark model 0.5 GB in fp32);
+        ``weight_transfer_backend``: vLLM's weight-transfer engine the weight syncs use
+        (``ipc``, ``nccl``; None: none, the state dicts go through ``reload_weights``).
         ``engine_kwargs`` go to ``vllm.LLM`` unchanged.  With
         ``tensor_parallel_size > 1`` the workers are Ray actors of vLLM's Ray executor, in
         the bundles of the run's placement group the driver gives (``VLLM_RAY_BUNDLE_INDICES``),
@@ -133,9 +139,10 @@ class VLLMSampler(VLLMWeightTransfer):
         import vllm
         from vllm.platforms import current_platform
 
-        register_in_this_process()  # the in-process worker creates its engine from the factory
-
         logging.getLogger(LAYERWISE_LOGGER).addFilter(_COMPUTED_BUFFER_NOTICE)  # idempotent
+        if weight_transfer_backend is not None:
+            engine_kwargs.setdefault("weight_transfer_config", {"backend": weight_transfer_backend})
+        self.weight_transfer_backend = weight_transfer_backend
         engine_kwargs.setdefault("skip_tokenizer_init", True)
         self.eos_token_ids: frozenset[int] = frozenset()
         if engine_kwargs["skip_tokenizer_init"]:

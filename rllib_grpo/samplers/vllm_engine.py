@@ -22,8 +22,6 @@ from typing import Any
 import torch
 
 from rllib_grpo.logs import is_quiet
-from rllib_grpo.samplers.vllm_worker import EXTENSION_QUALNAME
-from rllib_grpo.weights.wire import DISPATCH_BACKEND
 
 logger = logging.getLogger(__name__)
 
@@ -114,10 +112,6 @@ def with_version_args(vllm: Any, **kwargs: Any) -> dict[str, Any]:
     fields = {field.name for field in dataclasses.fields(vllm.EngineArgs)}
     if "use_tqdm_on_load" in fields and is_quiet():
         kwargs.setdefault("use_tqdm_on_load", False)
-    if "worker_extension_cls" in fields:  # registers our engines in each worker process
-        kwargs.setdefault("worker_extension_cls", EXTENSION_QUALNAME)
-    if "weight_transfer_config" in fields:  # weights arrive through vLLM's API only
-        kwargs.setdefault("weight_transfer_config", {"backend": DISPATCH_BACKEND})
     if "logprobs_mode" in fields:
         kwargs.setdefault("logprobs_mode", "processed_logprobs")
     else:

@@ -1,44 +1,84 @@
-"""The weight-transfer half of `rllib_grpo.samplers.vllm.VLLMSampler`: vLLM's own API.
+"""The weight-receiving half of `rllib_grpo.samplers.vllm.VLLMSampler`: vLLM's own API.
 
-The engine was created with the ``grpo`` backend (`rllib_grpo.weights.engines`), which
-becomes the backend the init info names; every call fans out to the engine's workers with
-``collective_rpc``.  The driver's planner (`rllib_grpo.weights.plan`) learns from
-`VLLMWeightTransfer.rank_gpus` where the workers run.
+A whole state dict (the object store, ``local``, ``shm``'s views of the node's shared file)
+goes through ``reload_weights`` (`VLLMSampler.load_weights`).  On GPUs the engine is
+started with vLLM's ``ipc`` or ``nccl`` weight-transfer engine (``weight_transfer_backend``,
+what the weight sync's planner picks for where it runs) and the driver's weight sync calls
+vLLM's four methods on it, which fan out to the engine's workers with ``collective_rpc``:
+``init_weight_transfer_engine``, then per sync ``start_weight_update``,
+``update_weights``, ``finish_weight_update``.  This module imports no vLLM.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import time
-from collections.abc import Mapping
+import inspect
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 
-from rllib_grpo.samplers.vllm_worker import worker_gpu_uuid
-from rllib_grpo.weights.layout import Manifest
-from rllib_grpo.weights.names import fused_closure, module_of
-from rllib_grpo.weights.transport import GroupSpec, SlotsSpec
-from rllib_grpo.weights.wire import (
-    GLOO_BACKEND,
-    BucketUpdate,
-    DispatchInit,
-    GroupInit,
-    as_dict,
-    manifest_from_wire,
-    manifest_to_wire,
-)
+from rllib_grpo.models.lora import fused_closure, module_of
 
 EMBED_KEY, LM_HEAD_KEY = "model.embed_tokens.weight", "lm_head.weight"
+# The first vLLM release with every vLLM API this package calls; pyproject's ``[vllm]``
+# extra pins the same (a test keeps them equal).  The last to arrive decide it:
+# ``Worker.shutdown_weight_transfer_engine`` (0.32.0: an engine leaving its NCCL group
+# before it joins the next), NCCL groups formed from a unique id and vLLM's packed
+# producers (0.32.0), ``reload_weights(weights_iterator=...)`` (0.16.0).
+MIN_VLLM = "0.32"
+
+
+def require_supported_vllm() -> None:
+    """Refuse, at start-up, a vLLM without the APIs weight syncs go through (else a sync
+    would fail mid-run), naming the release that has them."""
+    import vllm
+
+    missing = _missing_vllm_apis()
+    if missing:
+        raise RuntimeError(
+            f"vLLM {getattr(vllm, '__version__', '?')} lacks {'; '.join(missing)}, which "
+            f"weight syncs go through: install vllm>={MIN_VLLM} (pip install "
+            f"'rllib-grpo[vllm]').")
+
+
+def _missing_vllm_apis() -> list[str]:
+    """The APIs (of those `MIN_VLLM` names) the installed vLLM lacks."""
+    try:
+        from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+        from vllm.distributed.weight_transfer import packed_tensor
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+        from vllm.v1.worker.gpu_worker import Worker
+    except ImportError as error:
+        return [f"the weight-transfer modules ({error})"]
+    missing = []
+    reload = getattr(GPUModelRunner, "reload_weights", None)
+    if reload is None or "weights_iterator" not in inspect.signature(reload).parameters:
+        missing.append("reload_weights(weights_iterator=...)")
+    missing += [f"Worker.{method}" for method in (
+        "init_weight_transfer_engine", "shutdown_weight_transfer_engine")
+        if not hasattr(Worker, method)]
+    if not hasattr(PyNcclCommunicator, "from_unique_id_bytes"):
+        missing.append("NCCL groups from a unique id")
+    missing += [f"packed_tensor.{producer}" for producer in (
+        "packed_ipc_producer", "packed_nccl_broadcast_producer")
+        if not hasattr(packed_tensor, producer)]
+    return missing
+
+
+def worker_gpu_uuid(worker: Any) -> str:
+    """Run on a vLLM worker (``collective_rpc``): the UUID of the GPU it drives."""
+    return str(torch.cuda.get_device_properties(worker.device).uuid)
 
 
 class VLLMWeightTransfer:
-    """Mixed into `VLLMSampler` (which sets ``llm``, ``on_cpu``, ``tied_embeddings`` and
-    ``_checkpoint_keys``): the receiving side of every weight sync."""
+    """Mixed into `VLLMSampler` (which sets ``llm``, ``on_cpu``, ``tied_embeddings``,
+    ``weight_transfer_backend`` and ``_checkpoint_keys``): the receiving side of every
+    weight sync."""
 
     llm: Any
     on_cpu: bool
     tied_embeddings: bool
+    weight_transfer_backend: str | None
     _checkpoint_keys: set[str]
 
     @property
@@ -53,38 +93,29 @@ class VLLMWeightTransfer:
 
     @property
     def takes_gpu_engines(self) -> bool:
-        """vLLM's GPU engines (``nccl``, ``ipc``, ``sparse_nccl``) load into this engine."""
+        """vLLM's GPU weight-transfer engines (``ipc``, ``nccl``) load into this engine."""
         return not self.on_cpu
 
     @property
-    def num_weight_ranks(self) -> int:
-        """Ranks this engine takes in a weight group: one per worker."""
-        return self.llm.llm_engine.vllm_config.parallel_config.world_size
-
-    @property
     def rank_gpus(self) -> tuple[str, ...]:
-        """The UUID of the GPU each worker runs on, in worker (weight-group rank) order: what
-        the workers themselves report, so that an engine that narrowed
-        ``CUDA_VISIBLE_DEVICES`` (a colocated tensor-parallel one) is placed right even
-        where its env runner's CUDA saw Ray's single GPU.  Empty on CPU."""
+        """The UUID of the GPU each worker runs on, in rank order: what the workers report,
+        so that an engine that narrowed ``CUDA_VISIBLE_DEVICES`` (a colocated
+        tensor-parallel one) is placed right where its env runner's CUDA saw Ray's one GPU.
+        Empty on CPU."""
         if self.on_cpu:
             return ()
         return tuple(str(uuid) for uuid in self.llm.collective_rpc(worker_gpu_uuid))
 
     def init_weight_transfer_engine(self, init_info: dict) -> None:
-        """vLLM's ``init_weight_transfer_engine`` on every worker (``{"backend", "init_info"}``:
-        `rllib_grpo.weights.wire.DispatchInit`)."""
+        """vLLM's, on every worker, after leaving the group of an earlier init (an NCCL
+        group formed again once an env runner restarted)."""
+        self.llm.collective_rpc("shutdown_weight_transfer_engine")
         self.llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": init_info})
 
     def start_weight_update(self) -> None:
         self.llm.collective_rpc("start_weight_update")
 
     def update_weights(self, update_info: dict) -> None:
-        """vLLM's ``update_weights`` on every worker (a tied head that a bucket manifest
-        lacks is added as an alias of the embeddings: vLLM keeps a head it is not given)."""
-        if "manifest" in update_info:
-            manifest = self._with_tied_head(manifest_from_wire(update_info["manifest"]))
-            update_info = {**update_info, "manifest": manifest_to_wire(manifest)}
         self.llm.collective_rpc("update_weights", kwargs={"update_info": update_info})
 
     def finish_weight_update(self) -> None:
@@ -92,53 +123,12 @@ class VLLMWeightTransfer:
         self.llm.collective_rpc("finish_weight_update")
         self.llm.reset_prefix_cache()
 
-    def shutdown_weight_transfer_engine(self) -> None:
-        self.llm.collective_rpc("shutdown_weight_transfer_engine")
-
-    def join_weight_group(self, spec: GroupSpec, rank: int) -> None:
-        """Every worker joins the gloo group ``spec`` (``grpo_gloo``/``grpo_shm`` engines),
-        as ranks ``rank`` .. ``rank + num_weight_ranks - 1``."""
-        self.init_weight_transfer_engine(as_dict(DispatchInit(
-            GLOO_BACKEND, as_dict(GroupInit.of(spec, rank_offset=rank)))))
-
-    def prepare_weights(self, manifest: Manifest, slots: SlotsSpec | None = None,
-                        check: bool = True, in_place: bool = True) -> None:
-        """Refuse a partial or foreign manifest (before any byte moves); keep the slots a
-        ``shm`` receive reads.  (``in_place`` is the transformers sampler's.)"""
-        if check:
-            self._check_keys(self._with_tied_head(manifest).names(), partial=manifest.partial)
-        self._slots = slots
-
-    def receive_weights(self, manifest: Manifest, via: str, ipc: dict | None = None,
-                        materialize: bool = False) -> dict:
-        """One dense sync from the group joined by `join_weight_group`, through vLLM's API
-        (start, update, finish).  CUDA IPC and LoRA payloads (``materialize``) go through
-        vLLM's ``ipc`` engine and Ray's object store now."""
-        if ipc is not None or materialize or via not in ("shm", "collective"):
-            raise ValueError(f"VLLMSampler.receive_weights takes 'shm' or 'collective' syncs "
-                             f"(got via={via!r}); CUDA IPC is vLLM's ipc engine")
-        start = time.perf_counter()
-        slots = getattr(self, "_slots", None) if via == "shm" else None
-        info = BucketUpdate(manifest_to_wire(manifest), list(slots.paths) if slots else None,
-                            slots.nbytes if slots else 0)
-        self.start_weight_update()
-        self.update_weights(as_dict(info))
-        self.finish_weight_update()
-        return {"bytes": manifest.nbytes, "seconds": time.perf_counter() - start}
-
-    def leave_weight_group(self) -> None:
-        """Every worker leaves the weight group (a no-op outside one)."""
-        self.shutdown_weight_transfer_engine()
-
-    def _with_tied_head(self, manifest: Manifest) -> Manifest:
-        """vLLM keeps a tied head it is not given: send the embeddings under its name too."""
-        names = manifest.names()
-        if self.tied_embeddings and LM_HEAD_KEY not in names and EMBED_KEY in names:
-            return dataclasses.replace(manifest,
-                                       aliases=(*manifest.aliases, (LM_HEAD_KEY, EMBED_KEY)))
-        return manifest
+    def check_weight_names(self, names: Iterable[str]) -> None:
+        """Refuse a partial or foreign set of names before a sync moves a byte."""
+        self._check_keys(set(names))
 
     def _with_lm_head(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """vLLM keeps a tied head it is not given: the embeddings under its name too."""
         weights = dict(state_dict)
         if LM_HEAD_KEY not in weights and EMBED_KEY in weights and self.tied_embeddings:
             weights[LM_HEAD_KEY] = weights[EMBED_KEY]

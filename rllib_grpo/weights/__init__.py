@@ -1,9 +1,8 @@
-"""Layer 3, the weight protocol without Ray: HF/vLLM parameter names (`names`), the bucket
-layout and the manifest that refuses a partial or foreign state (`layout`), the transports
-(`transport`: shared memory, gloo/NCCL groups, CUDA IPC), the placement plan that picks one
-per env runner (`plan`) and the receiving contract every sampler implements (`receiver`).
+"""Layer 3, the weight sync without Ray: which path each env runner's weights take (`plan`,
+the one planner of a run and of ``explain``), the host path through one shared-memory file
+per node (`shm`), and the learners' side of vLLM's weight-transfer engines on GPUs (`gpu`).
 
-The learner's sender (`rllib_grpo.rllib.learner.weight_sender`), the env runner's receiving
-side (`rllib_grpo.rllib.env_runner.weight_receiver`) and the driver
-(`rllib_grpo.rllib.algorithm.weight_sync`) are built on these.
+The driver (`rllib_grpo.rllib.algorithm.weight_sync`) orchestrates every sync; the learners
+offer (`rllib_grpo.rllib.learner.weight_sender`) and the env runners receive
+(`rllib_grpo.rllib.env_runner.weight_receiver`).
 """

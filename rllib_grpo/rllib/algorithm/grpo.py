@@ -193,10 +193,9 @@ class GRPO(EvaluatingAlgorithm):
         self._sampling.settle()
 
     def _sync_weights(self) -> None:
-        """Push the learners' weights to every sampler before the next sample, by the
-        fastest path the placement allows (`rllib_grpo.rllib.algorithm.weight_sync`: device tensors in
-        one process, CUDA IPC / shared memory on one node, bucketed collectives across
-        nodes; Ray's object store as the fallback)."""
+        """Push the learners' weights to every sampler before the next sample: the driver
+        asks the learners to offer and the env runners to receive, by the path the
+        placement allows (`rllib_grpo.rllib.algorithm.weight_sync`)."""
         if getattr(self, "_weight_sync", None) is None:
             self._weight_sync = WeightSync(self)
         assert self._weight_sync is not None

@@ -1,38 +1,53 @@
-"""`WeightSync`: the learners' weights to every env runner's sampler, by the fastest path the
-placement allows (`rllib_grpo.weights.plan` decides, ``weight_sync_transport``
-overrides).
+"""`WeightSync`: the learners' weights to every env runner's sampler, orchestrated by the
+driver.  `GRPO._sync_weights` calls `WeightSync.sync`; the driver asks the learners what to
+send and the runners to receive, through RLlib's public group calls
+(``LearnerGroup.foreach_learner``, ``EnvRunnerGroup.foreach_env_runner``): learners and
+runners never call each other.  The two sides are
+`rllib_grpo.rllib.learner.weight_sender` (the learners offer) and
+`rllib_grpo.rllib.env_runner.weight_receiver` (the runners receive).
 
-* ``local``: the learner's live tensors handed to the sampler in the same process, which
-  copies them into its own in place (no host copy, no clone, no numpy).
-* ``ipc`` / ``collective`` / ``shm`` / ``delta``: a weight-transfer engine through vLLM's
-  API (`rllib_grpo.weights.plan.engine_backend`: vLLM's ``ipc`` / ``nccl`` /
-  ``sparse_nccl`` on GPUs, our ``grpo_shm`` / ``grpo_gloo`` / ``grpo_sparse_gloo`` in
-  host memory).  The learners' trainer engine (`rllib_grpo.rllib.learner.weight_sender`)
-  drives the runners through an `EnvRunnerClient`: init once, then start, update, finish.
-  An engine that does not connect within ``weight_sync_connect_timeout_s``, or fails to,
-  is the run's error (one line: the runners, the address, what to open), never a quiet
-  move to the object store.
-* ``object_store``: RLlib's own ``sync_weights`` (a state dict through Ray): for a runner
-  whose sampler cannot join an engine, for LoRA payloads (adapter-only) and for the
-  driver's own env runner when the learner is remote.
+One sync:
 
-Per sync the driver stages the layout on the learners; for a layout the runners have not
-seen it has every runner check it (a partial or foreign state is refused before a byte
-moves); then each engine sends.  A runner that restarted (RLlib's restart count moves, or
-its engine token is gone) makes the driver connect again.  A runner holds one engine: a
-re-plan (after a restart, or `WeightSync.use_transport`) shuts every engine it no longer
-uses down on the learners, so none is left with a group whose runners joined another.  Metrics: ``weight_sync/bytes``
-(one runner's bytes), ``weight_sync/gbps`` (10^9 bytes per second of the whole sync),
-``weight_sync/transport`` (`TRANSPORT_CODES`) and, for delta syncs,
-``weight_sync/changed_frac`` (changed elements / all); the runners log their load time.
+1. **Who is there.**  The healthy remote runners (or the driver's own) and RLlib's count of
+   restarts.  When either changed, every learner and runner says where it lives and the
+   planner (`rllib_grpo.weights.plan.choose_transports`, the function ``explain`` and
+   ``dry-run`` use) picks each runner's transport.
+2. **Each transport:**
+   ``local``: the learner's live tensors to the sampler in this process;
+   ``shm``: the learners write the weights into the node's shared file, then the runners
+   read it (`rllib_grpo.weights.shm`);
+   ``object_store``: the learners' state dict (or LoRA payload) into Ray's object store,
+   which each runner's ``set_state`` loads;
+   ``ipc``: chunk by chunk, the learners pack one (every rank's CUDA IPC buffer, merged by
+   GPU UUID), then the runners' vLLM engines load it;
+   ``nccl``: the learners broadcast while the runners' engines receive: both calls at once
+   (the runners' on a thread of the driver).
+   Where the GPUs are fake (`rllib_grpo.rllib.placement.fake_gpus`) the planner decides as
+   for real ones and the bytes of ``ipc`` and ``nccl`` move by ``shm``, on the CPU.
+3. **Deadlines.**  Every call has one (`Deadlines`).  An env runner that dies during a sync
+   (Ray reports it at once) or passes its deadline is named in one line (index, node, pid,
+   phase, seconds) and left out: the sync completes for the others; RLlib restarts a dead
+   runner, which gets the current weights before it samples
+   (`ResilientAlgorithm.restore_env_runners`) and joins the next sync.  A learner past its
+   deadline stops the run with that line (a learner mid-sync cannot be restarted safely),
+   as does an NCCL group a receiver died in.
+
+Metrics: ``weight_sync/bytes`` (one runner's bytes), ``weight_sync/gbps`` (10^9 bytes per
+second of the whole sync), ``weight_sync/transport`` (`TRANSPORT_CODES`: the slowest path
+of the sync) and ``fault_tolerance/weight_sync_dropped_receivers`` (runners left out of a
+sync so far); the runners log their load time.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import statistics
 import time
-import uuid
+import traceback
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from functools import partial
 from typing import Any
 
@@ -40,293 +55,358 @@ import ray
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 
-from rllib_grpo.rllib.algorithm.weight_client import EnvRunnerClient
 from rllib_grpo.rllib.env_runner.env_runner import COMPONENT_RL_MODULE, WEIGHTS_SEQ_NO
 from rllib_grpo.rllib.env_runner.weight_receiver import (
     runner_endpoint,
-    runner_leave,
-    runner_prepare,
+    runner_init_engine,
+    runner_receive_shared,
+    runner_update,
 )
 from rllib_grpo.rllib.learner.weight_sender import (
     learner_close,
-    learner_connect,
-    learner_disconnect,
-    learner_done,
     learner_endpoint,
+    learner_ipc_next,
     learner_local_state,
-    learner_send,
-    learner_stage,
+    learner_metadata,
+    learner_module_state,
+    learner_nccl_join,
+    learner_nccl_send,
+    learner_nccl_unique_id,
+    learner_offer_shared,
 )
+from rllib_grpo.rllib.placement import fake_gpus
+from rllib_grpo.weights import gpu
 from rllib_grpo.weights.plan import (
-    ENGINE_TRANSPORTS,
-    GROUP_TRANSPORTS,
     TRANSPORT_CODES,
-    WEIGHT_SYNC_TRANSPORTS,
+    VLLM_ENGINES,
     Endpoint,
     choose_transports,
-    engine_backend,
-    group_backend,
+    transports_summary,
 )
 
 logger = logging.getLogger(__name__)
+DROPPED_METRIC = "fault_tolerance/weight_sync_dropped_receivers"
 
 
-def _indexed(runner: Any, func: Any) -> tuple[int, Any]:
-    return runner.worker_index, func(runner)
+class Deadlines:
+    """How long each phase of a sync may take: ``limit_s`` (``weight_sync_timeout_s``) for a
+    phase's first `WARMUP` rounds and for every rendezvous; then `MULTIPLE` x the running
+    median of its last `WINDOW` rounds, at least `FLOOR_S` and at most ``limit_s``, so a
+    slow first sync is no hang and a stalled later one is noticed soon."""
+
+    MULTIPLE, FLOOR_S, WINDOW, WARMUP = 10.0, 30.0, 20, 3
+
+    def __init__(self, limit_s: float) -> None:
+        self.limit_s = float(limit_s)
+        self.seconds: dict[str, list[float]] = {}
+
+    def of(self, phase: str) -> float:
+        history = self.seconds.get(phase, [])
+        if len(history) < self.WARMUP:
+            return self.limit_s
+        typical = self.MULTIPLE * statistics.median(history)
+        return min(self.limit_s, max(min(self.FLOOR_S, self.limit_s), typical))
+
+    def record(self, phase: str, seconds: float) -> None:
+        self.seconds[phase] = [*self.seconds.get(phase, []), seconds][-self.WINDOW:]
 
 
-# --------------------------------------------------------------------------- the driver
+def _call(runner: Any, func: Callable[[Any], Any]) -> tuple[int, bool, Any]:
+    """``func(runner)`` as ``(index, ok, result or error message)``: a runner's error is
+    the driver's to raise, naming the runner (RLlib would log it and take the runner out)."""
+    try:
+        return runner.worker_index, True, func(runner)
+    except Exception as error:  # noqa: BLE001 - raised by the driver
+        return runner.worker_index, False, "".join(
+            traceback.format_exception_only(type(error), error)).strip()
+
+
+def _set_state(runner: Any, ref: Any) -> None:
+    runner.set_state(ray.get(ref))
+
+
+def _rank0(answers: list[tuple]) -> tuple:
+    """Learner rank 0's answer of ``(rank, ...)`` answers."""
+    return min(answers, key=lambda answer: answer[0])
+
+
+def _tensor_bytes(value: Any) -> int:
+    """Bytes of the tensors in a state dict or a LoRA payload (nested dicts, dataclasses)."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = vars(value)
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v) for v in value.values())
+    return 0
+
+
 class WeightSync:
-    """Driver side of the weight sync of one `GRPO` algorithm (created on its first sync)."""
+    """The driver's side of the weight syncs of one `GRPO` algorithm (made on its first)."""
 
     def __init__(self, algo: Any) -> None:
+        c = algo.config
         self.algo = algo
-        self.setting = algo.config.weight_sync_transport
-        self.bucket_bytes = max(1, int(algo.config.weight_sync_bucket_mb * 2**20))
-        self.connect_timeout_s = float(algo.config.weight_sync_connect_timeout_s)
-        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="weight_sync")
-        self.transports: dict[int, str] = {}  # env runner index -> transport
+        self.setting = c.weight_sync_transport
+        self.buffer_bytes = max(1, int(c.weight_sync_bucket_mb * 2**20))
+        self.deadlines = Deadlines(c.weight_sync_timeout_s)
+        self.fake_gpus = fake_gpus()
+        self.transports: dict[int, str] = {}  # env runner index -> transport (0: the driver's)
         self.endpoints: dict[int, Endpoint] = {}
-        self.sender: Endpoint | None = None
+        self.learner_places: list[dict[str, Any]] = []  # by rank
         self.wire_dtype: torch.dtype | None = None
-        self.state_nbytes = 0
+        self.dropped = 0  # runners left out of a sync so far
         self._members: tuple | None = None
-        self.backends: dict[str, list[int]] = {}  # engine backend -> its env runners
-        self._tokens: dict[str, str] = {}  # connected engine backend -> its token
-        self._prepared: set[tuple] = set()  # (tokens, layout) the runners have checked
+        self._joined: set[str] = set()  # vLLM engines joined since the last discovery
+        self._stamp = 0  # this driver's sync count: what the shared file is stamped with
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="weight_sync")
 
     @property
     def runners(self) -> Any:
         return self.algo.env_runner_group
 
+    @property
+    def learners(self) -> Any:
+        return self.algo.learner_group
+
     # ---------------------------------------------------------------- one sync
     def sync(self) -> dict[str, float]:
-        """Push the weights everywhere; returns the metrics of this sync."""
+        """Push the learners' weights to every env runner in service; this sync's metrics."""
         start = time.perf_counter()
-        remote = tuple(sorted(self.runners.healthy_worker_ids())) \
-            if self.runners.num_remote_env_runners() else ()
-        # A restarted runner (fault tolerance) keeps its index but lost its group.
-        members = (remote, self.runners.num_remote_worker_restarts() if remote else 0)
-        if self._members is None or members != self._members:
-            self._discover(remote, members)
-        used = set(self.transports.values())
-        if not used:  # every remote runner out of service, no local one: nothing to reach
-            logger.warning("weight sync: no env runner in service; the weights go to the "
-                           "runners once they are back")
-            return {"weight_sync/bytes": 0.0, "weight_sync/gbps": 0.0}
-        if "object_store" in used:
-            nbytes = self._sync_object_store()
-            used = {"object_store"}
-        changed_frac = None
-        if "object_store" not in used:
-            nbytes = self._sync_local() if "local" in used else 0
-            if used - {"local"}:
-                remote_bytes, changed_frac = self._sync_remote()
-                nbytes = max(nbytes, remote_bytes)
+        if self._current_members() != self._members:
+            self._discover()
+        if not self.transports:  # every remote runner out of service, no local one
+            logger.warning("weight sync: no env runner in service; the weights reach the "
+                           "runners when they are back")
+            return {"weight_sync/bytes": 0.0, "weight_sync/gbps": 0.0,
+                    DROPPED_METRIC: float(self.dropped)}
+        self._stamp += 1
+        paths = {"local": self._sync_local, "shm": self._sync_shared,
+                 "object_store": self._sync_object_store, "ipc": self._sync_ipc,
+                 "nccl": self._sync_nccl}
+        nbytes = 0
+        for transport, ids in self._by_path().items():
+            nbytes = max(nbytes, paths[transport](ids))
         seconds = max(time.perf_counter() - start, 1e-9)
-        slowest = max(used, key=TRANSPORT_CODES.__getitem__)
-        metrics = {"weight_sync/bytes": float(nbytes), "weight_sync/gbps": nbytes / seconds / 1e9,
-                   "weight_sync/transport": float(TRANSPORT_CODES[slowest])}
-        if changed_frac is not None:
-            metrics["weight_sync/changed_frac"] = changed_frac
-        return metrics
+        slowest = max(self.transports.values(), key=TRANSPORT_CODES.__getitem__)
+        return {"weight_sync/bytes": float(nbytes), "weight_sync/gbps": nbytes / seconds / 1e9,
+                "weight_sync/transport": float(TRANSPORT_CODES[slowest]),
+                DROPPED_METRIC: float(self.dropped)}
 
     def transport_names(self) -> dict[int, str]:
-        """The transport of each env runner (0 = the local one), after the first sync."""
+        """The transport the planner gave each env runner (0: the driver's), after a sync."""
         return dict(self.transports)
 
     def close(self) -> None:
-        """Shut the weight group down on every member (the runners, then the learners' side
-        with its store) and free the shared memory."""
-        connected = sorted({i for b in self._tokens for i in self.backends.get(b, ())})
-        if connected:
-            self._while_stopping("runners", self._on_runners, connected, runner_leave)
-        self._tokens = {}
-        self._while_stopping("learners", self._on_learners, learner_close)
+        """Close the learners' side (the shared file, the NCCL group)."""
+        try:
+            self._on_learners(learner_close, "close")
+        except Exception:  # noqa: BLE001 - stopping: the actors may be gone already
+            logger.debug("weight sync: closing the learners' side failed", exc_info=True)
         self._pool.shutdown(wait=False)
 
-    @staticmethod
-    def _while_stopping(side: str, call: Any, *args: Any) -> None:
-        try:
-            call(*args)
-        except Exception:  # noqa: BLE001 - stopping: the actors may be gone already
-            logger.debug("weight sync: closing the %s' side failed", side, exc_info=True)
+    def _by_path(self) -> dict[str, list[int]]:
+        """Runner ids by the path their bytes take (fake GPUs: ``shm`` for vLLM's engines)."""
+        paths: dict[str, list[int]] = {}
+        for index, transport in sorted(self.transports.items()):
+            path = "shm" if self.fake_gpus and transport in VLLM_ENGINES else transport
+            paths.setdefault(path, []).append(index)
+        return paths
 
     # ---------------------------------------------------------------- placement
-    def _discover(self, remote: tuple[int, ...], members: tuple) -> None:
-        by_rank = {r: (ep, nbytes) for r, ep, nbytes in self._on_learners(learner_endpoint)}
-        self.sender, self.state_nbytes = by_rank[0]
-        self.endpoints = {}
+    def _current_members(self) -> tuple:
+        remote = tuple(sorted(self.runners.healthy_worker_ids())) \
+            if self.runners.num_remote_env_runners() else ()
+        return (remote, self.runners.num_remote_worker_restarts() if remote else 0,
+                self.runners.local_env_runner is not None)
+
+    def _discover(self) -> None:
+        """Where every learner and runner lives, and each runner's transport."""
+        members = self._current_members()
+        places = sorted(self._on_learners(learner_endpoint, "discover"),
+                        key=lambda place: place["rank"])
+        first = places[0]
+        sender = Endpoint(first["node_id"], first["pid"], first["device"],
+                          tuple(g for place in places for g in place["gpus"]),
+                          host_payload=first["host_payload"])
+        runners = {}
         if self.runners.local_env_runner is not None:
-            self.endpoints[0] = runner_endpoint(self.runners.local_env_runner)
-        if remote:
-            self.endpoints.update(self._on_runners(remote, runner_endpoint))
-        self._members = members
-        self._plan(keep_engines=False)  # a runner may have restarted: every engine anew
-
-    def use_transport(self, setting: str) -> None:
-        """From the next sync on, ``setting`` (one of ``weight_sync_transport``'s values)
-        instead of the configured one, on the runners placed already: engines the new plan
-        no longer uses are shut down on the learners (their runners re-join another
-        engine), engines it keeps stay connected."""
-        if setting not in WEIGHT_SYNC_TRANSPORTS:
-            raise ValueError(f"weight sync transport {setting!r}: use one of "
-                             f"{', '.join(WEIGHT_SYNC_TRANSPORTS)}")
-        self.setting = setting
-        if self.sender is not None:
-            self._plan(keep_engines=True)
-
-    def _plan(self, keep_engines: bool) -> None:
-        """Transports and engine backends for the known endpoints.  A runner holds one
-        engine: an engine of the old plan is kept only with ``keep_engines`` and the very
-        same runners; every other one is shut down on the learners (its group is gone
-        once its runners join another engine, and a send through it would fail)."""
-        assert self.sender is not None
-        old = self.backends
-        self.transports = choose_transports(self.setting, self.sender, self.endpoints)
-        self.transports = {i: "object_store" if t != "local" and self.endpoints[i].num_ranks == 0
-                           else t for i, t in self.transports.items()}
-        dtypes = {ep.dtype for ep in self.endpoints.values() if ep.dtype is not None}
+            runners[0] = runner_endpoint(self.runners.local_env_runner)
+        runners.update(self._on_runners(members[0], runner_endpoint, "discover"))
+        self.learner_places = places
+        self.endpoints = {i: place["endpoint"] for i, place in runners.items()}
+        self.transports = choose_transports(self.setting, sender, self.endpoints)
+        dtypes = {place["dtype"] for place in runners.values()}
         self.wire_dtype = dtypes.pop() if len(dtypes) == 1 else None
-        group_ids = self._ids(*GROUP_TRANSPORTS)
-        group = group_backend(self.sender, [self.endpoints[i] for i in group_ids])
-        self.backends = {}
-        for i in self._ids(*ENGINE_TRANSPORTS):
-            backend = engine_backend(self.transports[i], group)
-            self.backends.setdefault(backend, []).append(i)
-        engine_ids = {i for ids in self.backends.values() for i in ids}
-        for backend in list(self._tokens):
-            if not keep_engines or old.get(backend) != self.backends.get(backend):
-                # Runners placed already that no engine takes now leave theirs (a restarted
-                # one, keep_engines=False, has none left).
-                self._disconnect(backend, [i for i in old.get(backend, ())
-                                           if keep_engines and i not in engine_ids])
-        self._prepared = set()
-        logger.info("weight sync (%s): %s", self.setting, ", ".join(
-            f"env runner {i} -> {t}" for i, t in sorted(self.transports.items())))
-
-    def _disconnect(self, backend: str, leaving: list[int] | tuple[int, ...] = ()) -> None:
-        """Forget ``backend``'s engine and shut its trainer side down on the learners (and
-        on the runners ``leaving``)."""
-        self._tokens.pop(backend, None)
-        if leaving:
-            self._while_stopping("runners", self._on_runners, leaving, runner_leave)
-        self._while_stopping("learners", self._on_learners,
-                             partial(learner_disconnect, backend=backend))
-
-    def _ids(self, *transports: str) -> list[int]:
-        return sorted(i for i, t in self.transports.items() if t in transports)
+        for index, transport in self.transports.items():
+            built = runners[index]["backend"]
+            if transport in VLLM_ENGINES and not self.fake_gpus and built != transport:
+                raise RuntimeError(
+                    f"weight sync: env runner {index}'s vLLM engine was started for "
+                    f"{built or 'no'} weight transfers, but where its processes landed the "
+                    f"weights need {transport}: the run is not placed as its placement plan "
+                    "says (rllib-grpo dry-run shows the plan)")
+        self._joined = set()
+        # A runner that did not answer is found again at the next sync.
+        self._members = members if set(runners) >= set(members[0]) else None
+        logger.info("weight sync (%s): %s", self.setting, transports_summary(self.transports))
 
     # ---------------------------------------------------------------- the paths
-    def _sync_object_store(self) -> int:
-        self.runners.sync_weights(from_worker_or_learner_group=self.algo.learner_group,
-                                  policies=[DEFAULT_MODULE_ID], inference_only=True)
-        return self.state_nbytes
-
-    def _sync_local(self) -> int:
-        state, seq_no = self._on_learners(learner_local_state)[0]
+    def _sync_local(self, ids: list[int]) -> int:
+        ((state, seq_no),) = self._on_learners(learner_local_state, "local")
         runner = self.runners.local_env_runner
-        runner.set_state({COMPONENT_RL_MODULE: {DEFAULT_MODULE_ID: state}, WEIGHTS_SEQ_NO: seq_no})
+        runner.set_state({COMPONENT_RL_MODULE: {DEFAULT_MODULE_ID: state},
+                          WEIGHTS_SEQ_NO: seq_no})
         return int(runner.last_weight_sync.get("bytes", 0))
 
-    def _sync_remote(self) -> tuple[int, float | None]:
-        """Every engine's sync; ``(one runner's bytes, changed fraction of a delta sync)``."""
-        for backend in self.backends:
-            if backend not in self._tokens:
-                self._connect(backend)
-        staged = self._stage_and_prepare()
-        nbytes, changed_frac = staged["manifest"].nbytes, None
-        try:
-            for backend in self.backends:
-                stats = dict(self._on_learners(partial(learner_send, backend=backend)))[0]
-                nbytes = int(stats["bytes"])
-                if stats["elements"]:
-                    changed_frac = stats["changed"] / stats["elements"]
-        except Exception:
-            self._members = None  # a runner may be gone: look at the placement again
-            raise
-        finally:
-            self._on_learners(learner_done)
-        return nbytes, changed_frac
+    def _sync_shared(self, ids: list[int]) -> int:
+        offers = self._on_learners(partial(learner_offer_shared, wire_dtype=self.wire_dtype,
+                                           stamp=self._stamp), "write")
+        offer = next(o for o in offers if o is not None)  # rank 0's
+        self._on_runners(ids, partial(runner_receive_shared, offer=offer), "read")
+        return offer.manifest.nbytes
 
-    def _stage_and_prepare(self) -> dict:
-        ids = sorted(i for ids in self.backends.values() for i in ids)
-        for attempt in range(2):
-            staged = dict(self._on_learners(partial(
-                learner_stage, wire_dtype=self.wire_dtype, bucket_bytes=self.bucket_bytes)))[0]
-            prepared = (tuple(sorted(self._tokens.items())), staged["manifest"].fingerprint)
-            if prepared in self._prepared:  # the same layout, already checked
-                return staged
-            tokens = self._on_runners(ids, partial(runner_prepare, manifest=staged["manifest"]))
-            stale = {b for b, members in self.backends.items()
-                     if any(tokens[i] != self._tokens.get(b) for i in members)}
-            if not stale:
-                self._prepared.add(prepared)
-                return staged
-            # A runner restarted (fault tolerance) and lost its engine: connect again.
-            logger.warning("weight sync: env runners of %s are not connected (restarted?); "
-                           "connecting again", sorted(stale))
-            self._prepared = set()
-            if attempt:
+    def _sync_object_store(self, ids: list[int]) -> int:
+        rank0 = _rank0(self._on_learners(learner_module_state, "object store put"))
+        state = {COMPONENT_RL_MODULE: {DEFAULT_MODULE_ID: rank0[1]}, WEIGHTS_SEQ_NO: rank0[2]}
+        if 0 in ids:
+            self.runners.local_env_runner.set_state(state)
+        remote = [i for i in ids if i]
+        if remote:
+            self._on_runners(remote, partial(_set_state, ref=ray.put(state)),
+                             "object store load")
+        return _tensor_bytes(rank0[1])
+
+    def _sync_ipc(self, ids: list[int]) -> int:
+        _, metadata, seq_no = _rank0(self._on_learners(
+            partial(learner_metadata, wire_dtype=self.wire_dtype), "metadata"))
+        if "ipc" not in self._joined:
+            infos = dict.fromkeys(ids, gpu.ipc_init_info())
+            ids = self._on_runners(ids, partial(runner_init_engine, init_infos=infos,
+                                                names=[m[0] for m in metadata]), "join ipc")
+            self._joined.add("ipc")
+        nbytes, start = 0, True
+        while True:
+            _, info = _rank0(self._on_learners(partial(
+                learner_ipc_next, wire_dtype=self.wire_dtype, buffer_bytes=self.buffer_bytes),
+                "pack ipc chunk"))
+            if info is None:
                 break
-            for backend in stale:
-                self._connect(backend)
-        raise RuntimeError(f"weight sync: env runners of {sorted(stale)} could not connect")
+            ids = self._on_runners(ids, partial(runner_update, update_info=info, start=start),
+                                   "load ipc chunk")
+            nbytes += sum(info["tensor_sizes"])
+            start = False
+        self._on_runners(ids, partial(runner_update, finish_seq_no=seq_no), "finish")
+        return nbytes
 
-    def _connect(self, backend: str) -> None:
-        """Connect ``backend``'s engine (vLLM's ``trainer_init`` on the learners, the
-        runners' ``init_weight_transfer_engine``), within ``weight_sync_connect_timeout_s``.
-        A failure is the run's error, whatever the setting: with ``auto`` too, the rest of
-        the run going through Ray's object store instead (a whole-model file per step for
-        a tensor-parallel engine) would be a slowdown nobody chose."""
-        members = self.backends[backend]
-        offsets, next_rank = {}, 1
-        for i in sorted(members):
-            offsets[i], next_rank = next_rank, next_rank + max(1, self.endpoints[i].num_ranks)
-        handles = self.runners._worker_manager._actors
-        token = uuid.uuid4().hex
-        client = EnvRunnerClient(backend, {i: handles[i] for i in members}, offsets, token,
-                                 nodes=self._node_addresses(members))
-        self._tokens.pop(backend, None)
-        try:
-            self._on_learners(partial(learner_connect, backend=backend, world_size=next_rank,
-                                      client=client, timeout_s=self.connect_timeout_s))
-        except Exception as error:
-            cause = getattr(error, "cause", None) or error  # a remote learner's own error
-            if isinstance(cause, TimeoutError):  # one line: who, where, what to open
-                raise TimeoutError(str(cause)) from error
-            raise RuntimeError(f"weight_sync_transport={self.setting!r}: the {backend} "
-                               f"weight engine could not be connected: {cause}") from error
-        self._tokens[backend] = token
-        logger.info("weight sync: %s engine, %d ranks (buckets of <= %d MB)", backend,
-                    next_rank, self.bucket_bytes // 2**20)
+    def _sync_nccl(self, ids: list[int]) -> int:
+        _, metadata, seq_no = _rank0(self._on_learners(
+            partial(learner_metadata, wire_dtype=self.wire_dtype), "metadata"))
+        if "nccl" not in self._joined:
+            self._join_nccl(ids, [m[0] for m in metadata])
+        info = gpu.metadata_info(metadata)
+        self._both(partial(learner_nccl_send, wire_dtype=self.wire_dtype,
+                           buffer_bytes=self.buffer_bytes),
+                   ids, partial(runner_update, update_info=info, start=True,
+                                finish_seq_no=seq_no), "nccl broadcast")
+        return sum(torch.empty((), dtype=d).element_size() * int(torch.Size(s).numel())
+                   for _, d, s in metadata)
 
-    def _node_addresses(self, runners: list[int]) -> dict[int, str]:
-        """Each runner's node address (its Ray node id where Ray does not know it)."""
-        addresses = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()}
-        return {i: addresses.get(self.endpoints[i].node_id, self.endpoints[i].node_id)
-                for i in runners}
+    def _join_nccl(self, ids: list[int], names: list[str]) -> None:
+        """One NCCL group of learner rank 0 and every worker of these runners' engines,
+        formed from rank 0's unique id: every member joins at once."""
+        (unique_id,) = [u for u in self._on_learners(learner_nccl_unique_id, "nccl id") if u]
+        offsets, world = {}, 1
+        for index in ids:
+            offsets[index], world = world, world + len(self.endpoints[index].gpus)
+        infos = {i: gpu.nccl_init_info(unique_id, offsets[i], world, self.buffer_bytes)
+                 for i in ids}
+        self._both(partial(learner_nccl_join, unique_id=unique_id, world_size=world),
+                   ids, partial(runner_init_engine, init_infos=infos, names=names), "join nccl")
+        self._joined.add("nccl")
 
-    # ---------------------------------------------------------------- calls
-    def _on_learners(self, func: Any) -> list:
-        group = self.algo.learner_group
-        return group._get_results(group.foreach_learner(func))
+    # ---------------------------------------------------------------- calls with deadlines
+    def _on_learners(self, func: Callable[[Any], Any], phase: str) -> list[Any]:
+        """``func`` on every learner within the phase's deadline; a learner's error is the
+        run's, and so is a learner past its deadline (one line naming it)."""
+        deadline, start = self.deadlines.of(phase), time.perf_counter()
+        group = self.learners
+        if group.is_local:  # in this process: on a thread, so the deadline holds too
+            future = self._pool.submit(group.foreach_learner, func)
+            try:
+                results = future.result(timeout=deadline)
+            except FutureTimeout:
+                raise self._learner_late([0], phase, deadline) from None
+        else:
+            results = group.foreach_learner(func, timeout_seconds=deadline)
+        values, answered = [], set()
+        for result in results:
+            if not result.ok:
+                raise result.get()
+            values.append(result.get())
+            answered.add(result.actor_id or 0)
+        late = sorted(set(range(max(1, len(group)))) - answered)
+        if late:
+            raise self._learner_late(late, phase, deadline)
+        self.deadlines.record(phase, time.perf_counter() - start)
+        return values
 
-    def _on_runners(self, ids: list[int] | tuple[int, ...], func: Any) -> dict[int, Any]:
-        """``func(runner)`` on the runners ``ids`` (0 = the local one), concurrently."""
-        local = self._pool.submit(func, self.runners.local_env_runner) if 0 in ids else None
-        remote = [i for i in ids if i != 0]
-        results: dict[int, Any] = {}
-        try:
-            if remote:
-                results.update(self.runners.foreach_env_runner(
-                    partial(_indexed, func=func), local_env_runner=False,
-                    remote_worker_ids=remote))
-        finally:
-            if local is not None:
-                results[0] = local.result()
-        missing = sorted(set(ids) - set(results))
+    def _learner_late(self, ranks: list[int], phase: str, deadline: float) -> TimeoutError:
+        by_rank = {place["rank"]: place for place in self.learner_places}
+        who = ", ".join(f"learner {r}" + (f" (node {by_rank[r]['node_id'][:12]}, pid "
+                                          f"{by_rank[r]['pid']})" if r in by_rank else "")
+                        for r in ranks)
+        return TimeoutError(f"weight sync: {who} did not finish '{phase}' within "
+                            f"{deadline:g} s (weight_sync_timeout_s): stopping the run, a "
+                            "learner stuck mid-sync cannot be restarted safely")
+
+    def _on_runners(self, ids: Any, func: Callable[[Any], Any], phase: str) -> Any:
+        """``func`` on the remote runners ``ids`` within the phase's deadline; the runners
+        that answered (a list for a list of ids, else ``{index: result}``).  One that died
+        or passed its deadline is named and left out; one whose call raised fails the sync,
+        naming it."""
+        remote = [i for i in ids if i]
+        if not remote:
+            return [] if isinstance(ids, list) else {}
+        deadline, start = self.deadlines.of(phase), time.perf_counter()
+        answers = self.runners.foreach_env_runner(
+            partial(_call, func=func), local_env_runner=False, remote_worker_ids=remote,
+            timeout_seconds=deadline)
+        results = {}
+        for index, ok, value in answers:
+            if not ok:
+                raise RuntimeError(f"weight sync: {self._runner(index)} failed in "
+                                   f"'{phase}': {value}")
+            results[index] = value
+        elapsed = time.perf_counter() - start
+        missing = sorted(set(remote) - set(results))
         if missing:
-            self._members = None  # rediscover at the next sync
-            raise RuntimeError(f"weight sync: env runners {missing} did not answer")
-        return results
+            self._left_out(missing, phase, elapsed, deadline)
+        else:
+            self.deadlines.record(phase, elapsed)
+        return [i for i in ids if i in results] if isinstance(ids, list) else results
+
+    def _both(self, learner_func: Callable[[Any], Any], ids: list[int],
+              runner_func: Callable[[Any], Any], phase: str) -> None:
+        """The learners' and the runners' side of a collective at once (the runners' on a
+        thread), each within the phase's deadline."""
+        runners = self._pool.submit(self._on_runners, ids, runner_func, phase)
+        self._on_learners(learner_func, phase)
+        runners.result()
+
+    def _left_out(self, missing: list[int], phase: str, elapsed: float,
+                  deadline: float) -> None:
+        healthy = set(self.runners.healthy_worker_ids())
+        for index in missing:
+            what = (f"did not finish '{phase}' within {deadline:g} s" if index in healthy
+                    else f"died during '{phase}' ({elapsed:.1f} s in)")
+            logger.warning("weight sync: %s %s; the sync went on without it (RLlib restarts "
+                           "a lost runner, which gets the current weights before it "
+                           "samples)", self._runner(index), what)
+        self.dropped += len(missing)
+        self._members = None  # look at who is there again at the next sync
+
+    def _runner(self, index: int) -> str:
+        endpoint = self.endpoints.get(index)
+        where = f" (node {endpoint.node_id[:12]}, pid {endpoint.pid})" if endpoint else ""
+        return f"env runner {index}{where}"

@@ -22,6 +22,7 @@ from rllib_grpo.rllib.config.input_checks import input_errors
 from rllib_grpo.rllib.config.layout import (
     layout_errors,
     local_env_runner_pitfalls,
+    planned_transports,
     tensor_parallel_size,
     unplaceable,
 )
@@ -198,25 +199,24 @@ def _check_precision(c: GRPOSettings) -> list[str]:
 
 
 def _check_weight_sync(c: GRPOSettings) -> list[str]:
+    """An unknown setting, a bucket size <= 0, and a setting or placement the weight sync's
+    planner refuses for the placement plan's places (as the run's planner would)."""
     transport = getattr(c, "weight_sync_transport", "auto")
     if error := choice_error("weight_sync_transport", transport, WEIGHT_SYNC_TRANSPORTS):
         return [error]
     errors = []
     if not getattr(c, "weight_sync_bucket_mb", 1) > 0:
         errors.append(f"weight_sync_bucket_mb={c.weight_sync_bucket_mb} must be > 0 (MiB per "
-                      "bucket; 256-1024 suits most models).")
-    if transport == "local" and (c.num_learners > 0 or c.num_env_runners > 0):
-        errors.append(f"weight_sync_transport='local' needs the learner and the sampler in "
-                      f"one process, but num_learners={c.num_learners} and num_env_runners="
-                      f"{c.num_env_runners}: set both to 0, or use 'auto'.")
-    if transport == "ipc" and not ((c.num_gpus_per_learner or 0) > 0
-                                   and (c.num_gpus_per_env_runner or 0) > 0):
-        errors.append("weight_sync_transport='ipc' shares CUDA memory: it needs "
-                      "num_gpus_per_learner > 0 and num_gpus_per_env_runner > 0; use 'shm' "
-                      "or 'auto' on CPUs.")
-    if transport == "ipc" and c.lora_rank > 0:
-        errors.append(f"weight_sync_transport='ipc' shares CUDA memory, but with lora_rank="
-                      f"{c.lora_rank} the sync payload is host copies; use 'shm' or 'auto'.")
+                      "packed buffer; 256-1024 suits most models).")
+    try:
+        plan = c.placement_plan() if hasattr(c, "placement_plan") else None
+    except Exception:  # noqa: BLE001 - a layout the placement checks refuse, naming it
+        plan = None
+    if plan is not None:
+        try:
+            planned_transports(c, plan)
+        except ValueError as error:
+            errors.append(str(error))
     return errors
 
 

@@ -11,7 +11,7 @@ from rllib_grpo.rllib.config.prompt_lengths import prompt_length_lines
 from rllib_grpo.rllib.config.reward_plan import reward_plan_lines
 from rllib_grpo.rllib.config.settings import GRPOSettings
 from rllib_grpo.rllib.config.staleness import async_line
-from rllib_grpo.weights.plan import ENGINE_TRANSPORTS, engine_backend, predict_transport
+from rllib_grpo.weights.plan import describe, transports_summary
 
 
 def _lora_line(c: GRPOSettings) -> str:
@@ -37,13 +37,18 @@ def _precision_line(c: GRPOSettings) -> str:
     return (f"precision:                     {master}; compute in {compute}; reference in "
             f"{c.compute_dtype}; samplers get {c.sampler_dtype} weights")
 def _weight_sync_line(c: GRPOSettings) -> str:
-    transport, why = predict_transport(c)
-    on_gpus = (c.num_gpus_per_learner or 0) > 0 and (c.num_gpus_per_env_runner or 0) > 0
-    engine = (f", vLLM weight-transfer engine {engine_backend(transport, 'nccl' if on_gpus else 'gloo')}"
-              if transport in ENGINE_TRANSPORTS else "")
-    return (f"weight sync:                   {c.weight_sync_transport} -> {transport}{engine} "
-            f"({why}); "
-            f"buckets of {c.weight_sync_bucket_mb:g} MiB in the sampler's dtype")
+    """What each env runner's weights take, as the run's planner picks it for the placement
+    plan's places (`planned_transports`), and what moves on each transport."""
+    plan = c.placement_plan() if hasattr(c, "placement_plan") else None
+    try:
+        transports = planned_transports(c, plan) if plan is not None else {}
+    except ValueError:
+        return (f"weight sync:                   {c.weight_sync_transport} -> refused (see "
+                "ERRORS)")
+    sharded = c.num_learners >= 2 and bool(getattr(c, "fsdp", False))
+    how = "; ".join(f"{t}: {describe(t, sharded)}" for t in dict.fromkeys(transports.values()))
+    return (f"weight sync:                   {c.weight_sync_transport} -> "
+            f"{transports_summary(transports)}: {how}")
 
 
 def _placement_lines(c: GRPOSettings) -> list[str]:

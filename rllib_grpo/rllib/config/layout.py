@@ -591,43 +591,34 @@ def layout_lines(c: Placement, plan: PlacementPlan,
 
 
 def planned_transports(c: Any, plan: PlacementPlan) -> dict[int, str]:
-    """The weight transport of each env runner (0: the local one) as the run's planner
-    (`rllib_grpo.weights.plan.choose_transports`) picks it for the plan's places: the
-    learner rank 0 as the sender, each env runner's engine (its shards' GPUs) as a
-    receiver.  Refusals of a forced ``weight_sync_transport`` raise ValueError, as in a run."""
+    """The weight transport of each env runner (0: the driver's) as the run's planner
+    (`rllib_grpo.weights.plan.choose_transports`) picks it for the plan's places: every
+    learner's GPU on the sending side, each env runner's engine (its shards' GPUs) a
+    receiver.  A refused setting or placement raises ValueError, as in a run."""
     from rllib_grpo.weights.plan import Endpoint, choose_transports
 
-    def node_of(bundle: int) -> str:
-        return f"node {plan.bundles[bundle].node or 0}"
+    def node_of(seat: Seat) -> str:
+        return f"node {plan.bundles[seat.bundle].node or 0}"
 
-    def gpu_id(bundle: int) -> str:
-        where = gpu_of(plan, bundle)
-        return f"node {where[0]} GPU {where[1]}" if where else ""
+    def gpu_ids(seats: list[Seat]) -> tuple[str, ...]:
+        return tuple(f"node {where[0]} GPU {where[1]}" for seat in seats if seat.gpus
+                     for where in [gpu_of(plan, seat.bundle)] if where)
 
-    lora = getattr(c, "lora_rank", 0) > 0
     learners = plan.seats_of(LEARNER) or plan.seats_of(MAIN)
-    sender_seat = learners[0]
-    sender = Endpoint(node_of(sender_seat.bundle), pid=hash(sender_seat.name),
-                      device="cuda" if sender_seat.gpus else "cpu",
-                      gpus=(gpu_id(sender_seat.bundle),) if sender_seat.gpus else (),
-                      sharded=c.num_learners >= 2 and bool(getattr(c, "fsdp", False)),
-                      host_payload=lora, in_driver=sender_seat.role == MAIN)
-    gpu_engines = c.sampler != "hf"
+    learner_gpus = gpu_ids(learners)
+    sender = Endpoint(node_of(learners[0]), pid=hash(learners[0].name),
+                      device="cuda" if learner_gpus else "cpu", gpus=learner_gpus,
+                      host_payload=getattr(c, "lora_rank", 0) > 0)
     receivers: dict[int, Endpoint] = {}
-    runners = plan.seats_of(ENV_RUNNER) or [dataclasses.replace(plan.seats_of(MAIN)[0],
-                                                                 index=0)]
-    for seat in runners:
-        shards = plan.engine_shards(seat.index) or ([seat] if seat.gpus else [])
-        if seat.role == MAIN:  # the local env runner: the driver's process
-            receivers[0] = dataclasses.replace(sender, in_driver=True) if sender.in_driver \
-                else Endpoint(node_of(seat.bundle), pid=hash(seat.name),
-                              device="cuda" if seat.gpus else "cpu",
-                              gpus=(gpu_id(seat.bundle),) if seat.gpus else (),
-                              gpu_engines=gpu_engines, in_driver=True)
+    for seat in plan.seats_of(ENV_RUNNER) or plan.seats_of(MAIN):
+        if seat.role == MAIN:  # the driver's env runner, in the driver's process
+            in_learner = learners[0].role == MAIN
+            receivers[0] = dataclasses.replace(sender, in_driver=True) if in_learner else \
+                Endpoint(node_of(seat), pid=hash(seat.name), in_driver=True)
             continue
+        shards = plan.engine_shards(seat.index) or [seat]
+        gpus = gpu_ids(shards)
         receivers[seat.index] = Endpoint(
-            node_of(shards[0].bundle if shards else seat.bundle), pid=hash(seat.name),
-            device="cuda" if shards else "cpu",
-            gpus=tuple(gpu_id(s.bundle) for s in shards), num_ranks=max(1, len(shards)),
-            gpu_engines=gpu_engines)
+            node_of(shards[0]), pid=hash(seat.name), device="cuda" if gpus else "cpu",
+            gpus=gpus, vllm_gpu=bool(gpus) and c.sampler != "hf")
     return choose_transports(getattr(c, "weight_sync_transport", "auto"), sender, receivers)

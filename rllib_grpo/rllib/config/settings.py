@@ -133,26 +133,24 @@ class GRPOSettings(RewardSettings):
 
     # --- weight sync ----------------------------------------------------------------
     weight_sync_transport: str = knob(
-        "auto", "name", "How the learner's weights reach the samplers after each step: 'auto' "
-        "(by placement: 'local' in one process, 'ipc' on one node's GPUs, 'shm' on one node, "
-        "'collective' across nodes), 'local' (device tensors copied in place), 'ipc' (CUDA "
-        "IPC handles), 'shm' (buckets through shared memory), 'collective' (buckets "
-        "broadcast over a gloo/NCCL group), 'delta' (only the elements changed since the "
-        "last sync, a tensor whole where that is fewer bytes; logs weight_sync/changed_frac) "
-        "or 'object_store' (a state dict through Ray, RLlib's sync_weights). All but 'local' "
-        "and 'object_store' go through vLLM's weight-transfer engines (nccl, ipc; ours "
-        "grpo_shm, grpo_gloo, grpo_sparse_gloo); one that cannot connect stops the run, "
-        "'auto' included (weight_sync_connect_timeout_s).")
+        "auto", "name", "How the learners' weights reach the samplers after each step: 'auto' "
+        "(by placement: 'local' in one process; 'ipc' for a vLLM engine on the learners' GPUs, "
+        "'nccl' for one on GPUs of its own, both vLLM's weight-transfer engines; 'shm' on the "
+        "learner's node otherwise; 'object_store' beyond it, for LoRA and for the driver's "
+        "env runner), or one of those forced: 'local' (device tensors copied in place), "
+        "'ipc' (CUDA IPC buffers), 'nccl' (broadcast), 'shm' (one shared-memory copy on the "
+        "node) or 'object_store' (a state dict through Ray, RLlib's way). explain prints "
+        "what each env runner gets.")
     weight_sync_bucket_mb: float = knob(
-        512, "MiB", "Size of one weight-sync bucket (in the sampler's dtype): each side of a "
-        "'shm' or 'collective' sync holds at most two of them besides the model; a tensor "
-        "larger than this travels in a bucket of its own.")
-    weight_sync_connect_timeout_s: float = knob(
-        300.0, "s", "Longest the env runners may take to join a weight-transfer engine's "
-        "group (its rendezvous: a TCP store on a port the learner holds, then NCCL's or "
-        "gloo's own connections), on every connect. Past it the run stops with one line "
-        "naming the runners, the address and the port to open; a cluster that opens only "
-        "Ray's ports needs those ports opened, or weight_sync_transport='object_store'.")
+        512, "MiB", "Size of the packed buffers of an 'ipc' or 'nccl' sync (vLLM's packed "
+        "mode): each GPU holds at most two besides the model ('ipc': one, at least as large "
+        "as the largest tensor).")
+    weight_sync_timeout_s: float = knob(
+        300.0, "s", "Longest a weight-sync call may take: every rendezvous and a phase's "
+        "first rounds; later rounds get 10x their running median, at least 30 s and at most "
+        "this. Past it an env runner is named (index, node, pid, phase) and left out of the "
+        "sync (it gets the weights when it answers again or restarts); a learner stops the "
+        "run with that line.")
 
     # --- asynchronous rollouts (docs/async.md) -----------------------------------------
     max_staleness: int = knob(

@@ -10,11 +10,12 @@ from typing import Any
 
 import ray
 
-from rllib_grpo.rllib.config.layout import COLOCATED_MEMORY_FRACTION
+from rllib_grpo.rllib.config.layout import COLOCATED_MEMORY_FRACTION, planned_transports
 from rllib_grpo.rllib.config.memory import sequences_at_once
 from rllib_grpo.rllib.placement import BUNDLES_VARIABLE, fake_gpus, whereabouts
 from rllib_grpo.samplers import HF_OPTIONS
 from rllib_grpo.samplers.vllm_engine import context_length
+from rllib_grpo.weights.plan import VLLM_ENGINES
 
 # Of a fractional GPU reserved from Ray, what vLLM may take (CUDA context and allocator slack).
 FRACTIONAL_GPU_SAFETY = 0.9
@@ -26,8 +27,8 @@ def sampler_kind(config: Any) -> str:
     return "hf" if fake_gpus() and config.sampler != "hf" else config.sampler
 
 
-def engine_options(config: Any, model_path: str | None = None,
-                   kind: str | None = None) -> dict[str, Any]:
+def engine_options(config: Any, model_path: str | None = None, kind: str | None = None,
+                   worker_index: int | None = None) -> dict[str, Any]:
     """Sampler options: ``sampler_config``, plus for a vLLM engine
 
     * ``gpu_memory_utilization``: ``sampler_memory_fraction``, else ``sampler_config``'s,
@@ -42,6 +43,8 @@ def engine_options(config: Any, model_path: str | None = None,
     * ``cpu_max_num_seqs``: on CPU, the sequences this runner holds at once
       (`sequences_at_once`), vLLM's ``max_num_seqs`` unless ``sampler_config`` sets it,
       which sizes the CPU engine's KV cache;
+    * ``weight_transfer_backend``: for env runner ``worker_index``, vLLM's weight-transfer
+      engine its weight syncs take (`weight_transfer_backend`);
 
     and HF config overrides (``model_override_config``) as vLLM's ``hf_overrides`` or the
     transformers sampler's ``config_overrides``.  (``sampler="auto"`` falling back to
@@ -70,7 +73,22 @@ def engine_options(config: Any, model_path: str | None = None,
     options.setdefault("max_model_len", min(budget, context) if context else budget)
     options.setdefault("seed_requests", config.seed is not None)
     options.setdefault("cpu_max_num_seqs", sequences_at_once(config))
+    backend = None if worker_index is None else weight_transfer_backend(config, worker_index)
+    if backend is not None:
+        options.setdefault("weight_transfer_backend", backend)
     return options
+
+
+def weight_transfer_backend(config: Any, worker_index: int) -> str | None:
+    """vLLM's weight-transfer engine (``ipc``, ``nccl``) that env runner ``worker_index``'s
+    engine is started with: the one the weight sync's planner picks for where the placement
+    plan puts it (`planned_transports`; the run checks it where the runner landed).  None
+    for the paths without one, and for a setting the config's checks refuse."""
+    try:
+        transport = planned_transports(config, config.placement_plan()).get(worker_index)
+    except ValueError:
+        return None
+    return VLLM_ENGINES.get(transport or "")
 
 
 def engine_whereabouts(sampler: Any, shards: list[Any]) -> list[dict[str, Any]]:

@@ -57,6 +57,7 @@ from rllib_grpo.rllib.env_runner.rewards import install_reward_mixture, reward_m
 from rllib_grpo.rllib.placement import hide_unassigned_gpus, hold_engine_shards, whereabouts
 from rllib_grpo.samplers import SamplingParams, make_sampler
 from rllib_grpo.startup import startup_part
+from rllib_grpo.weights.shm import SharedWeights
 
 COMPONENT_RL_MODULE = "rl_module"
 WEIGHTS_SEQ_NO = "weights_seq_no"
@@ -94,15 +95,15 @@ class TextEnvRunner(EnvRunner, Checkpointable):
             self.engine_shards = hold_engine_shards(c.startup_timeout_s)  # fake GPUs only
             self.sampler = make_sampler(
                 kind, model_path=model_path, dtype=c.sampler_dtype, seed=seed,
-                **engine_options(c, model_path, kind),
+                **engine_options(c, model_path, kind, self.worker_index),
             )
         self._weights_seq_no = 0
         self._group_counter = 0
         self._torch_gen_seed = seed
         self.last_weight_sync: dict[str, float] = {}
-        # The weight engine the sampler joined (`weight_receiver.runner_init_engine`); None:
-        # none yet.  The update in progress: bytes so far and its start (perf_counter).
-        self.weight_group_token: str | None = None
+        # The node's shared weights file, mapped (`weight_receiver.runner_receive_shared`),
+        # and a vLLM engine's update in progress: bytes so far and its start (perf_counter).
+        self.shared_weights: SharedWeights | None = None
         self.weight_update: dict[str, float] = {}
         self._episodes = (EpisodeSampler(self.env, self.sampler, self.tokenizer,
                                          episode_limits(c), seed)
@@ -338,11 +339,7 @@ class TextEnvRunner(EnvRunner, Checkpointable):
                 module_state = module_state.get(DEFAULT_MODULE_ID, module_state)
                 if isinstance(module_state, ray.ObjectRef):
                     module_state = ray.get(module_state)
-                self.last_weight_sync = self._load_weights(module_state)
-                self.metrics.log_value("weight_sync/bytes", self.last_weight_sync.get(
-                    "bytes", 0), reduce="mean", window=1)
-                self.metrics.log_value("timing_s/load_weights", self.last_weight_sync.get(
-                    "seconds", 0.0), reduce="mean", window=1)
+                self.weights_received(self._load_weights(module_state), seq_no)
             self._weights_seq_no = max(self._weights_seq_no, seq_no)
         if "env" in state:
             self.env.set_state(state["env"])
@@ -370,7 +367,8 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         self._weights_seq_no = 0
 
     def weights_received(self, stats: dict[str, Any], seq_no: int) -> None:
-        """Record a sync that streamed straight into the sampler (`weight_receiver`)."""
+        """Record a sync that the driver's weight sync loaded (`weight_receiver`): its bytes
+        and seconds, and the weights' version it brought."""
         self.last_weight_sync = stats
         self._weights_seq_no = max(self._weights_seq_no, seq_no)
         self.metrics.log_value("weight_sync/bytes", stats.get("bytes", 0), reduce="mean",
@@ -401,6 +399,8 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         loop = getattr(self, "rollout_loop", None)  # continuous rollouts: stop stepping first
         if loop is not None:
             loop.close()
+        if self.shared_weights is not None:
+            self.shared_weights.close()
         if self.sampler is not None and hasattr(self.sampler, "close"):
             self.sampler.close()
         for env in (self.env, self._val_env):  # end the reward worker processes

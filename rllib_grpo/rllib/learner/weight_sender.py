@@ -1,54 +1,41 @@
-"""The learner side of a weight sync (`rllib_grpo.rllib.algorithm.weight_sync` drives it).
+"""The learners' side of a weight sync: what they offer when the driver asks.
 
-Each learner owns one `WeightSender` (`GRPOLearner.weight_sender`, made on first use); the
-driver reaches it through the ``learner_*`` functions below, run on every learner by
-``LearnerGroup.foreach_learner``.  The sender holds one trainer engine per weight-transfer
-backend in use, made by vLLM's ``WeightTransferTrainerFactory.trainer_init``
-(`rllib_grpo.weights.trainer.connect`): vLLM's ``nccl`` / ``ipc`` on GPUs,
-our ``grpo_shm`` / ``grpo_gloo`` / ``grpo_sparse_gloo`` in host memory.  Each drives the env
-runners through the client the driver hands over (init, start, update, finish).  Learner
-rank 0 sends; with FSDP every learner gathers each tensor from its shards in the manifest's
-order (a collective), as vLLM's engines iterate a ``WeightSource`` on every rank.
+The driver (`rllib_grpo.rllib.algorithm.weight_sync`) runs the ``learner_*`` functions below
+on every learner through ``LearnerGroup.foreach_learner``; each reaches the learner's
+`WeightSender`.  What is offered is the policy's HF state dict in the samplers' dtype (the
+cast happens on the learner, while copying), every FSDP shard gathered in the same order on
+every rank (a collective: each call runs on all learners at once); learner rank 0 sends:
 
-What is sent: the policy's HF state dict as it lives on the learner's device (no host
-copy; the wire cast happens while packing), laid out by `rllib_grpo.weights.layout`; for a
-delta sync, the elements that changed since the last one (`DeltaTracker`, rank 0).  LoRA
-payloads go through Ray's object store (`rllib_grpo.weights.plan`).
+* ``local``: the live tensors themselves, for the env runner in this process;
+* ``shm``: rank 0 writes the weights into the node's shared weights file and answers where
+  it is (`rllib_grpo.weights.shm.SharedOffer`);
+* ``ipc``: one packed chunk per call, every rank's CUDA IPC buffer merged by GPU UUID
+  (`rllib_grpo.weights.gpu.IpcChunks`);
+* ``nccl``: rank 0 makes the group's unique id, joins the group, and broadcasts.
+
+The object store path (and LoRA payloads, adapter-only) is RLlib's: ``get_state`` of the
+learner group.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any, Protocol
 
-import ray
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
-from torch.distributed.fsdp import FSDPModule
 
 from rllib_grpo.rllib.learner.distributed import rank
-from rllib_grpo.rllib.placement import node_id
-from rllib_grpo.weights.delta import DeltaTracker, patch_nbytes
-from rllib_grpo.weights.layout import (
+from rllib_grpo.rllib.placement import fake_gpu_ids, fake_gpus, node_id, whereabouts
+from rllib_grpo.weights import gpu
+from rllib_grpo.weights.shm import (
     Manifest,
-    pipelined_bucket_bytes,
+    SharedOffer,
+    SharedWeights,
     plan_manifest,
     split_aliases,
-    wire_nbytes,
 )
-from rllib_grpo.weights.plan import Endpoint
-from rllib_grpo.weights.trainer import (
-    ManifestSource,
-    connect,
-    host_trainer_init,
-    vllm_trainer_init,
-)
-from rllib_grpo.weights.wire import HOST_BACKENDS, SPARSE_BACKENDS
-
-# Tensors this large that need no cast are broadcast from where they lie (no packing copy);
-# smaller ones share a bucket, one message for many.
-DIRECT_MIN_BYTES = 1 << 20
 
 
 def policy_module(learner: Any) -> Any:
@@ -58,7 +45,7 @@ def policy_module(learner: Any) -> Any:
 
 
 def _gathered(tensor: torch.Tensor) -> torch.Tensor:
-    """A full tensor from FSDP shards (collective over the learners); others as they are."""
+    """A full tensor from FSDP shards (a collective over the learners); others as they are."""
     if not hasattr(tensor, "full_tensor"):
         return tensor.detach()
     mesh_device = tensor.device_mesh.device_type  # type: ignore[attr-defined]  # a DTensor
@@ -68,137 +55,151 @@ def _gathered(tensor: torch.Tensor) -> torch.Tensor:
 
 
 class WeightSender:
-    """A learner's half of weight syncs: what to send and the trainer engines sending it."""
+    """A learner's half of weight syncs: the weights it offers and what it holds between
+    calls (the shared weights file, an ``ipc`` sync's chunks, the NCCL group)."""
 
     def __init__(self, learner: Any) -> None:
         self.learner = learner
-        self.manifest: Manifest | None = None
-        self._planned_for: tuple | None = None
-        self._tensors: dict[str, torch.Tensor] = {}
-        self.source = ManifestSource(Manifest(()), self.tensor)
-        self.engines: dict[str, Any] = {}  # backend -> trainer engine
-        self.deltas: dict[str, DeltaTracker] = {}  # sparse backend -> what its receivers hold
+        self.shared: SharedWeights | None = None
+        self._manifest: tuple[tuple, Manifest] | None = None  # (layout key, manifest)
+        self.ipc: gpu.IpcChunks | None = None
+        self.nccl: Any = None  # rank 0's communicator
 
     @property
     def module(self) -> Any:
         return policy_module(self.learner)
 
     @property
-    def sharded(self) -> bool:
-        return isinstance(getattr(self.module, "lm", None), FSDPModule)
-
-    def _on_device(self) -> Any:
-        """The learner's CUDA device as current (threads start on device 0), else nothing."""
-        device = next(self.module.lm.parameters()).device
-        return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-
-    def endpoint(self) -> Endpoint:
-        device = next(self.module.lm.parameters()).device
-        gpus = (str(torch.cuda.get_device_properties(device).uuid),) if device.type == "cuda" \
-            else ()
-        return Endpoint(node_id(), os.getpid(), device.type, gpus, sharded=self.sharded,
-                        host_payload=self.module.lora is not None)
-
-    def state_nbytes(self) -> int:
-        """Bytes of the policy's distinct tensors as the learner holds them."""
-        tensors, _ = split_aliases(self.module.lm.state_dict())
-        return sum(t.numel() * t.element_size() for t in tensors.values())
-
-    def weights_seq_no(self) -> int:
+    def seq_no(self) -> int:
+        """The weights' version: learner updates done (RLlib's weights sequence number)."""
         return int(getattr(self.learner, "_weights_seq_no", 0))
 
-    # ------------------------------------------------------------------ what to send
+    def endpoint(self) -> dict[str, Any]:
+        """Where this rank's weights live: node, pid, device and GPU (where the GPUs are
+        fake, the GPU Ray assigned: the planner decides as for a real one)."""
+        device = next(self.module.lm.parameters()).device
+        if fake_gpus():
+            gpus = fake_gpu_ids(whereabouts())
+        elif device.type == "cuda":
+            gpus = (str(torch.cuda.get_device_properties(device).uuid),)
+        else:
+            gpus = ()
+        return {"rank": rank(), "node_id": node_id(), "pid": os.getpid(),
+                "device": "cuda" if gpus else "cpu", "gpus": gpus,
+                "host_payload": self.module.lora is not None}
+
+    # ------------------------------------------------------------------ the weights
+    def _state(self) -> tuple[dict[str, torch.Tensor], tuple[tuple[str, str], ...]]:
+        return split_aliases(self.module.lm.state_dict())
+
+    def manifest(self, wire_dtype: torch.dtype | None) -> Manifest:
+        """The layout of the weights in the wire dtype (planned once per layout)."""
+        tensors, aliases = self._state()
+        key = (tuple((n, tuple(t.shape), t.dtype) for n, t in tensors.items()), aliases,
+               wire_dtype)
+        if self._manifest is None or self._manifest[0] != key:
+            self._manifest = (key, plan_manifest(tensors, wire_dtype, aliases))
+        return self._manifest[1]
+
+    def weights(self, wire_dtype: torch.dtype | None) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(name, full tensor in the wire dtype)``, a tied weight under each of its names
+        (vLLM keeps a head it is not given): gathers shards, so every rank iterates."""
+        tensors, aliases = self._state()
+        aliases_of: dict[str, list[str]] = {}
+        for alias, target in aliases:
+            aliases_of.setdefault(target, []).append(alias)
+        for name, tensor in tensors.items():
+            full = _gathered(tensor)
+            if wire_dtype is not None and full.is_floating_point() and full.dtype != wire_dtype:
+                full = full.to(wire_dtype)
+            full = full.contiguous()
+            for each in (name, *aliases_of.get(name, ())):
+                yield each, full
+
+    def metadata(self, wire_dtype: torch.dtype | None) -> list[tuple[str, torch.dtype, tuple]]:
+        """``(name, wire dtype, shape)`` of what `weights` yields, without gathering."""
+        manifest = self.manifest(wire_dtype)
+        targets = {e.name: e for e in manifest.entries}
+        rows = []
+        for entry in manifest.entries:
+            rows.append((entry.name, getattr(torch, entry.dtype), entry.shape))
+            rows += [(alias, getattr(torch, entry.dtype), entry.shape)
+                     for alias, target in manifest.aliases if targets[target] is entry]
+        return rows
+
     def local_state(self) -> Any:
-        """For a runner in this process: the live tensors themselves (or a LoRA payload)."""
+        """For the env runner in this process: the live tensors (or a LoRA payload)."""
         module = self.module
         if module.lora is not None:
             return module.get_state(inference_only=True)
         return {k: v.detach() for k, v in module.lm.state_dict().items()}
 
-    def stage(self, wire_dtype: torch.dtype | None, bucket_bytes: int) -> dict:
-        """Lay out this sync (the manifest every engine sends by).  On every learner."""
-        tensors, aliases = split_aliases(self.module.lm.state_dict())
-        self._tensors = tensors
-        # The layout changes only with the tensors' names, shapes and dtypes: plan it once.
-        key = (tuple((n, tuple(t.shape), t.dtype, t.is_contiguous()) for n, t in tensors.items()),
-               aliases, wire_dtype, bucket_bytes)
-        if key != self._planned_for:
-            total = wire_nbytes(tensors, wire_dtype)
-            self.manifest = plan_manifest(
-                tensors, wire_dtype=wire_dtype, aliases=aliases,
-                bucket_bytes=pipelined_bucket_bytes(total, bucket_bytes),
-                direct_min_bytes=DIRECT_MIN_BYTES)
-            self._planned_for = key
-        self.source.manifest = self._manifest()
-        return {"manifest": self._manifest(), "rank": rank(), "seq_no": self.weights_seq_no()}
+    # ------------------------------------------------------------------ shm
+    def offer_shared(self, wire_dtype: torch.dtype | None, stamp: int) -> SharedOffer | None:
+        """Rank 0 writes the weights into the shared weights file (made, or made anew for a
+        new layout, here); the other ranks gather their shards for it."""
+        manifest = self.manifest(wire_dtype)
+        tensors, _ = self._state()
+        if rank() != 0:
+            for entry in manifest.entries:
+                _gathered(tensors[entry.name])
+            return None
+        if self.shared is None or self.shared.nbytes != manifest.nbytes:
+            self.close_shared()
+            self.shared = SharedWeights.create(manifest.nbytes)
+        self.shared.write(manifest, lambda name: _gathered(tensors[name]), stamp)
+        return SharedOffer(self.shared.path, manifest, stamp, self.seq_no)
 
-    def _manifest(self) -> Manifest:
-        if self.manifest is None:
-            raise RuntimeError("WeightSender: nothing staged yet (stage() plans the manifest)")
-        return self.manifest
+    def close_shared(self) -> None:
+        if self.shared is not None:
+            self.shared.close(remove=True)
+            self.shared = None
 
-    def tensor(self, name: str) -> torch.Tensor:
-        return _gathered(self._tensors[name])
+    # ------------------------------------------------------------------ ipc
+    def ipc_next(self, wire_dtype: torch.dtype | None, buffer_bytes: int) -> dict | None:
+        """The next packed chunk of this sync (vLLM's update info on rank 0, ``{}`` on the
+        others); None when every chunk went (the next call starts a new sync)."""
+        if self.ipc is None:  # vLLM's IPC buffer takes no tensor larger than itself
+            largest = max((e.nbytes for e in self.manifest(wire_dtype).entries), default=1)
+            self.ipc = gpu.IpcChunks(self.weights(wire_dtype), max(buffer_bytes, largest),
+                                     rank() == 0)
+        info = self.ipc.next()
+        if info is None:
+            self.ipc = None
+        return info
 
-    # ------------------------------------------------------------------ the engines
-    def connect(self, backend: str, world_size: int, client: Any, timeout_s: float) -> None:
-        """vLLM's ``trainer_init`` for ``backend`` on every learner; rank 0 drives the
-        runners' ``init_weight_transfer_engine`` through ``client``, and opens the
-        rendezvous on a port it holds before telling them; a group not formed within
-        ``timeout_s`` raises one line naming the runners, the address and what to open."""
-        self.disconnect(backend)
-        host = ray.util.get_node_ip_address()
-        make_init = host_trainer_init if backend in HOST_BACKENDS else vllm_trainer_init
-        init_info = make_init(backend, host=host, world_size=world_size, rank=rank(),
-                              timeout_s=timeout_s)
-        sparse = backend in SPARSE_BACKENDS
-        with self._on_device():
-            self.engines[backend] = connect(init_info, client, None if sparse else self.source,
-                                            timeout_s)
-        if sparse:
-            self.deltas[backend] = DeltaTracker()  # new receivers: the first sync is whole
+    # ------------------------------------------------------------------ nccl
+    def nccl_unique_id(self) -> str | None:
+        """Rank 0: a new group's id (the group it held before is left)."""
+        self.close_nccl()
+        return gpu.nccl_unique_id() if rank() == 0 else None
 
-    def send(self, backend: str) -> dict[str, float]:
-        """One sync through ``backend``'s engine; returns ``{"bytes", "changed",
-        "elements"}`` (bytes one receiver took; changed elements for a delta)."""
-        engine = self.engines[backend]
-        engine.client.version = self.weights_seq_no()
-        manifest = self._manifest()
-        stats = {"bytes": float(manifest.nbytes), "changed": 0.0, "elements": 0.0}
-        with self._on_device():
-            if backend not in SPARSE_BACKENDS:
-                engine.send_weights()
-            elif rank() != 0:
-                self.source.replay()  # gather in the same order as rank 0
-            else:
-                patches, changed, total = self.deltas[backend].patches(self.source)
-                if patches:
-                    engine.send_weights(patches)
-                else:  # nothing changed: the runners still take the new version
-                    engine.client.start_weight_update()
-                    engine.client.finish_weight_update()
-                stats = {"bytes": float(sum(patch_nbytes(p) for p in patches)),
-                         "changed": float(changed), "elements": float(total)}
-        return stats
+    def nccl_join(self, unique_id: str, world_size: int) -> None:
+        if rank() == 0:
+            self.nccl = gpu.nccl_join(unique_id, world_size)
 
-    def done(self) -> None:
-        """The sync is over: drop the references to this step's tensors."""
-        self._tensors = {}
+    def nccl_send(self, wire_dtype: torch.dtype | None, buffer_bytes: int) -> None:
+        weights = self.weights(wire_dtype)
+        if rank() != 0:
+            for _ in weights:  # the gathers of this rank's shards
+                pass
+            return
+        if self.nccl is None:
+            raise RuntimeError("weight sync: learner rank 0 is in no NCCL group (nccl_join)")
+        gpu.nccl_send(self.nccl, weights, buffer_bytes)
 
-    def disconnect(self, backend: str) -> None:
-        engine = self.engines.pop(backend, None)
-        self.deltas.pop(backend, None)
-        if engine is not None:
-            engine.shutdown()
+    def close_nccl(self) -> None:
+        group, self.nccl = self.nccl, None
+        if group is not None:
+            group.destroy()
 
     def close(self) -> None:
-        for backend in list(self.engines):
-            self.disconnect(backend)
+        self.close_shared()
+        self.close_nccl()
+        self.ipc = None
 
 
 # --------------------------------------------------------------------------- the driver's calls
-# Run on every learner (``foreach_learner``); each answers with its rank where the driver
-# needs rank 0's answer.
 class SendingLearner(Protocol):
     """A learner that owns a `WeightSender` (`rllib_grpo.rllib.learner.learner.GRPOLearner`)."""
 
@@ -206,43 +207,52 @@ class SendingLearner(Protocol):
     def weight_sender(self) -> WeightSender: ...
 
 
-def learner_endpoint(learner: SendingLearner) -> tuple[int, Endpoint, int]:
-    """``(rank, where the learner's weights live, their bytes)``."""
+def learner_endpoint(learner: SendingLearner) -> dict[str, Any]:
+    return learner.weight_sender.endpoint()
+
+
+def learner_metadata(learner: SendingLearner, wire_dtype: torch.dtype | None
+                     ) -> tuple[int, list, int]:
+    """``(rank, what a sync carries: name, dtype, shape; the weights' version)``."""
     sender = learner.weight_sender
-    return rank(), sender.endpoint(), sender.state_nbytes()
+    return rank(), sender.metadata(wire_dtype), sender.seq_no
 
 
-def learner_connect(learner: SendingLearner, backend: str, world_size: int, client: Any,
-                    timeout_s: float) -> None:
-    learner.weight_sender.connect(backend, world_size, client, timeout_s)
-
-
-def learner_disconnect(learner: SendingLearner, backend: str) -> None:
-    """Shut ``backend``'s trainer engine down (its runners joined another one)."""
-    learner.weight_sender.disconnect(backend)
-
-
-def learner_stage(learner: SendingLearner, wire_dtype: torch.dtype | None, bucket_bytes: int
-                  ) -> tuple[int, dict]:
-    """``(rank, what `WeightSender.stage` staged)``."""
-    return rank(), learner.weight_sender.stage(wire_dtype=wire_dtype, bucket_bytes=bucket_bytes)
-
-
-def learner_send(learner: SendingLearner, backend: str) -> tuple[int, dict[str, float]]:
-    """``(rank, the send's stats)``."""
-    return rank(), learner.weight_sender.send(backend)
+def learner_module_state(learner: SendingLearner) -> tuple[int, Any, int]:
+    """``(rank, the policy's state for a sync, the weights' version)``: the state dict in the
+    samplers' dtype, or a LoRA payload (RLlib's ``get_state(inference_only=True)``; a
+    collective under FSDP, rank 0's is whole)."""
+    sender = learner.weight_sender
+    return rank(), sender.module.get_state(inference_only=True), sender.seq_no
 
 
 def learner_local_state(learner: SendingLearner) -> tuple[Any, int]:
-    """``(the live tensors or LoRA payload, the weights' sequence number)``, for a runner
-    in this process."""
-    sender = learner.weight_sender
-    return sender.local_state(), sender.weights_seq_no()
+    """``(the live tensors or a LoRA payload, the weights' version)``."""
+    return learner.weight_sender.local_state(), learner.weight_sender.seq_no
 
 
-def learner_done(learner: SendingLearner) -> None:
-    """The sync is over: drop this step's tensors."""
-    learner.weight_sender.done()
+def learner_offer_shared(learner: SendingLearner, wire_dtype: torch.dtype | None, stamp: int
+                         ) -> SharedOffer | None:
+    return learner.weight_sender.offer_shared(wire_dtype, stamp)
+
+
+def learner_ipc_next(learner: SendingLearner, wire_dtype: torch.dtype | None,
+                     buffer_bytes: int) -> tuple[int, dict | None]:
+    """``(rank, the next chunk's update info, None once all went)``."""
+    return rank(), learner.weight_sender.ipc_next(wire_dtype, buffer_bytes)
+
+
+def learner_nccl_unique_id(learner: SendingLearner) -> str | None:
+    return learner.weight_sender.nccl_unique_id()
+
+
+def learner_nccl_join(learner: SendingLearner, unique_id: str, world_size: int) -> None:
+    learner.weight_sender.nccl_join(unique_id, world_size)
+
+
+def learner_nccl_send(learner: SendingLearner, wire_dtype: torch.dtype | None,
+                      buffer_bytes: int) -> None:
+    learner.weight_sender.nccl_send(wire_dtype, buffer_bytes)
 
 
 def learner_close(learner: SendingLearner) -> None:
