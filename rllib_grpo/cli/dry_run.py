@@ -167,8 +167,9 @@ def check_places(config: GRPOConfig, placed: list[Placed]) -> list[str]:
     """What is wrong with where the processes landed (empty: the layout holds): a process
     with another GPU count than its seat, a 0-GPU process that sees GPUs, two learners or
     two engines on one GPU, an engine whose TP shards span nodes, a colocated GPU without
-    its learner and engine."""
-    from rllib_grpo.rllib.config.layout import ENGINE_SHARD, LEARNER
+    its learner and engine, a weight transport other than the plan's."""
+    from rllib_grpo.rllib.config.layout import ENGINE_SHARD, LEARNER, planned_transports
+    from rllib_grpo.weights.plan import transports_summary
 
     plan = config.placement_plan()
     problems = []
@@ -201,7 +202,37 @@ def check_places(config: GRPOConfig, placed: list[Placed]) -> list[str]:
             shard_nodes.setdefault(p.engine, set()).add(p.node)
     problems += [f"engine {engine}'s TP shards span nodes {sorted(nodes)}"
                  for engine, nodes in sorted(shard_nodes.items()) if len(nodes) > 1]
+    planned, as_placed = planned_transports(config, plan), placed_transports(config, placed)
+    if as_placed != planned:
+        problems.append(f"where the processes landed the weight sync would take "
+                        f"{transports_summary(as_placed)}; the plan says "
+                        f"{transports_summary(planned)}")
     return problems
+
+
+def placed_transports(config: GRPOConfig, placed: list[Placed]) -> dict[int, str]:
+    """Each env runner's weight transport as the run's planner picks it from where the
+    processes landed (the GPUs Ray assigned them, as the run's endpoints name fake GPUs)."""
+    from rllib_grpo.rllib.config.layout import ENGINE_SHARD, ENV_RUNNER, LEARNER
+    from rllib_grpo.weights.plan import Endpoint, choose_transports
+
+    def gpus(processes: list[Placed]) -> tuple[str, ...]:
+        return tuple(f"{p.node}:{g}" for p in processes for g in p.gpu_ids)
+
+    learners = sorted((p for p in placed if p.role == LEARNER),
+                      key=lambda p: int(p.name.split()[-1]))
+    learner_gpus = gpus(learners)
+    sender = Endpoint(str(learners[0].node if learners else 0), -1,
+                      "cuda" if learner_gpus else "cpu", learner_gpus,
+                      host_payload=config.lora_rank > 0)
+    receivers = {}
+    for runner in (p for p in placed if p.role == ENV_RUNNER and p.engine is not None):
+        shards = [p for p in placed if p.role == ENGINE_SHARD and p.engine == runner.engine]
+        on = gpus(shards or [runner])
+        receivers[runner.engine] = Endpoint(str((shards or [runner])[0].node), runner.engine,
+                                            "cuda" if on else "cpu", on,
+                                            vllm_gpu=bool(on) and config.sampler != "hf")
+    return choose_transports(config.weight_sync_transport, sender, receivers)
 
 
 def placed_map_lines(placed: list[Placed], transports: dict[int, str] | None) -> list[str]:

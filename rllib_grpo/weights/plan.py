@@ -124,12 +124,17 @@ def _where(index: int, receiver: Endpoint) -> str:
         f" (node {receiver.node_id[:12]}, pid {receiver.pid})"
 
 
-def transports_summary(transports: dict[int, str]) -> str:
-    """``"shm (env runners 1-2), object_store (env runner 3)"``: each transport and who takes it."""
+def who_takes(transports: dict[int, str]) -> dict[str, str]:
+    """Each transport and the env runners that take it, in words."""
     by_transport: dict[str, list[int]] = {}
     for index, transport in sorted(transports.items()):
         by_transport.setdefault(transport, []).append(index)
-    return ", ".join(f"{t} ({_runners(ids)})" for t, ids in by_transport.items())
+    return {t: _runners(ids) for t, ids in by_transport.items()}
+
+
+def transports_summary(transports: dict[int, str]) -> str:
+    """``"shm (env runners 1-3), object_store (env runner 4)"``."""
+    return ", ".join(f"{t} ({who})" for t, who in who_takes(transports).items())
 
 
 def _runners(ids: list[int]) -> str:

@@ -5,10 +5,13 @@ process of their own: ``python tests/helpers/fake_gpu_check.py SPEC_JSON`` print
 SPEC: ``{"nodes": N, "gpus_per_node": G, "runs": [RUN, ...]}``, the runs one after another on
 the same cluster; a RUN is ``{"layout": LAYOUT, "how": "build" | "tune" | "stand-ins"}``:
 
-* ``build``: ``config.build_algo()``, one training step; where every process landed;
+* ``build``: ``config.build_algo()``, one training step; where every process landed, the
+  weight transport of each env runner the run used and the one ``explain`` prints;
 * ``tune``: the same as a Tune trial (its placement group from ``default_resource_request``),
-  the places recorded by an ``on_algorithm_init`` callback;
-* ``stand-ins``: the placement alone, with `rllib_grpo.cli.dry_run.place_stand_ins`.
+  the places recorded by an ``on_algorithm_init`` callback, the transports by
+  ``on_train_result``;
+* ``stand-ins``: the placement alone, with `rllib_grpo.cli.dry_run.place_stand_ins` (its
+  problems include a weight transport, as placed, other than the plan's).
 
 LAYOUT: ``{"colocate": n, "tp": t}`` (verl's layout) or ``{"learners": n, "engines": e,
 "tp": t}`` (GPUs of their own), plus ``"reward_gpus": g`` for a reward model on actors and
@@ -66,10 +69,25 @@ def _places(algo: Any) -> dict[str, Any]:
             "bundles": algo._placement.plan.bundle_specs()}
 
 
+def _transports(algo: Any) -> dict[str, Any]:
+    """The transport each env runner's weights took in the run, and the one ``explain``
+    prints (`planned_transports`: the same planner, on the placement plan's places)."""
+    from rllib_grpo.rllib.config.layout import planned_transports
+
+    return {"transports": algo._weight_sync.transport_names(),
+            "planned": planned_transports(algo.config, algo.config.placement_plan())}
+
+
 def record_places(path: str, algorithm: Any, **_: Any) -> None:
     """RLlib callback (``on_algorithm_init``, ``path`` bound): the places, to ``path``."""
     with open(path, "w") as file:
         json.dump(_places(algorithm), file)
+
+
+def record_transports(path: str, algorithm: Any, **_: Any) -> None:
+    """RLlib callback (``on_train_result``, ``path`` bound): `_transports`, to ``path``."""
+    with open(path, "w") as file:
+        json.dump(_transports(algorithm), file)
 
 
 def run(layout: dict[str, Any], how: str) -> dict[str, Any]:
@@ -90,16 +108,19 @@ def run(layout: dict[str, Any], how: str) -> dict[str, Any]:
         try:
             places = _places(algo)
             result = algo.train()
+            transports = _transports(algo)
         finally:
             algo.stop()
-        return {**places, "built_s": built, "iterations": result["training_iteration"],
+        return {**places, **transports, "built_s": built,
+                "iterations": result["training_iteration"],
                 "reward": result.get("critic/score/mean")}
     from ray import tune
 
     from rllib_grpo.rllib.algorithm.grpo import GRPO
 
-    places_file = tempfile.mktemp(suffix=".json")
-    config.callbacks(on_algorithm_init=functools.partial(record_places, places_file))
+    places_file, transports_file = tempfile.mktemp(suffix=".json"), tempfile.mktemp(".json")
+    config.callbacks(on_algorithm_init=functools.partial(record_places, places_file),
+                     on_train_result=functools.partial(record_transports, transports_file))
     grid = tune.Tuner(GRPO, param_space=config, run_config=tune.RunConfig(
         stop={"training_iteration": 1}, storage_path=tempfile.mkdtemp(), verbose=0,
         failure_config=tune.FailureConfig(max_failures=0))).fit()
@@ -108,6 +129,8 @@ def run(layout: dict[str, Any], how: str) -> dict[str, Any]:
         raise result.error
     with open(places_file) as file:
         places = json.load(file)
+    with open(transports_file) as file:
+        places.update(json.load(file))
     return {**places, "iterations": result.metrics["training_iteration"],
             "built_s": time.perf_counter() - start}
 

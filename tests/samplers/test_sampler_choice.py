@@ -15,7 +15,7 @@ import pytest
 from rllib_grpo.models import resolve_model
 from rllib_grpo.samplers import make_sampler
 from rllib_grpo.samplers.hf import HFSampler
-from rllib_grpo.samplers.vllm_worker import MIN_VLLM
+from rllib_grpo.samplers.vllm_weights import MIN_VLLM
 
 
 @pytest.fixture(scope="module")

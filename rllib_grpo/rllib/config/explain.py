@@ -11,7 +11,7 @@ from rllib_grpo.rllib.config.prompt_lengths import prompt_length_lines
 from rllib_grpo.rllib.config.reward_plan import reward_plan_lines
 from rllib_grpo.rllib.config.settings import GRPOSettings
 from rllib_grpo.rllib.config.staleness import async_line
-from rllib_grpo.weights.plan import describe, transports_summary
+from rllib_grpo.weights.plan import describe, who_takes
 
 
 def _lora_line(c: GRPOSettings) -> str:
@@ -46,9 +46,8 @@ def _weight_sync_line(c: GRPOSettings) -> str:
         return (f"weight sync:                   {c.weight_sync_transport} -> refused (see "
                 "ERRORS)")
     sharded = c.num_learners >= 2 and bool(getattr(c, "fsdp", False))
-    how = "; ".join(f"{t}: {describe(t, sharded)}" for t in dict.fromkeys(transports.values()))
-    return (f"weight sync:                   {c.weight_sync_transport} -> "
-            f"{transports_summary(transports)}: {how}")
+    return f"weight sync:                   {c.weight_sync_transport} -> " + "; ".join(
+        f"{t} for {who} ({describe(t, sharded)})" for t, who in who_takes(transports).items())
 
 
 def _placement_lines(c: GRPOSettings) -> list[str]:

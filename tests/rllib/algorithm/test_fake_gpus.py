@@ -30,6 +30,13 @@ def _run(spec: dict, timeout: int = 600) -> dict:
     return json.loads(lines[-1][len("RESULT "):])
 
 
+def _same_transports_as_explain(run: dict, expected: dict[str, str]) -> None:
+    """The weight transport of each env runner in the run is the one ``explain`` prints:
+    the endpoints describe the GPUs Ray assigned, so the planner decides as for real GPUs
+    (the bytes then move on the CPU, through shared memory)."""
+    assert run["transports"] == run["planned"] == expected, (run["transports"], run["planned"])
+
+
 def _gpu(where: dict) -> tuple[str, str]:
     (gpu,) = where["gpu_ids"]  # exactly one GPU id
     assert where["cuda_visible_devices"] == gpu  # and the process sees that one alone
@@ -49,6 +56,7 @@ def test_one_gpu_colocated_and_a_reward_model_on_its_own_gpu_as_a_tune_trial():
     (reward,) = run["reward_workers"]
     assert _gpu(reward)[1] != _gpu(learner)[1]
     assert run["bundles"] == [{"CPU": 1.0}, {"CPU": 1.0, "GPU": 1.0}, {"CPU": 1.0, "GPU": 1.0}]
+    _same_transports_as_explain(run, {"1": "ipc"})
 
 
 def test_two_nodes_colocated_engines_of_tp_two_step():
@@ -69,6 +77,7 @@ def test_two_nodes_colocated_engines_of_tp_two_step():
         assert len(shards) == 2 and len({n for n, _ in shards}) == 1, (index, shards)
         shard_gpus += shards
     assert sorted(shard_gpus) == sorted(learner_gpus)  # one shard on each learner's GPU
+    _same_transports_as_explain(run, {"1": "ipc", "2": "ipc"})
 
 
 def test_verls_qwen3_8b_line_dry_runs_on_one_node_of_eight(tmp_path):
@@ -129,13 +138,16 @@ def test_sixteen_gpus_on_two_nodes_colocated_tp_two():
 
 
 @pytest.mark.slow
-def test_two_gpus_colocated_step_built_in_a_driver():
+def test_two_gpus_colocated_and_separated_steps_built_in_a_driver():
     out = _run({"nodes": 1, "gpus_per_node": 2, "runs": [
-        {"layout": {"colocate": 2, "tp": 1}, "how": "build"}]})
+        {"layout": {"colocate": 2, "tp": 1}, "how": "build"},
+        {"layout": {"learners": 1, "engines": 1, "tp": 1}, "how": "build"}]})
+    _same_transports_as_explain(out["runs"][1], {"1": "nccl"})  # an engine on its own GPU
     run = out["runs"][0]
     learner_gpus = sorted(_gpu(p) for p in run["learners"])
     runner_gpus = sorted(_gpu(r["runner"]) for r in run["env_runners"].values())
     assert learner_gpus == runner_gpus and len(set(learner_gpus)) == 2
+    _same_transports_as_explain(run, {"1": "ipc", "2": "ipc"})
 
 
 RLLIB_BUNDLES_CHECK = """

@@ -1,39 +1,34 @@
-"""Weight sync through GRPO on the tiny model: each transport on CPU (our engines, driven
-through vLLM's weight-transfer API: init, start, update, finish) leaves the sampler with
-exactly the learner's weights (fp32), and the object store is used only where no faster
-path applies."""
+"""The driver's weight sync (`WeightSync`): on CPU through GRPO on the tiny model, each path
+leaves the samplers with exactly the learner's weights (fp32; bf16 as the learner casts);
+the orchestration of vLLM's GPU engines (``ipc`` chunk by chunk, ``nccl`` both sides at
+once) with recording stand-ins for the learners and the engines' workers: the calls vLLM's
+engines receive, in order.  Killed and stalled receivers: test_weight_sync_faults.py."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
+from ray.rllib.core import DEFAULT_MODULE_ID
 
 from tests.conftest import tiny_config
 
 
 def _learner_state(algo) -> dict[str, torch.Tensor]:
-    from ray.rllib.core import DEFAULT_MODULE_ID
-
-    module = algo.learner_group._learner.module[DEFAULT_MODULE_ID].unwrapped()
-    return {k: v.detach().clone() for k, v in module.lm.state_dict().items()}
+    return {k: v.clone() for k, v in algo.learner_group.get_weights()[DEFAULT_MODULE_ID].items()}
 
 
-def _remote_sampler_state(algo) -> dict[str, torch.Tensor]:
+def _remote_sampler_states(algo) -> list[dict[str, torch.Tensor]]:
     return algo.env_runner_group.foreach_env_runner(
         lambda er: {k: v.clone() for k, v in er.sampler.model.state_dict().items()},
-        local_env_runner=False)[0]
+        local_env_runner=False)
 
 
 def _assert_equal(sampler: dict, learner: dict) -> None:
     assert set(sampler) == set(learner)
     for name, tensor in learner.items():
         assert torch.equal(sampler[name], tensor), name
-
-
-def _forget_group(runner) -> None:
-    """What a restarted runner looks like: no weight group."""
-    runner.sampler.leave_weight_group()
-    runner.weight_group_token = None
 
 
 def test_local_sync_hands_over_the_learners_own_tensors(ray_session):
@@ -61,150 +56,253 @@ def test_local_sync_hands_over_the_learners_own_tensors(ray_session):
         algo.stop()
 
 
-def _engines(algo) -> set[str]:
-    return set(algo.learner_group._learner.weight_sender.engines)
+def test_remote_runners_read_the_shared_file_in_the_samplers_dtype(ray_session):
+    """Two remote runners (transformers samplers in bf16) read one shared file per sync:
+    the learner's fp32 weights cast once, round to nearest, as the learner casts them."""
+    from rllib_grpo.weights.plan import TRANSPORT_CODES
 
-
-@pytest.fixture(scope="class")
-def remote_run(ray_session):
-    """One GRPO with a remote env runner for the tests of the remote transports (one runner
-    start, not one per test).  It is built with ``weight_sync_transport="collective"`` and
-    trains once: what that first sync chose is recorded.  Every test then sets the transport
-    it checks (``use_transport``: the configured setting's own planning, on the live runner).
-    Class-scoped: stopped before the tests after the class build algorithms of their own."""
-    config = tiny_config(lr=1e-2, weight_sync_transport="collective", weight_sync_bucket_mb=0.05)
-    config.env_runners(num_env_runners=1)  # no env runner in the driver: GRPO's default
+    config = tiny_config(lr=1e-2, sampler_config={"dtype": "bfloat16"})
+    config.env_runners(num_env_runners=2, num_cpus_per_env_runner=0.5)
     algo = config.build_algo()
     try:
-        algo.train()
-        yield {"algo": algo, "configured": algo._weight_sync.transport_names()}
-    finally:
-        algo.stop()
-
-
-class TestRemoteTransports:
-    """The remote transports, on one live runner (`remote_run`)."""
-
-    def test_the_configured_transport_is_used_from_the_first_sync(self, remote_run):
-        assert remote_run["configured"] == {1: "collective"}
-
-    def test_the_driver_holds_no_env_runner_beside_a_remote_one(self, remote_run):
-        """RLlib's default would build one (a sampler that never samples) and sync it."""
-        assert remote_run["algo"].env_runner_group.local_env_runner is None
-
-    @pytest.mark.parametrize("setting,transport", [
-        ("auto", "shm"),
-        ("collective", "collective"),
-        ("delta", "delta"),
-        pytest.param("object_store", "object_store", marks=pytest.mark.slow),
-    ])
-    def test_remote_env_runner_gets_the_learners_weights_exactly(self, remote_run, setting,
-                                                                 transport):
-        from rllib_grpo.weights.plan import TRANSPORT_CODES
-
-        algo = remote_run["algo"]
-        algo._weight_sync.use_transport(setting)
-        for _ in range(2):  # the second sync reuses the group and the slots
+        for _ in range(2):  # the second sync writes the same file again
             result = algo.train()
-            _assert_equal(_remote_sampler_state(algo), _learner_state(algo))
-        assert algo._weight_sync.transport_names() == {1: transport}
-        assert result["weight_sync/transport"] == TRANSPORT_CODES[transport]
-        assert result["env_runners"]["weight_sync/bytes"] > 0
-        if transport == "object_store":
-            return
-        if transport == "delta":  # lr=1e-2 moves most elements; 0 < changed <= all
-            assert 0 < result["weight_sync/changed_frac"] <= 1
-        else:
-            assert result["weight_sync/bytes"] > 2 * 0.05 * 2**20  # several 0.05 MiB buckets
-        # A restarted runner (as RLlib counts them) lost its engine: it connects again.
-        tokens = dict(algo._weight_sync._tokens)
-        assert len(tokens) == 1
-        algo.env_runner_group.foreach_env_runner(_forget_group, local_env_runner=False)
-        algo.env_runner_group._worker_manager._num_actor_restarts += 1
-        algo.train()
-        assert algo._weight_sync._tokens.keys() == tokens.keys()
-        assert set(algo._weight_sync._tokens.values()).isdisjoint(tokens.values())
-        _assert_equal(_remote_sampler_state(algo), _learner_state(algo))
-
-    def test_a_runner_re_joined_with_another_backend_syncs_through_it(self, remote_run):
-        """A runner holds one engine: switching its transport (``use_transport``, a re-plan)
-        re-joins it with another backend.  Before, the old engine stayed connected on the
-        learner with a group whose peer had left, and a send through it failed with gloo's
-        "Connection closed by peer"; now each switch shuts the old engine down and the next
-        sync goes through the new one, exactly, in both directions and back."""
-        algo = remote_run["algo"]
-        sync = algo._weight_sync
-        sync.use_transport("auto")
-        algo.train()
-        assert sync.transport_names() == {1: "shm"} and _engines(algo) == {"grpo_shm"}
-        for setting, transport, backend in (("collective", "collective", "grpo_gloo"),
-                                            ("shm", "shm", "grpo_shm"),
-                                            ("delta", "delta", "grpo_sparse_gloo"),
-                                            ("shm", "shm", "grpo_shm")):
-            sync.use_transport(setting)
-            algo.train()
-            assert sync.transport_names() == {1: transport}
-            assert _engines(algo) == {backend}  # the old one shut down, not left dangling
-            assert set(sync._tokens) == {backend}
-            _assert_equal(_remote_sampler_state(algo), _learner_state(algo))
-        # Away from any engine: the runner leaves its group too.
-        sync.use_transport("object_store")
-        algo.train()
-        assert _engines(algo) == set() and sync._tokens == {}
+            learner = {k: v.to(torch.bfloat16) for k, v in _learner_state(algo).items()}
+            for state in _remote_sampler_states(algo):
+                _assert_equal(state, learner)
+        assert algo._weight_sync.transport_names() == {1: "shm", 2: "shm"}
+        assert result["weight_sync/transport"] == TRANSPORT_CODES["shm"]
+        nbytes = sum(v.numel() * 2 for k, v in learner.items() if k != "lm_head.weight")
+        assert result["weight_sync/bytes"] >= nbytes  # each tensor once, aligned
+        assert result["env_runners"]["weight_sync/bytes"] == result["weight_sync/bytes"]
+        assert result["fault_tolerance/weight_sync_dropped_receivers"] == 0
+        seq_no = algo.learner_group._learner.weight_sender.seq_no
         assert algo.env_runner_group.foreach_env_runner(
-            lambda er: er.sampler._weight_receiver.token, local_env_runner=False) == [None]
-        _assert_equal(_remote_sampler_state(algo), _learner_state(algo))
-        with pytest.raises(ValueError, match="use one of"):
-            sync.use_transport("nvlink")
-
-
-def test_a_weight_engine_that_cannot_connect_stops_the_run_under_auto_too(ray_session,
-                                                                          monkeypatch):
-    """Regression: with ``auto`` a failed connect moved the rest of the run to Ray's object
-    store after one warning.  It is the run's error now, the learner's one line as it is;
-    the connect got ``weight_sync_connect_timeout_s``."""
-    from rllib_grpo.rllib.learner import weight_sender
-
-    line = ("weight sync: env runner 1 (node 10.0.0.5) did not join the gloo group at "
-            "10.0.0.2:41233 within 7 s: open TCP port 41233 (and gloo's ports) between the "
-            "nodes, or set weight_sync_transport='object_store'")
-    timeouts = []
-
-    def unreachable(self, backend, world_size, client, timeout_s):
-        timeouts.append(timeout_s)
-        raise TimeoutError(line)
-
-    monkeypatch.setattr(weight_sender.WeightSender, "connect", unreachable)
-    config = tiny_config(lr=1e-2, weight_sync_connect_timeout_s=7)
-    config.env_runners(num_env_runners=1, create_local_env_runner=False)
-    algo = config.build_algo()
-    try:
-        with pytest.raises(TimeoutError) as failed:
-            algo.train()
-        assert str(failed.value) == line
-        assert timeouts == [7]
-        assert algo._weight_sync.transport_names() == {1: "shm"}  # nothing fell back
+            lambda er: er._weights_seq_no, local_env_runner=False) == [seq_no, seq_no]
     finally:
         algo.stop()
 
 
-def _has_direct_entries(learner) -> bool:
-    return any(bucket.direct for bucket in learner.weight_sender.manifest.buckets)
+def test_a_sync_with_every_runner_out_of_service_sends_nothing():
+    """Every remote runner out of service (Ray's OOM killer took it; RLlib restarts it) and
+    no local one: the sync reports nothing sent, and looks again at the next sync."""
+    from rllib_grpo.rllib.algorithm.weight_sync import WeightSync
+
+    sender = SimpleNamespace(endpoint=lambda: {"rank": 0, "node_id": "node", "pid": 1,
+                                               "device": "cpu", "gpus": (),
+                                               "host_payload": False})
+    learner = SimpleNamespace(weight_sender=sender)
+    learners = SimpleNamespace(is_local=True,
+                               foreach_learner=lambda func, **_: [SimpleNamespace(
+                                   ok=True, get=lambda: func(learner), actor_id=None)])
+    runners = SimpleNamespace(healthy_worker_ids=lambda: [], num_remote_env_runners=lambda: 1,
+                              num_remote_worker_restarts=lambda: 0, local_env_runner=None)
+    algo = SimpleNamespace(config=tiny_config(), env_runner_group=runners,
+                           learner_group=_Sized(learners, 0))
+    sync = WeightSync(algo)
+    try:
+        assert sync.sync() == {"weight_sync/bytes": 0.0, "weight_sync/gbps": 0.0,
+                               "fault_tolerance/weight_sync_dropped_receivers": 0.0}
+        assert sync.transport_names() == {}
+    finally:
+        sync.close()
 
 
-def _send_large_tensors_directly(learner) -> None:
-    from rllib_grpo.rllib.learner import weight_sender
+def test_deadlines_follow_each_phases_running_median_within_the_limit():
+    from rllib_grpo.rllib.algorithm.weight_sync import Deadlines
 
-    weight_sender.DIRECT_MIN_BYTES = 1024
+    deadlines = Deadlines(limit_s=300.0)
+    for _ in range(Deadlines.WARMUP - 1):
+        deadlines.record("read", 0.01)
+    assert deadlines.of("read") == 300.0  # a phase's first rounds: the limit
+    deadlines.record("read", 0.01)
+    assert deadlines.of("read") == Deadlines.FLOOR_S  # 10 x 10 ms, but never below the floor
+    for _ in range(Deadlines.WINDOW):
+        deadlines.record("read", 12.0)
+    assert deadlines.of("read") == 120.0  # 10 x the median of the last rounds
+    for _ in range(Deadlines.WINDOW):
+        deadlines.record("read", 100.0)
+    assert deadlines.of("read") == 300.0  # never above the limit
+    assert deadlines.of("write") == 300.0
+    assert Deadlines(limit_s=3.0).of("read") == 3.0
+    short = Deadlines(limit_s=5.0)
+    for _ in range(Deadlines.WARMUP):
+        short.record("read", 0.001)
+    assert short.of("read") == 5.0  # a floor above the limit is the limit
+
+
+# --------------------------------------------------------------------------- vLLM's engines
+class _Sized:
+    """A stand-in group with ``len`` (RLlib's ``LearnerGroup.__len__``: its remote learners)."""
+
+    def __init__(self, group, size: int) -> None:
+        self.group, self.size = group, size
+
+    def __getattr__(self, name):
+        return getattr(self.group, name)
+
+    def __len__(self) -> int:
+        return self.size
+
+
+class _Result:
+    def __init__(self, actor_id: int, value) -> None:
+        self.actor_id, self.ok, self._value = actor_id, True, value
+
+    def get(self):
+        return self._value
+
+
+class _Sender:
+    """A learner rank's `WeightSender`, its GPU parts recorded: two ``ipc`` chunks, then
+    none; an NCCL group it joins and broadcasts into."""
+
+    def __init__(self, rank: int, gpu: str, calls: list) -> None:
+        self.rank, self.gpu, self.calls, self.seq_no = rank, gpu, calls, 4
+        self.chunks: list | None = None
+
+    def endpoint(self):
+        return {"rank": self.rank, "node_id": "node", "pid": 10 + self.rank, "device": "cuda",
+                "gpus": (self.gpu,), "host_payload": False}
+
+    def metadata(self, wire_dtype):
+        return [("model.embed_tokens.weight", torch.bfloat16, (50, 16)),
+                ("lm_head.weight", torch.bfloat16, (50, 16))]
+
+    def ipc_next(self, wire_dtype, buffer_bytes):
+        if self.chunks is None:
+            self.chunks = [{"names": [f"chunk{k}"], "dtype_names": ["bfloat16"],
+                            "shapes": [[50, 16]], "ipc_handles": {"GPU-A": k, "GPU-B": k},
+                            "tensor_sizes": [1600]} for k in (1, 2)]
+        if not self.chunks:
+            self.chunks = None
+            return None
+        chunk = self.chunks.pop(0)
+        return chunk if self.rank == 0 else {}
+
+    def nccl_unique_id(self):
+        return "uid" if self.rank == 0 else None
+
+    def nccl_join(self, unique_id, world_size):
+        self.calls.append(("learner join", self.rank, (unique_id, world_size)))
+
+    def nccl_send(self, wire_dtype, buffer_bytes):
+        self.calls.append(("learner send", self.rank, None))
+
+
+def _vllm_runner(index: int, gpus: tuple, backend: str, calls: list):
+    from rllib_grpo.samplers.vllm_weights import VLLMWeightTransfer
+
+    class Llm:
+        llm_engine = SimpleNamespace(model_config=SimpleNamespace(dtype=torch.bfloat16))
+
+        def collective_rpc(self, method, kwargs=None):
+            if callable(method):  # worker_gpu_uuid: one answer per worker
+                return list(gpus)
+            calls.append((index, method, kwargs))
+            return [None] * len(gpus)
+
+        def reset_prefix_cache(self):
+            calls.append((index, "reset_prefix_cache", None))
+
+    class Sampler(VLLMWeightTransfer):
+        on_cpu, tied_embeddings, _checkpoint_keys = False, True, set()
+        weight_transfer_backend = backend
+        llm = Llm()
+
+    class Runner:
+        worker_index, engine_shards = index, []
+        config = SimpleNamespace(sampler="vllm")
+        sampler = Sampler()
+        received: list = []
+
+        def weights_received(self, stats, seq_no):
+            self.received.append((stats["bytes"], seq_no))
+
+    return Runner()
+
+
+def _gpu_sync(backend: str, runner_gpus: dict[int, tuple]):
+    """A `WeightSync` over two learner ranks on GPUs A and B and vLLM runners on
+    ``runner_gpus``, every call in this process, recorded in ``calls``."""
+    from rllib_grpo.rllib.algorithm.weight_sync import WeightSync
+
+    calls: list = []
+    learners = [SimpleNamespace(weight_sender=_Sender(rank, gpu, calls))
+                for rank, gpu in enumerate(("GPU-A", "GPU-B"))]
+    runners = {i: _vllm_runner(i, gpus, backend, calls) for i, gpus in runner_gpus.items()}
+    learner_group = _Sized(SimpleNamespace(
+        is_local=False, foreach_learner=lambda func, **_: [
+            _Result(rank, func(learner)) for rank, learner in enumerate(learners)]), 2)
+    runner_group = SimpleNamespace(
+        healthy_worker_ids=lambda: sorted(runners), num_remote_env_runners=lambda: len(runners),
+        num_remote_worker_restarts=lambda: 0, local_env_runner=None,
+        foreach_env_runner=lambda func, remote_worker_ids, **_: [
+            func(runners[i]) for i in remote_worker_ids])
+    algo = SimpleNamespace(config=tiny_config(), env_runner_group=runner_group,
+                           learner_group=learner_group)
+    return WeightSync(algo), runners, calls
+
+
+def test_colocated_engines_load_each_ipc_chunk_through_vllms_api(monkeypatch):
+    from rllib_grpo.rllib.algorithm import weight_sync
+
+    monkeypatch.setattr(weight_sync, "fake_gpus", lambda: False)
+    sync, runners, calls = _gpu_sync("ipc", {1: ("GPU-A",), 2: ("GPU-B",)})
+    for _ in range(2):
+        sync.sync()
+    assert sync.transport_names() == {1: "ipc", 2: "ipc"}
+    for index in (1, 2):
+        made = [(m, k) for i, m, k in calls if i == index]
+        chunk = [{"update_info": {"names": [f"chunk{k}"], "dtype_names": ["bfloat16"],
+                                  "shapes": [[50, 16]], "ipc_handles": {"GPU-A": k, "GPU-B": k},
+                                  "tensor_sizes": [1600]}} for k in (1, 2)]
+        one_sync = [("start_weight_update", None), ("update_weights", chunk[0]),
+                    ("update_weights", chunk[1]), ("finish_weight_update", None),
+                    ("reset_prefix_cache", None)]
+        assert made == [("shutdown_weight_transfer_engine", None),  # joined once
+                        ("init_weight_transfer_engine", {"init_info": {"packed": True}}),
+                        *one_sync, *one_sync]
+        assert runners[index].received == [(3200.0, 4), (3200.0, 4)]
+
+
+def test_separate_engines_join_one_nccl_group_and_receive_while_learner_0_sends(monkeypatch):
+    from rllib_grpo.rllib.algorithm import weight_sync
+
+    monkeypatch.setattr(weight_sync, "fake_gpus", lambda: False)
+    sync, runners, calls = _gpu_sync("nccl", {1: ("GPU-C", "GPU-D"), 2: ("GPU-E",)})
+    sync.sync()
+    sync.sync()
+    assert sync.transport_names() == {1: "nccl", 2: "nccl"}
+    assert [c for c in calls if c[0] == "learner join"] == [
+        ("learner join", 0, ("uid", 4)), ("learner join", 1, ("uid", 4))]  # one group, once
+    assert [c for c in calls if c[0] == "learner send"] == [
+        ("learner send", 0, None), ("learner send", 1, None)] * 2
+    inits = {i: k["init_info"] for i, m, k in calls if m == "init_weight_transfer_engine"}
+    assert {i: (info["rank_offset"], info["world_size"], info["nccl_unique_id_b64"])
+            for i, info in inits.items()} == {1: (1, 4, "uid"), 2: (3, 4, "uid")}
+    update = {"names": ["model.embed_tokens.weight", "lm_head.weight"],
+              "dtype_names": ["bfloat16", "bfloat16"], "shapes": [[50, 16], [50, 16]]}
+    assert [(m, k) for i, m, k in calls if i == 2][2:6] == [
+        ("start_weight_update", None), ("update_weights", {"update_info": update}),
+        ("finish_weight_update", None), ("reset_prefix_cache", None)]
+
+
+def test_an_engine_started_for_another_backend_than_its_placement_needs_is_refused(monkeypatch):
+    from rllib_grpo.rllib.algorithm import weight_sync
+
+    monkeypatch.setattr(weight_sync, "fake_gpus", lambda: False)
+    sync, _, _ = _gpu_sync("nccl", {1: ("GPU-A",)})  # on a learner's GPU: ipc
+    with pytest.raises(RuntimeError, match="env runner 1's vLLM engine was started for nccl "
+                                           "weight transfers, but .* need ipc"):
+        sync.sync()
 
 
 @pytest.mark.slow
-def test_fsdp_learners_gather_each_bucket_from_their_shards(ray_session):
+def test_fsdp_learners_gather_every_tensor_for_the_shared_file(ray_session):
     """Two FSDP2 learners (Ray Train workers), a remote env runner: every tensor is gathered
-    from the shards bucket by bucket on both learners and sent by rank 0."""
-    from ray.rllib.core import DEFAULT_MODULE_ID
-
-    config = tiny_config(weight_sync_bucket_mb=0.05)
+    from the shards on both learners, in the same order, and written by rank 0."""
+    config = tiny_config()
     config.learners(num_learners=2, num_cpus_per_learner=1)
     # The test session has 2 CPUs, both the learners': the runner asks for none.
     config.env_runners(num_env_runners=1, create_local_env_runner=False,
@@ -219,66 +317,26 @@ def test_fsdp_learners_gather_each_bucket_from_their_shards(ray_session):
                  for k, v in weights.items()}
         moved["lm_head.weight"] = moved["model.embed_tokens.weight"]  # tied
         group.set_weights({DEFAULT_MODULE_ID: moved})
-        # Tensors of >= 1 KiB go from where they lie, the rest packed: both in one order.
-        group.foreach_learner(_send_large_tensors_directly)
         algo._sync_weights()
         assert algo._weight_sync.transport_names() == {1: "shm"}
-        _assert_equal(_remote_sampler_state(algo), moved)
-        # The same again through a gloo broadcast, where direct entries travel apart.
-        algo._weight_sync.transports, algo._weight_sync.backends = {1: "collective"}, {
-            "grpo_gloo": [1]}
-        group.set_weights({DEFAULT_MODULE_ID: weights})
-        algo._sync_weights()
-        _assert_equal(_remote_sampler_state(algo), weights)
-        assert all(group._get_results(group.foreach_learner(_has_direct_entries)))
+        (state,) = _remote_sampler_states(algo)
+        _assert_equal(state, moved)
     finally:
         algo.stop()
 
 
 @pytest.mark.slow
 def test_remote_learner_reaches_the_drivers_env_runner_through_the_object_store(ray_session):
-    """``num_learners=1``: the learner is an actor and the env runner lives in the driver,
-    which a learner's weight engine cannot call: Ray's object store."""
-    from ray.rllib.core import DEFAULT_MODULE_ID
-
-    config = tiny_config(lr=1e-2, weight_sync_bucket_mb=0.05)
+    """``num_learners=1``: the learner is an actor and the env runner lives in the driver:
+    Ray's object store."""
+    config = tiny_config(lr=1e-2)
     config.learners(num_learners=1, num_cpus_per_learner=1)
     config.resources(num_cpus_for_main_process=0)
     algo = config.build_algo()
     try:
         for _ in range(2):
             algo.train()
-            learner = algo.learner_group.get_weights()[DEFAULT_MODULE_ID]
-            _assert_equal(algo.env_runner.sampler.model.state_dict(), learner)
+            _assert_equal(algo.env_runner.sampler.model.state_dict(), _learner_state(algo))
         assert algo._weight_sync.transport_names() == {0: "object_store"}
     finally:
         algo.stop()
-
-
-def test_a_sync_with_every_runner_out_of_service_sends_nothing():
-    """Every remote runner out of service (Ray's OOM killer took it; RLlib restarts it) and
-    no local one: before, ``max()`` of no transports raised a bare ValueError out of
-    `WeightSync.sync`; now the sync reports nothing sent (the runners' set, recorded, moves
-    when one is back, and the sync after that places and connects it)."""
-    from types import SimpleNamespace
-
-    from rllib_grpo.rllib.algorithm.weight_sync import WeightSync
-    from rllib_grpo.weights.plan import Endpoint
-
-    sender = SimpleNamespace(endpoint=lambda: Endpoint("node", 1), state_nbytes=lambda: 8)
-    learner = SimpleNamespace(weight_sender=sender)
-    runners = SimpleNamespace(healthy_worker_ids=lambda: [], num_remote_env_runners=lambda: 1,
-                              num_remote_worker_restarts=lambda: 0, local_env_runner=None)
-    algo = SimpleNamespace(
-        config=SimpleNamespace(weight_sync_transport="auto", weight_sync_bucket_mb=1.0,
-                               weight_sync_connect_timeout_s=300.0),
-        env_runner_group=runners,
-        learner_group=SimpleNamespace(foreach_learner=lambda func: [func(learner)],
-                                      _get_results=lambda results: results))
-    sync = WeightSync(algo)
-    try:
-        assert sync.sync() == {"weight_sync/bytes": 0.0, "weight_sync/gbps": 0.0}
-        assert sync.transport_names() == {}
-        assert sync._members == ((), 0)  # a runner back in service changes it: rediscovery
-    finally:
-        sync.close()

@@ -96,7 +96,7 @@ MISSPELT_CHOICES = {
     "fsdp_reduce_dtype": ("float23", "float32", {}),
     "lora_sync": ("merge", "merged", {"lora_rank": 4}),
     "token_stats": ("chunkd", "chunked", {}),
-    "weight_sync_transport": ("collectiv", "collective", {}),
+    "weight_sync_transport": ("object_stor", "object_store", {}),
     "rollout_mode": ("continous", "continuous", {}),
     "loggers": ("tensorbord", "tensorboard", {}),
 }
