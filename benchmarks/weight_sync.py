@@ -1,4 +1,4 @@
-"""Weight-sync benchmark: GRPO's weight sync on each transport against the physical floors,
+"""Weight-sync benchmark: GRPO's weight sync on each CPU path against the physical floors,
 measured in one run, on random models shaped like SmolLM2-135M and Qwen2.5-0.5B (built
 from their configs: nothing is downloaded).
 
@@ -10,19 +10,14 @@ For each shape, with the transformers sampler (it copies into its live parameter
 * **local**: learner and env runner in the driver (``num_learners=0``,
   ``num_env_runners=0``): `WeightSync.sync` against ``copy_`` of the same tensors into
   the sampler's, in place, in the same process (target: <= 2x);
-* **remote**: one env runner actor on this node: the sync through shared memory (``auto``),
-  through a gloo group (``collective``) and through Ray's object store (``object_store``,
-  RLlib's ``sync_weights``: the path before this transport layer), against a raw gloo
-  broadcast of the same bytes between the same two processes (target: collective <= 1.5x)
-  and a memcpy of the same bytes in one process.
+* **remote**: one env runner actor on this node: the sync through the node's shared
+  weights file (``auto``: ``shm``) against a memcpy of the same bytes in one process
+  (target: <= 6x, the acceptance check ``../shared/checks/weight-sync-remote.sh``), and
+  through Ray's object store (``object_store``, RLlib's way).
 
 Every figure is the median of ``--reps`` rounds after a warm-up round; in a round each
-path runs once, in turns, so that all see the same load (the machine is shared).  A
-sync's time is the driver's wall time of `WeightSync.sync` (``timing_s/update_weights``);
-the remote paths take turns on one env runner (a runner holds one engine since the sync
-moved onto vLLM's weight-transfer API: a turn that switches paths connects that path's
-engine first, untimed, see `_timed_sync`).  Issue #28's ratio against the path from
-before that move: `benchmarks.weight_sync_ratio`.
+timed function runs once, in turns, so that all see the same load (the machine is
+shared).  A sync's time is the driver's wall time of `WeightSync.sync`.
 """
 
 from __future__ import annotations
@@ -31,9 +26,7 @@ import argparse
 import json
 import os
 import statistics
-import threading
 import time
-from functools import partial
 from typing import Any
 
 SHAPES = ("smollm2", "qwen05b")
@@ -59,14 +52,14 @@ def _model_folder(shape: str) -> str:
     return resolve_model(MODEL_SMOLLM2 if shape == "smollm2" else MODEL_QWEN05B)
 
 
-def _build(folder: str, dtype: str, num_env_runners: int) -> Any:
+def _build(folder: str, dtype: str, num_env_runners: int, setting: str = "auto") -> Any:
     from rllib_grpo import GRPOConfig
 
     config = (GRPOConfig()
               .environment("rllib_grpo/Arithmetic-v0", env_config={"max_operand": 4})
               .training(model_path=folder, model_dtype=dtype, sampler="hf", prompts_per_step=2,
                         group_size=2, max_prompt_length=16, max_response_length=2,
-                        use_kl_loss=False, lr=1e-6)
+                        use_kl_loss=False, lr=1e-6, weight_sync_transport=setting)
               .env_runners(num_env_runners=num_env_runners,
                            create_local_env_runner=num_env_runners == 0))
     return config.build_algo()
@@ -91,33 +84,18 @@ def _interleaved(funcs: dict[str, Any], reps: int) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def _sync(algo: Any, via: str | None = None) -> dict[str, float]:
-    """One `WeightSync.sync`; ``via`` switches the runners' path first
-    (`WeightSync.use_transport`: a runner holds one engine, so a switch connects the
-    path's engine, which the first sync after it does)."""
+def _sync(algo: Any) -> dict[str, float]:
+    """One `WeightSync.sync`."""
     from rllib_grpo.rllib.algorithm.weight_sync import WeightSync
 
     if getattr(algo, "_weight_sync", None) is None:
         algo._weight_sync = WeightSync(algo)
-    sync = algo._weight_sync
-    if via is not None and via != sync.setting:
-        sync.use_transport(via)
-    return sync.sync()
-
-
-def _timed_sync(algo: Any, via: str) -> float:
-    """Seconds of one sync ``via`` a path; a switch of path and its connecting sync first,
-    not timed (the turns switch paths every time)."""
-    if via != algo._weight_sync.setting:
-        _sync(algo, via)
-    start = time.perf_counter()
-    _sync(algo, via)
-    return time.perf_counter() - start
+    return algo._weight_sync.sync()
 
 
 def _unique_state(algo: Any) -> dict[str, Any]:
     from rllib_grpo.rllib.learner.weight_sender import policy_module
-    from rllib_grpo.weights.layout import split_aliases
+    from rllib_grpo.weights.shm import split_aliases
 
     return split_aliases(policy_module(algo.learner_group._learner).lm.state_dict())[0]
 
@@ -146,82 +124,36 @@ def measure_local(folder: str, dtype: str, reps: int) -> dict[str, Any]:
             "local_transport": transports[0]}
 
 
-def _raw_gloo_receiver(runner: Any, spec: Any, nbytes: int) -> None:
-    import torch
-
-    from rllib_grpo.weights.transport import WeightGroup
-
-    group = WeightGroup(spec, 1)
-    buffer = torch.empty(nbytes, dtype=torch.uint8)
-    for _ in range(2):  # a warm-up, then the timed one
-        group.barrier()
-        group.broadcast(buffer).wait()
-        group.barrier()
-
-
-def raw_gloo_broadcast(algo: Any, nbytes: int) -> float:
-    """Seconds of one broadcast of ``nbytes`` from the driver to the env runner (after a
-    warm-up one), timed from a barrier to a barrier: the receiver has it all."""
-    import ray
-    import torch
-
-    from rllib_grpo.weights.transport import WeightGroup, open_store
-
-    store, spec = open_store(ray.util.get_node_ip_address(), 2, "gloo")
-    source = torch.ones(nbytes, dtype=torch.uint8)
-    times: list[float] = []
-
-    def send() -> None:
-        group = WeightGroup(spec, 0, store)
-        for _ in range(2):
-            group.barrier()
-            start = time.perf_counter()
-            group.broadcast(source).wait()
-            group.barrier()
-            times.append(time.perf_counter() - start)
-
-    thread = threading.Thread(target=send)
-    thread.start()
-    algo.env_runner_group.foreach_env_runner(
-        partial(_raw_gloo_receiver, spec=spec, nbytes=nbytes), local_env_runner=False)
-    thread.join()
-    return times[-1]
-
-
 def measure_remote(folder: str, dtype: str, reps: int) -> dict[str, Any]:
     import torch
 
-    algo = _build(folder, dtype, 1)
     out: dict[str, Any] = {}
-    try:
-        out["auto_transport"] = (_sync(algo), algo._weight_sync.transport_names()[1])[1]
-        for via in ("shm", "collective", "object_store"):
-            out[f"{via}_bytes"] = _sync(algo, via)["weight_sync/bytes"]
-        nbytes = int(out["collective_bytes"])
-        source, target = torch.ones(nbytes, dtype=torch.uint8), torch.empty(nbytes, dtype=torch.uint8)
-        out.update(_interleaved({
-            "shm_sync_s": lambda: _timed_sync(algo, "shm"),
-            "collective_sync_s": lambda: _timed_sync(algo, "collective"),
-            "raw_gloo_s": lambda: raw_gloo_broadcast(algo, nbytes),
-            "memcpy_s": lambda: target.copy_(source),
-        }, reps))
-        # Apart: freeing a state dict's worth of object-store memory after each of its syncs
-        # slows whatever runs next (shm after it: 1.1 s instead of 0.17 s, SmolLM2 shape).
-        out.update(_interleaved({"object_store_sync_s": lambda: _timed_sync(algo, "object_store")},
-                                reps))
-    finally:
-        algo.stop()
+    for setting in ("auto", "object_store"):
+        algo = _build(folder, dtype, 1, setting)
+        try:
+            metrics = _sync(algo)
+            transport = algo._weight_sync.transport_names()[1]
+            out[f"{transport}_bytes"] = metrics["weight_sync/bytes"]
+            if transport == "shm":
+                nbytes = int(metrics["weight_sync/bytes"])
+                source = torch.ones(nbytes, dtype=torch.uint8)
+                target = torch.empty(nbytes, dtype=torch.uint8)
+                out.update(_interleaved({"shm_sync_s": lambda a=algo: _sync(a),
+                                         "memcpy_s": lambda t=target, s=source: t.copy_(s)},
+                                        reps))
+            else:
+                out.update(_interleaved({"object_store_sync_s": lambda a=algo: _sync(a)},
+                                        reps))
+        finally:
+            algo.stop()
     return out
 
 
 def ratios(r: dict[str, float]) -> dict[str, float]:
     return {
         "local / copy_ in place": r["local_sync_s"] / r["copy_in_place_s"],
-        "collective / raw gloo broadcast": r["collective_sync_s"] / r["raw_gloo_s"],
-        "shm (auto) / raw gloo broadcast": r["shm_sync_s"] / r["raw_gloo_s"],
-        "shm (auto) / object store": r["shm_sync_s"] / r["object_store_sync_s"],
-        "collective / object store": r["collective_sync_s"] / r["object_store_sync_s"],
         "shm (auto) / memcpy": r["shm_sync_s"] / r["memcpy_s"],
+        "shm (auto) / object store": r["shm_sync_s"] / r["object_store_sync_s"],
     }
 
 
@@ -232,13 +164,11 @@ def format_table(results: dict[str, dict]) -> str:
     def row(label: str, cell: Any) -> None:
         rows.append(f"| {label} | " + " | ".join(cell(results[s]) for s in shapes) + " |")
 
-    row("bytes per sync (one runner)", lambda r: f"{r['collective_bytes'] / 2**20:.0f} MiB "
+    row("bytes per sync (one runner)", lambda r: f"{r['shm_bytes'] / 2**20:.0f} MiB "
         f"({r['dtype']})")
     for key, label in (("local_sync_s", "local sync"), ("copy_in_place_s", "copy_ in place"),
                        ("shm_sync_s", "remote sync, shm (auto)"),
-                       ("collective_sync_s", "remote sync, collective (gloo)"),
-                       ("object_store_sync_s", "remote sync, object store (before)"),
-                       ("raw_gloo_s", "raw gloo broadcast, 2 processes"),
+                       ("object_store_sync_s", "remote sync, object store"),
                        ("memcpy_s", "memcpy, 1 process")):
         row(label, lambda r, k=key: f"{r[k] * 1000:.0f} ms")
     for name in ratios(next(iter(results.values()))["measured"]):

@@ -8,7 +8,7 @@ step at a time, and new weights load between two steps.
   prefill the scheduler fits) and returns the groups whose last response ended;
 * ``pause()`` / ``resume(version, partial)`` bracket a weight load.  ``pause`` stops the
   engine's scheduler between two steps (vLLM's ``pause_scheduler(mode="keep")``); the
-  caller loads the weights (through the sampler's `WeightReceiver` or ``load_weights``);
+  caller loads the weights (the driver's weight sync: ``load_weights`` or vLLM's API);
   ``resume`` labels the tokens sampled from then on with ``version`` (vLLM's
   ``update_weight_version``) and restarts every unfinished request:
   ``partial=True`` continues it under the new weights (a *partial rollout*: the request

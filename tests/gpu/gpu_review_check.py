@@ -249,12 +249,10 @@ def c3_sampler(root):
            tokens=sum(len(x.token_ids) for g in groups for x in g))
 
 
-# -- CUDA IPC ----------------------------------------------------------------
-# c4 (our CUDA IPC transport's copy race) and c5 (re-sharing live tensors) checked home-made
-# code that is gone: CUDA IPC is vLLM's ``ipc`` weight-transfer engine now (issue #28).
+# -- weight sync ---------------------------------------------------------------
 def c4b_lora_ipc(root):
-    """LoRA payloads are CPU copies: CUDA IPC cannot share them, so the plan must not offer
-    'ipc' for them (it gives 'shm')."""
+    """LoRA payloads are CPU copies: CUDA IPC cannot share them, so the planner must not
+    offer 'ipc' for them (they go through Ray's object store)."""
     from rllib_grpo.models import lora
     from rllib_grpo.models.loading import load_causal_lm
     from rllib_grpo.weights.plan import Endpoint, choose_transports
@@ -262,182 +260,63 @@ def c4b_lora_ipc(root):
     path = model_dir(root, "small")
     lm = lora.wrap_with_lora(load_causal_lm(path, dtype="float32").to(DEV), lora.LoRASettings(rank=8))
     payload = lora.sync_payload(lm, lora.LoRASettings(rank=8), first=True)
-    tensors = payload.to_tensors()  # what WeightSender.stage shares
-    devices = sorted({str(v.device) for v in tensors.values()})
+    devices = sorted({str(v.device) for v in payload.to_tensors().values()})
     gpu = "GPU-learner"
     learner = Endpoint("node", 1, "cuda", (gpu,), host_payload=any(d == "cpu" for d in devices))
-    runner = Endpoint("node", 2, "cuda", (gpu,), gpu_engines=True)
+    runner = Endpoint("node", 2, "cuda", (gpu,), vllm_gpu=True)
     chosen = choose_transports("auto", learner, {1: runner})[1]
-    record("c4b_lora_ipc", chosen != "ipc", payload_devices=devices, planned_transport=chosen,
-           finding="WeightSender.stage(vias=('ipc',)) with lora_rank>0 raised at the first sync")
+    record("c4b_lora_ipc", chosen == "object_store", payload_devices=devices,
+           planned_transport=chosen)
 
 
-def _group_child(spec, rank, manifest, via, slots, q_out):
+def _shm_reader(path, manifest, q_out):
     try:
         import torch as t
 
-        from rllib_grpo.weights.transport import BucketReceiver
+        from rllib_grpo.weights.shm import SharedWeights
 
-        if t.cuda.is_available():
-            t.cuda.set_device(0)
-        r = BucketReceiver()
-        r.join(spec, rank) if slots is None else None
-        if slots is not None:  # map before joining (the sender unlinks once the group is
-            r.map_slots(slots)  # formed); join() would drop the mapping: set the group directly
-            from rllib_grpo.weights.transport import WeightGroup
-            r.group = WeightGroup(spec, rank)
-        sums = {}
+        reader = SharedWeights.open(path, manifest.nbytes)
         dev = "cuda" if t.cuda.is_available() else "cpu"
-        for name, tensor in r.stream(manifest, via):
-            dst = t.empty(tensor.shape, dtype=t.bfloat16, device=dev)
-            dst.copy_(tensor)
-            sums[name] = float(dst.double().sum())
+        sums = {name: float(view.to(dev).double().sum())
+                for name, view in reader.read(manifest, stamp=1).items()}
+        reader.check_unchanged(stamp=1)
         q_out.put(("sums", sums))
     except Exception as e:  # noqa: BLE001
         q_out.put(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()[-800:]}"))
 
 
-def _run_group(backend: str, via: str, world: int, tensors: dict,
-               timeout: float = 120.0) -> dict:
-    from rllib_grpo.weights.layout import (
-        pipelined_bucket_bytes,
-        plan_manifest,
-        split_aliases,
-        wire_nbytes,
-    )
-    from rllib_grpo.weights.transport import BucketSender, WeightGroup, open_store
+def c6_shm(_root):
+    """The host path with CUDA sources (fp32 -> bf16, cast while copying into the shared
+    file) and a reader process that loads the views onto its GPU."""
+    from rllib_grpo.weights.shm import SharedWeights, plan_manifest, split_aliases
 
-    unique, aliases = split_aliases(tensors)
-    total = wire_nbytes(unique, torch.bfloat16)
-    manifest = plan_manifest(unique, wire_dtype=torch.bfloat16, aliases=aliases,
-                             bucket_bytes=pipelined_bucket_bytes(total, 512 * 2**20),
-                             direct_min_bytes=1 << 20)
-    store, spec = open_store("127.0.0.1", world, backend, timeout_s=60)
-    sender = BucketSender()
-    slots = sender.ensure_slots(max(1, manifest.max_bucket_bytes)) if via == "shm" else None
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    kids = [ctx.Process(target=_group_child, args=(spec, r, manifest, via, slots, q), daemon=True)
-            for r in range(1, world)]
-    for k in kids:
-        k.start()
-    try:
-        if GPU:
-            torch.cuda.set_device(0)
-        sender.group = WeightGroup(spec, 0, store)
-        if via == "shm":
-            sender.slots.unlink()  # type: ignore[union-attr]
-        t = time.perf_counter()
-        sender.send(manifest, unique.__getitem__, via)
-        if GPU:
-            torch.cuda.synchronize()
-        results = [q.get(timeout=timeout) for _ in kids]
-        seconds = time.perf_counter() - t
-        expected = {k: float(v.to(torch.bfloat16).double().sum()) for k, v in tensors.items()}
-        errors = [r[1] for r in results if r[0] == "error"]
-        ok = not errors and all(set(r[1]) == set(expected) and all(
-            abs(r[1][k] - expected[k]) < 1e-3 for k in expected) for r in results)
-        return dict(ok=ok, errors=errors, seconds=round(seconds, 3), gbytes=manifest.nbytes / 1e9,
-                    buckets=len(manifest.buckets))
-    finally:
-        sender.close()
-        for k in kids:
-            k.join(timeout=15)
-            if k.is_alive():
-                k.kill()
-
-
-def _tensors(n_layers: int, hidden: int, device) -> dict:
     torch.manual_seed(1)
-    emb = torch.randn(8192, hidden, device=device)
-    out = {"model.embed_tokens.weight": emb, "lm_head.weight": emb}
-    for i in range(n_layers):
-        for leaf in ("q_proj", "k_proj", "v_proj"):
-            out[f"model.layers.{i}.self_attn.{leaf}.weight"] = torch.randn(hidden, hidden, device=device)
-        out[f"model.layers.{i}.mlp.up_proj.weight"] = torch.randn(4 * hidden, hidden, device=device)
-    # Already in the wire dtype and >= 1 MiB: a 'direct' entry (broadcast from where it lies).
-    out["model.layers.0.mlp.down_proj.weight"] = torch.randn(
-        hidden, 4 * hidden, device=device).to(torch.bfloat16)
-    return out
-
-
-def c6_gloo_shm(_root):
-    """collective (gloo) and shm paths with CUDA sources and CUDA receivers (fp32 -> bf16 wire)."""
-    tensors = _tensors(8 if GPU else 2, 1024 if GPU else 64, DEV)
-    for via in ("collective", "shm"):
-        res = _run_group("gloo", via, 3, tensors)
-        record(f"c6_{via}_gloo", res.pop("ok"), **res)
-
-
-def c7_nccl_world1(_root):
-    """The raw ProcessGroupNCCL construction / broadcast API on this torch (one rank)."""
-    if not GPU:
-        return record("c7_nccl_world1", None, skipped="no GPU")
-    from rllib_grpo.weights.layout import plan_manifest
-    from rllib_grpo.weights.transport import BucketSender, WeightGroup, open_store
-
-    tensors = _tensors(2, 256, DEV)
-    tensors.pop("lm_head.weight")
-    manifest = plan_manifest(tensors, wire_dtype=torch.bfloat16, direct_min_bytes=1 << 20)
-    store, spec = open_store("127.0.0.1", 1, "nccl", timeout_s=60)
-    group = WeightGroup(spec, 0, store)
-    t = time.perf_counter()
-    group.barrier()
-    barrier_s = time.perf_counter() - t
-    BucketSender(group).send(manifest, tensors.__getitem__, "collective")
-    torch.cuda.synchronize()
-    record("c7_nccl_world1", True, pg=type(group.pg).__name__, barrier_returns_s=round(barrier_s, 4),
-           note="NCCL work.wait() does not block the host: barrier() is only safe on gloo (shm forces gloo)")
-
-
-def _nccl_pair_child(spec, rank, q_out):
-    try:
-        import torch as t
-
-        from rllib_grpo.weights.transport import WeightGroup
-
-        t.cuda.set_device(0)
-        group = WeightGroup(spec, rank)
-        x = t.full((1 << 20,), float(rank == 0), device="cuda")
-        group.broadcast(x).wait()
-        t.cuda.synchronize()
-        q_out.put(("ok", float(x.mean())))
-    except Exception as e:  # noqa: BLE001
-        q_out.put(("error", f"{type(e).__name__}: {e}"[:400]))
-
-
-def c8_nccl_same_gpu(_root):
-    """Two ranks of one NCCL weight group on one GPU (FSDP learner 0 + a colocated runner:
-    weight_sync_plan picks 'collective' there) -> expected 'Duplicate GPU detected'."""
-    if not GPU:
-        return record("c8_nccl_same_gpu", None, skipped="no GPU")
-    from rllib_grpo.weights.transport import open_store
-
-    store, spec = open_store("127.0.0.1", 2, "nccl", timeout_s=45)
+    hidden = 1024 if GPU else 64
+    emb = torch.randn(8192, hidden, device=DEV)
+    tensors = {"model.embed_tokens.weight": emb, "lm_head.weight": emb}
+    for i in range(8 if GPU else 2):
+        tensors[f"model.layers.{i}.mlp.up_proj.weight"] = torch.randn(4 * hidden, hidden,
+                                                                       device=DEV)
+    unique, aliases = split_aliases(tensors)
+    manifest = plan_manifest(unique, wire_dtype=torch.bfloat16, aliases=aliases)
+    shared = SharedWeights.create(manifest.nbytes)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    kids = [ctx.Process(target=_nccl_pair_child, args=(spec, r, q), daemon=True) for r in (0, 1)]
-    for k in kids:
-        k.start()
-    results = []
     try:
-        for _ in kids:
-            results.append(q.get(timeout=100))
-    except Exception as e:  # noqa: BLE001  (a hang: the queue timed out)
-        results.append(("timeout", f"{type(e).__name__}"))
+        t = time.perf_counter()
+        shared.write(manifest, unique.__getitem__, stamp=1)
+        write_s = time.perf_counter() - t
+        kid = ctx.Process(target=_shm_reader, args=(shared.path, manifest, q), daemon=True)
+        kid.start()
+        kind, sums = q.get(timeout=120)
+        kid.join(timeout=15)
+        expected = {k: float(v.to(torch.bfloat16).double().sum()) for k, v in tensors.items()}
+        ok = kind == "sums" and set(sums) == set(expected) and all(
+            abs(sums[k] - expected[k]) < 1e-3 for k in expected)
+        record("c6_shm", ok, write_s=round(write_s, 3), gbytes=manifest.nbytes / 1e9,
+               error=None if kind == "sums" else sums)
     finally:
-        for k in kids:
-            k.join(timeout=5)
-            if k.is_alive():
-                k.kill()
-    reproduced = any(kind != "ok" for kind, _ in results)
-    from rllib_grpo.weights.plan import Endpoint, choose_transports
-
-    fsdp_learner = Endpoint("node", 1, "cuda", ("GPU-0",), sharded=True)
-    planned = choose_transports("auto", fsdp_learner, {1: Endpoint("node", 2, "cuda", ("GPU-0",))})
-    record("c8_nccl_same_gpu", None, finding_reproduced=reproduced, results=results,
-           planned_transport=planned[1], planner_avoids_it=planned[1] == "ipc",
-           note="ok on both ranks would mean this NCCL allows 2 ranks per GPU")
+        shared.close(remove=True)
 
 
 # -- FSDP2 on CUDA (one rank) --------------------------------------------------
@@ -594,8 +473,7 @@ def c11_throughput(root):
 
 
 CHECKS = [("c0", c0_env), ("c1", c1_perf), ("c2", c2_packing), ("c3", c3_sampler),
-          ("c4b", c4b_lora_ipc), ("c6", c6_gloo_shm),
-          ("c7", c7_nccl_world1), ("c8", c8_nccl_same_gpu), ("c9", c9_fsdp), ("c10", c10_offload),
+          ("c4b", c4b_lora_ipc), ("c6", c6_shm), ("c9", c9_fsdp), ("c10", c10_offload),
           ("c11", c11_throughput)]
 
 

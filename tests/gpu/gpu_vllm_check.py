@@ -16,13 +16,13 @@ On a random model of Qwen2.5-0.5B's shape in bf16 (`benchmarks.workloads`'s
   (`rllib_grpo.rllib.env_runner.engine.engine_options`), not the model's full context;
 * ``sleep_wake``: ``sleep()`` frees most of the engine's memory (weights and KV cache) and
   ``wake_up()`` restores it; greedy tokens are the same before and after;
-* ``sync``: the learner's (perturbed) weights sent into the engine through vLLM's
-  weight-transfer API (``grpo_shm``, as an env runner on the node takes them; seconds,
-  bytes); the engine's sampled-token log-probs against the learner's own forward pass
-  (bf16: ``rollout_log_probs_diff_max``) before and after;
-* ``delta`` (recorded by ``sync``): a ``delta`` sync (``grpo_sparse_gloo``) of a step that
-  moved 2% of the elements (changed fraction, seconds, bytes) and the log-probs after it:
-  the GPU check of the delta path, which has run on CPU only;
+* ``sync``: the learner's (perturbed) weights into an engine started with vLLM's ``ipc``
+  weight-transfer engine, as a colocated env runner takes them (verl's one-GPU layout): a
+  learner process on the same GPU offers them chunk by chunk through CUDA IPC
+  (`rllib_grpo.weights.gpu.IpcChunks`), the engine loads each through vLLM's API; then
+  through the node's shared weights file (``shm``, `rllib_grpo.weights.shm`); each with
+  seconds and bytes, and the engine's sampled-token log-probs against the learner's own
+  forward pass (bf16: ``rollout_log_probs_diff_max``) before and after;
 * ``throughput``: generation tokens/s with and without per-request seeds, and the decode
   MFU (2 x parameters FLOPs per generated token over the GPU's dense bf16 peak,
   `rllib_grpo.rllib.learner.perf.peak_flops`).
@@ -151,65 +151,93 @@ def check_sleep_wake(model_dir: str, vocab: int) -> None:
            wake_s=round(wake_s, 2), same_greedy_tokens=same)
 
 
-def check_sync(model_dir: str, vocab: int) -> None:
-    """Through vLLM's weight-transfer API, as an env runner takes weights: a full sync
-    (``grpo_shm``: shared memory, the learner's tensors cast to the wire dtype on its GPU),
-    then a ``delta`` sync (``grpo_sparse_gloo``: whole, then a step's changed elements
-    patched on the worker's host copy and the touched layers reloaded)."""
+def _perturbed_learner(model_dir: str) -> Any:
+    """The learner's weights: the model in bf16 on the GPU, moved by a step's worth of noise
+    (the same in every process: a seeded CUDA generator)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rllib_grpo.samplers import SamplingParams
-    from rllib_grpo.samplers.base import max_log_prob_diff
-    from rllib_grpo.weights.delta import DeltaTracker
-    from rllib_grpo.weights.layout import plan_manifest, split_aliases
-    from rllib_grpo.weights.trainer import ManifestSource, connect_receiver
-    from rllib_grpo.weights.wire import update_nbytes
-
     learner = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).cuda().eval()
     generator = torch.Generator(device="cuda").manual_seed(1)
+    with torch.no_grad():
+        for param in learner.parameters():
+            param.add_(torch.randn(param.shape, device="cuda", generator=generator,
+                                   dtype=param.dtype) * 0.02)
+    return learner
 
-    def step(scale: float, every: int = 1) -> None:  # a step's worth of change
-        with torch.no_grad():
-            for param in learner.parameters():
-                flat = param.view(-1)[::every]
-                flat.add_(torch.randn(flat.shape, device="cuda", generator=generator,
-                                      dtype=param.dtype) * scale)
 
-    step(0.02)
-    engine = make_engine(model_dir)
+def _ipc_learner(model_dir: str, chunks: Any, loaded: Any) -> None:
+    """A learner process beside the engine on its GPU: each packed chunk's update info out,
+    the next packed only once the engine has loaded the last (the buffer is reused)."""
+    from rllib_grpo.weights.gpu import IpcChunks
+
+    learner = _perturbed_learner(model_dir)
+    weights = ((name, t.detach().contiguous()) for name, t in learner.state_dict().items())
+    offer = IpcChunks(weights, buffer_bytes=256 * 2**20, is_sender=True)
+    while (info := offer.next()) is not None:
+        chunks.put(info)
+        loaded.get(timeout=300)
+    chunks.put(None)
+
+
+def check_sync(model_dir: str, vocab: int) -> None:
+    """A colocated engine's sync through vLLM's ``ipc`` engine (from a learner process on
+    the same GPU), then the host path (``shm``) into the same engine."""
+    import multiprocessing
+
+    import torch
+
+    from rllib_grpo.samplers import SamplingParams
+    from rllib_grpo.samplers.base import max_log_prob_diff
+    from rllib_grpo.weights.gpu import ipc_init_info
+    from rllib_grpo.weights.shm import SharedWeights, plan_manifest, split_aliases
+
+    learner = _perturbed_learner(model_dir)
+    engine = make_engine(model_dir, weight_transfer_backend="ipc")
     params = SamplingParams(temperature=1.0, max_tokens=32, seed=0)
     batch = prompts(8, vocab)
     stale = max_log_prob_diff(learner, batch, engine.generate(batch, 2, params), params)
-    unique, aliases = split_aliases(learner.state_dict())
-    manifest = plan_manifest(unique, aliases=aliases, wire_dtype=engine.weight_dtype)
-    source = ManifestSource(manifest, lambda name: unique[name].detach())
-    engine.prepare_weights(manifest)  # a partial or foreign layout is refused here
-    full = connect_receiver(engine, "grpo_shm", source)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    full.send_weights()
-    sync_s = time.perf_counter() - start
-    full.shutdown()
+    engine.check_weight_names(learner.state_dict())
+    engine.init_weight_transfer_engine(ipc_init_info())
+    context = multiprocessing.get_context("spawn")
+    chunks, loaded = context.Queue(), context.Queue()
+    process = context.Process(target=_ipc_learner, args=(model_dir, chunks, loaded))
+    process.start()
+    nbytes, start = 0, None
+    while (info := chunks.get(timeout=600)) is not None:
+        if start is None:  # the learner process is up and packed its first chunk
+            start = time.perf_counter()
+            engine.start_weight_update()
+        engine.update_weights(info)
+        nbytes += sum(info["tensor_sizes"])
+        loaded.put(True)
+    engine.finish_weight_update()
+    ipc_s = time.perf_counter() - (start or time.perf_counter())
+    process.join(timeout=60)
     synced = max_log_prob_diff(learner, batch, engine.generate(batch, 2, params), params)
     # bf16 kernels differ between vLLM and transformers: the gap measured before was 0.04.
-    record("sync", synced < 0.1 < stale, rollout_log_probs_diff_max=round(synced, 4),
-           before_sync=round(stale, 4), sync_s=round(sync_s, 3),
-           sync_gb=round(update_nbytes(full.client.last_update) / 1e9, 3))
-    delta, tracker = connect_receiver(engine, "grpo_sparse_gloo"), DeltaTracker()
-    delta.send_weights(tracker.patches(source)[0])  # whole: the first after a join
-    step(0.02, every=50)  # 2% of the elements move
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    patches, changed, total = tracker.patches(source)
-    delta.send_weights(patches)
-    delta_s = time.perf_counter() - start
-    delta.shutdown()
+    record("sync_ipc", synced < 0.1 < stale and process.exitcode == 0,
+           rollout_log_probs_diff_max=round(synced, 4), before_sync=round(stale, 4),
+           sync_s=round(ipc_s, 3), sync_gb=round(nbytes / 1e9, 3))
+    engine.load_weights(learner.state_dict())  # back where the learner is, then the host path
+    with torch.no_grad():
+        for param in learner.parameters():
+            param.mul_(1.01)
+    tensors, aliases = split_aliases(learner.state_dict())
+    manifest = plan_manifest(tensors, wire_dtype=engine.weight_dtype, aliases=aliases)
+    shared = SharedWeights.create(manifest.nbytes)
+    try:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        shared.write(manifest, lambda name: tensors[name].detach(), stamp=1)
+        engine.load_weights(shared.read(manifest, stamp=1))
+        shm_s = time.perf_counter() - start
+    finally:
+        shared.close(remove=True)
     after = max_log_prob_diff(learner, batch, engine.generate(batch, 2, params), params)
     engine.close()
-    record("delta", after < 0.1, rollout_log_probs_diff_max=round(after, 4),
-           changed_frac=round(changed / total, 4), delta_s=round(delta_s, 3),
-           delta_gb=round(update_nbytes(delta.client.last_update) / 1e9, 4))
+    record("sync_shm", after < 0.1, rollout_log_probs_diff_max=round(after, 4),
+           sync_s=round(shm_s, 3), sync_gb=round(manifest.nbytes / 1e9, 3))
 
 
 def check_throughput(model_dir: str, vocab: int, params_count: int) -> None:

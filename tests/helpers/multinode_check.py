@@ -39,6 +39,7 @@ def main() -> None:
         "runner_nodes": runner_nodes,
         "rollout_log_probs_diff_max": [r["training/rollout_log_probs_diff_max"] for r in results],
         "weight_bytes": results[-1]["env_runners"].get("weight_sync/bytes"),
+        "transports": algo._weight_sync.transport_names(),
         "num_nodes": len(ray.nodes()),
     }
     algo.stop()

@@ -60,9 +60,9 @@ def test_engine_is_the_vllm_sampler(sampler):
     assert type(sampler).__name__ == "VLLMSampler"
     assert isinstance(sampler, Sampler)
     assert sampler.tied_embeddings
-    # The receiving contract, live: one worker, one rank; a device whatever the platform.
-    assert sampler.num_weight_ranks == 1
+    # The receiving contract, live: a device whatever the platform; no GPU engine on CPU.
     assert sampler.device.type in ("cpu", "cuda")
+    assert sampler.takes_gpu_engines == (sampler.device.type == "cuda")
 
 
 def test_the_engine_leaves_the_processs_threads_to_the_learner(sampler):

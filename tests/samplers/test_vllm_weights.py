@@ -60,7 +60,7 @@ def test_a_vllm_without_the_apis_the_floor_stands_for_is_refused_naming_them(mon
     with pytest.raises(RuntimeError, match=rf"lacks NCCL groups from a unique id.*{MIN_VLLM}"):
         require_supported_vllm()
     _fake_vllm(monkeypatch, _iterator_reload, producers=PRODUCERS[1:])
-    with pytest.raises(RuntimeError, match=rf"lacks packed_tensor.packed_ipc_producer"):
+    with pytest.raises(RuntimeError, match=r"lacks packed_tensor.packed_ipc_producer"):
         require_supported_vllm()
     monkeypatch.setitem(sys.modules, "vllm.v1.worker.gpu_worker", None)
     with pytest.raises(RuntimeError, match=rf"lacks the weight-transfer modules .*vllm>={MIN_VLLM}"):

@@ -15,7 +15,7 @@ moment its last response ends.  The driver keeps K steps' worth of groups
    stay full while the learner
 3. **updates**; then
 4. **publishes the new weights in flight**: every runner pauses between two engine steps,
-   the weight sync runs as in the other modes (the sampler's `WeightReceiver`), and each
+   the weight sync runs as in the other modes (`GRPO._sync_weights`), and each
    runner resumes: the tokens sampled from then on carry the new version, and each
    unfinished response continues under the new weights (``partial_rollout=True``) or is
    sampled again (``False``).

@@ -6,7 +6,7 @@ has requests, scores each group the moment its last response ends and queues it;
 driver's calls (Ray actor calls, on the runner's own thread) add prompts, take the
 finished groups, and pause / resume the engine around a weight load:
 
-    driver: pause ──► weight sync (the sampler's WeightReceiver / load_weights) ──► resume
+    driver: pause ──► weight sync (the driver's: load_weights / vLLM's API) ──► resume
     loop:   step step step │ (between two steps: no step runs) │ step step ...
 
 ``resume`` labels the tokens sampled from then on with the runner's new weights version

@@ -3,8 +3,8 @@ with custom resources.  The learner and the env runner land on different nodes, 
 completes, and the sampler holds the learner's weights (its log-probs match the learner's).
 
 Slow (~65 s in CI: a 3-node cluster and two actors in a subprocess): `make test-slow`.  The
-default suite covers its parts on one node: syncs to a remote env runner through every
-transport (`test_weight_sync.py::TestRemoteTransports`) and the placement bundles of env
+default suite covers its parts on one node: syncs to remote env runners
+(`test_weight_sync.py`, `test_weight_sync_faults.py`) and the placement bundles of env
 runners and learners (`tests/rllib/config/test_resources.py`)."""
 
 from __future__ import annotations
@@ -34,3 +34,4 @@ def test_learner_and_env_runner_on_different_nodes_with_synced_weights():
     # Second iteration samples with the weights synced after the first update.
     assert out["rollout_log_probs_diff_max"][1] < 1e-5
     assert out["weight_bytes"] > 0
+    assert out["transports"] == {"1": "object_store"}  # CPUs on another node

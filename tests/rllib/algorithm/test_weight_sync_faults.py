@@ -142,7 +142,7 @@ class TestARunnerKilledDuringASync:
         assert result[DROPPED] == before[DROPPED] + 1
         (line,) = [r.getMessage() for r in caplog.records if "weight sync: env runner" in
                    r.getMessage()]
-        assert line.startswith(f"weight sync: env runner 2 (node ") and f"pid {pids[2]})" in line
+        assert line.startswith("weight sync: env runner 2 (node ") and f"pid {pids[2]})" in line
         assert " died during '" in line
         _assert_hold_the_learners_weights(algo, [1])
         # RLlib restarts runner 2; it gets the current weights and joins the next sync.
