@@ -202,11 +202,11 @@ def check_places(config: GRPOConfig, placed: list[Placed]) -> list[str]:
             shard_nodes.setdefault(p.engine, set()).add(p.node)
     problems += [f"engine {engine}'s TP shards span nodes {sorted(nodes)}"
                  for engine, nodes in sorted(shard_nodes.items()) if len(nodes) > 1]
-    planned, as_placed = planned_transports(config, plan), placed_transports(config, placed)
-    if as_placed != planned:
+    in_plan, as_placed = planned_transports(config, plan), placed_transports(config, placed)
+    if as_placed != in_plan:
         problems.append(f"where the processes landed the weight sync would take "
                         f"{transports_summary(as_placed)}; the plan says "
-                        f"{transports_summary(planned)}")
+                        f"{transports_summary(in_plan)}")
     return problems
 
 
@@ -226,12 +226,15 @@ def placed_transports(config: GRPOConfig, placed: list[Placed]) -> dict[int, str
                       "cuda" if learner_gpus else "cpu", learner_gpus,
                       host_payload=config.lora_rank > 0)
     receivers = {}
-    for runner in (p for p in placed if p.role == ENV_RUNNER and p.engine is not None):
-        shards = [p for p in placed if p.role == ENGINE_SHARD and p.engine == runner.engine]
+    for runner in placed:
+        index = runner.engine
+        if runner.role != ENV_RUNNER or index is None:
+            continue
+        shards = [p for p in placed if p.role == ENGINE_SHARD and p.engine == index]
         on = gpus(shards or [runner])
-        receivers[runner.engine] = Endpoint(str((shards or [runner])[0].node), runner.engine,
-                                            "cuda" if on else "cpu", on,
-                                            vllm_gpu=bool(on) and config.sampler != "hf")
+        receivers[index] = Endpoint(str((shards or [runner])[0].node), index,
+                                    "cuda" if on else "cpu", on,
+                                    vllm_gpu=bool(on) and config.sampler != "hf")
     return choose_transports(config.weight_sync_transport, sender, receivers)
 
 

@@ -19,6 +19,7 @@ learner group.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from typing import Any, Protocol
@@ -68,6 +69,12 @@ class WeightSender:
     @property
     def module(self) -> Any:
         return policy_module(self.learner)
+
+    def _on_device(self) -> contextlib.AbstractContextManager:
+        """The learner's GPU as the current device (a call may run on a thread of its own,
+        which starts on device 0: vLLM's producers allocate on the current device)."""
+        device = next(self.module.lm.parameters()).device
+        return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
     @property
     def seq_no(self) -> int:
@@ -159,11 +166,12 @@ class WeightSender:
     def ipc_next(self, wire_dtype: torch.dtype | None, buffer_bytes: int) -> dict | None:
         """The next packed chunk of this sync (vLLM's update info on rank 0, ``{}`` on the
         others); None when every chunk went (the next call starts a new sync)."""
-        if self.ipc is None:  # vLLM's IPC buffer takes no tensor larger than itself
-            largest = max((e.nbytes for e in self.manifest(wire_dtype).entries), default=1)
-            self.ipc = gpu.IpcChunks(self.weights(wire_dtype), max(buffer_bytes, largest),
-                                     rank() == 0)
-        info = self.ipc.next()
+        with self._on_device():
+            if self.ipc is None:  # vLLM's IPC buffer takes no tensor larger than itself
+                largest = max((e.nbytes for e in self.manifest(wire_dtype).entries), default=1)
+                self.ipc = gpu.IpcChunks(self.weights(wire_dtype), max(buffer_bytes, largest),
+                                         rank() == 0)
+            info = self.ipc.next()
         if info is None:
             self.ipc = None
         return info
@@ -176,7 +184,8 @@ class WeightSender:
 
     def nccl_join(self, unique_id: str, world_size: int) -> None:
         if rank() == 0:
-            self.nccl = gpu.nccl_join(unique_id, world_size)
+            with self._on_device():
+                self.nccl = gpu.nccl_join(unique_id, world_size)
 
     def nccl_send(self, wire_dtype: torch.dtype | None, buffer_bytes: int) -> None:
         weights = self.weights(wire_dtype)
@@ -186,7 +195,8 @@ class WeightSender:
             return
         if self.nccl is None:
             raise RuntimeError("weight sync: learner rank 0 is in no NCCL group (nccl_join)")
-        gpu.nccl_send(self.nccl, weights, buffer_bytes)
+        with self._on_device():
+            gpu.nccl_send(self.nccl, weights, buffer_bytes)
 
     def close_nccl(self) -> None:
         group, self.nccl = self.nccl, None

@@ -92,7 +92,9 @@ def _stall_transfer(seconds: float, runner) -> None:
     runner.sampler._copy_into_model = stalled
 
 
-@pytest.fixture(scope="class", params=["shm", "object_store"])
+# The object store's variants are slow-marked for the default suite's time (each build of
+# two runners takes ~25 s here): `make test-slow` runs them.
+@pytest.fixture(scope="class", params=["shm", pytest.param("object_store", marks=pytest.mark.slow)])
 def algo(request, ray_session):
     config = tiny_config(lr=1e-2, weight_sync_transport=request.param)
     config.env_runners(num_env_runners=2, num_cpus_per_env_runner=0.5)
