@@ -85,12 +85,16 @@ def _interleaved(funcs: dict[str, Any], reps: int) -> dict[str, float]:
 
 
 def _sync(algo: Any) -> dict[str, float]:
-    """One `WeightSync.sync`."""
-    from rllib_grpo.rllib.algorithm.weight_sync import WeightSync
+    """One `WeightSync.sync`; an error if it left a runner out (a figure without its
+    runner would be no figure of the path)."""
+    from rllib_grpo.rllib.algorithm.weight_sync import DROPPED_METRIC, WeightSync
 
     if getattr(algo, "_weight_sync", None) is None:
         algo._weight_sync = WeightSync(algo)
-    return algo._weight_sync.sync()
+    metrics = algo._weight_sync.sync()
+    if metrics[DROPPED_METRIC]:
+        raise RuntimeError("a sync left an env runner out (see the log): no measurement")
+    return metrics
 
 
 def _unique_state(algo: Any) -> dict[str, Any]:

@@ -214,9 +214,18 @@ def iteration_row(result: dict[str, Any], step_s: float, num_params: int,
         if "timing_s/update_weights" in result else None,
         "weight_load_s": round(float(runners.get("timing_s/load_weights", float("nan"))), 4),
         "weight_sync_bytes": _whole(runners.get("weight_sync/bytes", 0)),
+        "weight_sync_transport": _transport_name(result.get("weight_sync/transport")),
         "rollout_log_probs_diff_max": result.get("training/rollout_log_probs_diff_max"),
         "rollout_probs_diff_mean": result.get("training/rollout_probs_diff_mean"),
     }
+
+
+def _transport_name(code: float | None) -> str | None:
+    """The slowest transport of the step's sync (the ``weight_sync/transport`` metric)."""
+    from rllib_grpo.weights.plan import TRANSPORT_CODES
+
+    names = {float(c): name for name, c in TRANSPORT_CODES.items()}
+    return None if code is None else names.get(float(code))
 
 
 def peak_flops(args: argparse.Namespace, gpu: bool) -> float | None:

@@ -130,14 +130,20 @@ def _rank0(answers: list[tuple]) -> tuple:
     return min(answers, key=lambda answer: answer[0])
 
 
-def _tensor_bytes(value: Any) -> int:
-    """Bytes of the tensors in a state dict or a LoRA payload (nested dicts, dataclasses)."""
+def _tensor_bytes(value: Any, seen: set[tuple] | None = None) -> int:
+    """Bytes of the tensors in a state dict or a LoRA payload (nested dicts, dataclasses),
+    a tied tensor once (Ray's pickling sends a shared storage once)."""
+    seen = set() if seen is None else seen
     if isinstance(value, torch.Tensor):
+        key = (value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape))
+        if key in seen:
+            return 0
+        seen.add(key)
         return value.numel() * value.element_size()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         value = vars(value)
     if isinstance(value, dict):
-        return sum(_tensor_bytes(v) for v in value.values())
+        return sum(_tensor_bytes(v, seen) for v in value.values())
     return 0
 
 
