@@ -221,7 +221,7 @@ def check_places(config: GRPOConfig, placed: list[Placed]) -> list[str]:
 def placed_map_lines(placed: list[Placed], transports: dict[int, str] | None) -> list[str]:
     """One row per GPU the processes landed on: node, GPU id, learner, engine/TP shard,
     other; then the processes without a GPU and each env runner's weight transport."""
-    from rllib_grpo.rllib.config.layout import ENGINE_SHARD, ENV_RUNNER, LEARNER
+    from rllib_grpo.rllib.config.layout import ENGINE_SHARD, ENV_RUNNER, LEARNER, map_table_lines
 
     rows: dict[tuple[int, int], dict[str, list[str]]] = {}
     for p in placed:
@@ -235,18 +235,9 @@ def placed_map_lines(placed: list[Placed], transports: dict[int, str] | None) ->
                                      else f"engine {p.engine} ({p.name})")
             else:
                 row["other"].append(p.name)
-    lines = [f"{'node':>6} {'GPU':>4}  {'learner':<10} {'engine / TP shard':<28} other"]
-    for (node, gpu), row in sorted(rows.items()):
-        lines.append(f"{node:>6} {gpu:>4}  {', '.join(row['learner']) or '-':<10} "
-                     f"{', '.join(row['engine']) or '-':<28} {', '.join(row['other']) or '-'}")
-    off = [p.name for p in placed if not p.gpu_ids]
-    if off:
-        lines.append("without a GPU: " + ", ".join(off))
-    if transports:
-        lines.append("weight sync: " + ", ".join(
-            f"env runner {k} <- {t}" if k else f"the local env runner <- {t}"
-            for k, t in sorted(transports.items())))
-    return lines
+    table = [(node, gpu, ", ".join(row["learner"]) or "-", ", ".join(row["engine"]) or "-",
+              ", ".join(row["other"]) or "-") for (node, gpu), row in sorted(rows.items())]
+    return map_table_lines(table, [p.name for p in placed if not p.gpu_ids], transports)
 
 
 def tiny_step_config(config: GRPOConfig) -> GRPOConfig:
