@@ -11,8 +11,10 @@ shape]`` with phase ``build`` (the models made) or ``shard`` (sharded and filled
 ``built_on``: the devices of the models' parameters when the sharding starts; per model
 (``policy``, ``reference``) ``local_numel`` / ``total_numel``, ``shapes`` and ``devices``
 of its parameters and its FSDP ``offload`` policy; ``host_ref``: whether a `HostOffloaded`
-reference is there; and on rank 0 ``weights_match``: the gathered full weights of each
-model equal the model folder's.
+reference is there; ``reference_resharded``: after a reference pass every parameter of the
+reference is a shard again; and on rank 0 ``weights_match``: the gathered full weights of
+each model equal the model folder's, ``reference_diff``: the largest difference of that
+pass's log-probs from the folder's model's (``reference_scale``: their largest magnitude).
 """
 
 from __future__ import annotations
@@ -132,6 +134,26 @@ def _rank(rank: int, init_file: str, spec: dict[str, Any], out: str) -> None:
         "offload": {name: type(lm._get_fsdp_state()._fsdp_param_group.offload_policy).__name__
                     for name, lm in (("policy", module.lm), ("reference", module.ref_lm))
                     if lm is not None}}
+    # One reference pass as the learner runs it (the sharded, offloaded reference visits the
+    # device unit by unit, and is resharded after), against the folder's model on rank 0.
+    from torch.distributed.tensor import DTensor
+
+    from rllib_grpo.rllib.learner.module import response_log_probs
+    from tests.rllib.learner.test_learner_loss import _fixed_batch
+
+    vocab = module.lm.config.vocab_size
+    batch = {k: torch.as_tensor(v) for k, v in _fixed_batch(vocab, pad=0).items()}
+    with module.reference_on(learner._device):
+        ref_log_probs = module.reference_log_probs(batch)
+    if module.ref_lm is not None:
+        report["reference_resharded"] = all(isinstance(p, DTensor)
+                                            for p in module.ref_lm.parameters())
+    if rank == 0:
+        plain = response_log_probs(load_causal_lm(path), batch, module.temperature,
+                                   packed=module.packed)["log_probs"]
+        mask = batch["response_mask"].bool()
+        report["reference_diff"] = (ref_log_probs - plain)[mask].abs().max().item()
+        report["reference_scale"] = plain[mask].abs().max().item()
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     gathered = {name: get_model_state_dict(lm, options=FULL_TO_RANK0)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 import torch
 
 from tests.conftest import tiny_config

@@ -127,15 +127,16 @@ def take_host_weights(lm: torch.nn.Module) -> dict[str, torch.Tensor]:
                 *lm.named_buffers(remove_duplicate=False))}
     # Tensor by tensor, one meta tensor per host one: tied parameters stay tied
     # (``lm.to("meta")`` would give each module a parameter of its own).
-    meta: dict[int, torch.Tensor] = {}
+    params: dict[int, torch.nn.Parameter] = {}
+    buffers: dict[int, torch.Tensor] = {}
     for module in lm.modules():
         for key, param in module._parameters.items():
             if param is not None:
-                module._parameters[key] = meta.setdefault(id(param), torch.nn.Parameter(
+                module._parameters[key] = params.setdefault(id(param), torch.nn.Parameter(
                     torch.empty_like(param, device="meta"), requires_grad=param.requires_grad))
         for key, buffer in module._buffers.items():
             if buffer is not None:
-                module._buffers[key] = meta.setdefault(
+                module._buffers[key] = buffers.setdefault(
                     id(buffer), torch.empty_like(buffer, device="meta"))
     return weights
 

@@ -4,8 +4,11 @@ With ``num_learners >= 2`` RLlib starts the learners as Ray Train workers in one
 torch process group (gloo on CPU, NCCL on GPU).  Here:
 
 * `FSDPGRPOLearner` shards each causal LM (every decoder layer, then the HF
-  model as root; the frozen reference model the same way) inside `_make_module`,
-  before the optimizers see the parameters, and skips RLlib's DDP wrapping.
+  model as root; the frozen reference model the same way, its shards in host memory
+  with ``ref_param_offload``) inside `_make_module`, before the optimizers see the
+  parameters, and skips RLlib's DDP wrapping.  Nothing is moved to the device whole:
+  rank 0 loads the weights in host memory, the other ranks build on the meta device,
+  and each rank's device receives its shards only (`rllib_grpo.rllib.choreography`).
   FSDP2 averages gradients over ranks and `agg_loss` multiplies by ``dp_size``
   (the world size) with globally all-reduced token/sequence counts, so one
   update equals the single-learner update.  Gradient clipping uses the global

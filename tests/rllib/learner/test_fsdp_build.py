@@ -59,3 +59,8 @@ def test_the_offloaded_reference_holds_this_ranks_shard_in_host_memory(ranks):
     shares = [report["reference"]["local_numel"] for report in ranks]
     reference = ranks[0]["reference"]
     assert sum(shares) == reference["total_numel"] and max(shares) <= _half(reference)
+    # Its pass: the folder's model's log-probs (the same float32 operations on the same
+    # weights, bit for bit: `weights_match`), and the reference is all shards again after
+    # it (FSDP2 keeps a root unit gathered after a forward: embeddings and head).
+    assert ranks[0]["reference_diff"] == 0.0
+    assert all(report["reference_resharded"] for report in ranks)
