@@ -121,8 +121,7 @@ def _rank(rank: int, init_file: str, spec: dict[str, Any], out: str) -> None:
             super()._shard(module)
             recorder.phase = "after"
 
-    config.learners(num_learners=WORLD)
-    config.training(learner_class=Recording)
+    config.learners(num_learners=WORLD, learner_class=Recording)
     with recorder.mode:
         learner = config.build_learner(spaces={"default_policy": (TEXT_SPACE, TEXT_SPACE)})
     module = learner.module["default_policy"].unwrapped()
