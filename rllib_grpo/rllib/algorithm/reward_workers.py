@@ -43,6 +43,7 @@ from rllib_grpo.rllib.config.reward_plan import (
     actor_specs,
     reward_dtype,
 )
+from rllib_grpo.rllib.stacks import RUN_ID_ATTRIBUTE, enable_stack_dumps
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +125,11 @@ class LocalJudge:
 class RewardWorker:
     """One reward actor: a reward model or a local judge (module docstring)."""
 
-    def __init__(self, spec: RewardSpec, *, dtype: str, batch_size: int, seed: int = 0) -> None:
+    def __init__(self, spec: RewardSpec, *, dtype: str, batch_size: int, seed: int = 0,
+                 run_id: str | None = None, index: int = 0) -> None:
+        if run_id:  # the run's deadlines can show this process's stack
+            enable_stack_dumps(run_id, f"reward worker {spec.name}[{index}] "
+                                       f"({type(self).__name__})")
         path = resolve_model(str(spec.source))
         self.kind = spec.kind
         self.core: Any
@@ -188,7 +193,8 @@ class RewardActors:
                 actors[spec.name].append(worker.options(
                     name=name, max_restarts=-1, max_task_retries=0, **where).remote(
                         spec, dtype=reward_dtype(config), batch_size=config.reward_batch_size,
-                        seed=(config.seed or 0) + i))
+                        seed=(config.seed or 0) + i,
+                        run_id=getattr(config, RUN_ID_ATTRIBUTE, None), index=i))
         handles = [h for pool in actors.values() for h in pool]
         # A model that does not load fails here.
         wait_started([h.ready.remote() for h in handles], "reward workers",
