@@ -37,10 +37,11 @@ def run_tune(exp: Experiment, config: GRPOConfig, stop: dict[str, Any],
         install_completions,
         logger_callbacks,
     )
-    from rllib_grpo.rllib.config.settings import SETTINGS_FIELDS
+    from rllib_grpo.rllib.config.settings import defaults
 
-    startup_timeout_s = getattr(config, "startup_timeout_s",
-                                SETTINGS_FIELDS["startup_timeout_s"].default)
+    # (Another algorithm's config has no setting of its own: GRPO's default.)
+    startup_timeout_s = float(getattr(config, "startup_timeout_s", None)
+                              or defaults()["startup_timeout_s"])
     callbacks: list[Any] = [ProgressPrinter(), ContinueTrialResults(),
                             TrialStartDeadline(startup_timeout_s), *logger_callbacks(
                                 getattr(config, "loggers", ()), exp.name)]
