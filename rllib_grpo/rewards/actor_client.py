@@ -87,7 +87,6 @@ class ActorPoolReward:
                                "(reward_model_timeout_s): restarted, the batch scored 0")
                     if self.report_stuck is not None:  # before the kill: its stack
                         message = self.report_stuck(message, name, handle)
-                    logger.warning("%s", message)
                     ray.kill(handle, no_restart=False)  # restarted: calls behind it go on
                     raise TimeoutError(message) from err
                 except (RayActorError, ActorUnavailableError) as err:

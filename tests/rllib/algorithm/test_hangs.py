@@ -193,35 +193,44 @@ class SilentRewardActor:
 
 @pytest.mark.timeout(120)
 def test_a_reward_actor_that_never_answers_is_bounded_and_named(ray_session, tmp_path):
-    from types import SimpleNamespace
-
-    from rllib_grpo.rewards.actor_client import ActorPoolReward
-    from rllib_grpo.rllib.env_runner.rewards import stuck_reward_reporter
+    """An env runner's reward mixture scoring through a reward actor that never answers:
+    the batch scores 0 after reward_model_timeout_s, its error names the actor, and the
+    stack file in the runner's log folder holds the actor's stuck frame."""
+    from rllib_grpo.rllib.config.grpo_config import GRPOConfig
+    from rllib_grpo.rllib.config.reward_plan import REWARD_ACTOR_PREFIX, actor_names, actor_specs
+    from rllib_grpo.rllib.config.text_env import make_text_env
+    from rllib_grpo.rllib.env_runner.rewards import install_reward_mixture
     from rllib_grpo.rllib.stacks import RUN_ID_ATTRIBUTE, forget_run
 
-    run_id = "reward-hang"
+    run_id, prefix = "reward-hang", "rllib_grpo.rewards.hangtest"
+    config = GRPOConfig().environment("rllib_grpo/Arithmetic-v0", env_config={
+        "max_operand": 4}).training(reward_funcs=["builtin:tiny-rm"], reward_model_timeout_s=2)
+    # What the algorithm sets on its config for its env runners (`GRPO.setup`).
+    object.__setattr__(config, REWARD_ACTOR_PREFIX, prefix)
+    object.__setattr__(config, RUN_ID_ATTRIBUTE, run_id)
+    (name,) = actor_names(prefix, actor_specs(config)[0], 1)
     actor = ray_session.remote(SilentRewardActor).options(
-        name="rm-silent", num_cpus=0, max_restarts=-1, max_task_retries=0).remote(run_id)
+        name=name, num_cpus=0, max_restarts=-1, max_task_retries=0).remote(run_id)
     ray_session.get(actor.ready.remote())
-    config = SimpleNamespace(**{RUN_ID_ATTRIBUTE: run_id})
-    client = ActorPoolReward(["rm-silent"], timeout_s=2.0,
-                             report_stuck=stuck_reward_reporter(config, str(tmp_path)))
-    t0 = time.monotonic()
     try:
-        with pytest.raises(TimeoutError) as error:
-            client.score_batch(["p"] * 3, ["a", "b", "c"], [None] * 3)
+        env = make_text_env(config, None, 0, overrides={"max_prompt_length": None})
+        install_reward_mixture(env, config, 0, str(tmp_path))
+        _, info = env.reset()
+        t0 = time.monotonic()
+        (result,) = env.score_many([(info["index"], "x")])
         assert time.monotonic() - t0 < 20
-        message = str(error.value)
+        assert result["score"] == 0.0 and result["reward_error"]
+        message = result["reward_error_message"]
         assert re.fullmatch(
-            r"reward actor rm-silent did not answer within 2 s for 3 samples "
-            r"\(reward_model_timeout_s\): restarted, the batch scored 0; reward actor rm-silent "
-            r"is reward worker rm\[0\] \(SilentRewardActor\), pid \d+ on node \S+ \(\w+\)"
-            + STACK_FILE, message), message
+            r"reward 'builtin_tiny-rm': TimeoutError: reward actor " + re.escape(name)
+            + r" did not answer within 2 s for 1 samples \(reward_model_timeout_s\): "
+            r"restarted, the batch scored 0; reward actor \S+ is reward worker rm\[0\] "
+            r"\(SilentRewardActor\), pid \d+ on node \S+ \(\w+\)" + STACK_FILE, message), message
         text = _stack_file(message)
         assert Path(re.search(STACK_FILE, message)["file"]).parent == tmp_path
+        assert "=== waited on: reward worker rm[0] (SilentRewardActor), pid " in text
         silent = _line_of(SilentRewardActor.score, "never answers")
         assert f'File "{__file__}", line {silent} in score' in text
-        assert client.num_timeouts == 1
     finally:
         ray_session.kill(actor, no_restart=True)
         forget_run(run_id)
