@@ -396,6 +396,28 @@ def free_per_node() -> list[dict[str, float]]:
             for resources in state.available_resources_per_node().values()]
 
 
+def unplaced_group_lines(job_id: str) -> list[str]:
+    """A line per placement group of Ray job ``job_id`` that Ray has not placed: its
+    bundles and why the cluster cannot hold them now
+    (`rllib_grpo.rllib.config.layout.unplaceable`)."""
+    from ray.util.placement_group import placement_group_table
+
+    from rllib_grpo.rllib.config.layout import PlacementPlan, unplaceable
+
+    lines = []
+    for group_id, group in placement_group_table().items():
+        # (A placement group's id ends with its job's.)
+        if group.get("state") != "PENDING" or not group_id.endswith(job_id):
+            continue
+        bundles = [dict(bundle) for _, bundle in sorted(group["bundles"].items())]
+        plan = PlacementPlan.of_bundles(bundles, group.get("strategy", "PACK"))
+        why = unplaceable(plan, free_per_node()) or "it fits the free resources now"
+        shown = ", ".join("{" + ", ".join(f"{k}: {v:g}" for k, v in b.items()) + "}"
+                          for b in bundles)
+        lines.append(f"placement group {group_id[:8]} ({shown}) is not placed: {why}")
+    return lines
+
+
 def _amount(value: float) -> str:
     return f"{value:g}"
 
@@ -521,6 +543,8 @@ def report_hang(run_id: str, message: str, folder: str | os.PathLike,
             mine = [r for r in records.values() if r.job_id == job]
         lines += unplaced_actor_lines([r for r in mine if r.actor_id not in waited_on],
                                       group_names=groups)
+        if run_group is None:  # (the run's own, not yet placed; a Tune trial's is placed)
+            lines += unplaced_group_lines(ray.get_runtime_context().get_job_id())
     text = message + "".join(f"; {line}" for line in lines)
     path = Path(folder) / stack_file_name()
     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -104,6 +105,26 @@ def test_an_actor_never_placed_is_named_with_what_its_bundle_has_free(ray_sessio
                                "needs 0.5 CPU in bundle 1")
         ray_session.kill(actor)
         ray_session.kill(first)
+    finally:
+        remove_placement_group(group)
+
+
+@pytest.mark.timeout(60)
+def test_a_placement_group_never_placed_is_named_with_each_nodes_free_room(ray_session):
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    from rllib_grpo.rllib import stacks
+
+    group = placement_group([{"CPU": 1}, {"CPU": 64}])
+    try:
+        job = ray_session.get_runtime_context().get_job_id()
+        lines = [line for line in stacks.unplaced_group_lines(job)
+                 if line.startswith(f"placement group {group.id.hex()[:8]} ")]
+        assert len(lines) == 1
+        assert re.fullmatch(r"placement group \w{8} \(\{CPU: 1\}, \{CPU: 64\}\) is not placed: "
+                            r"bundle 1 needs 64 CPU on one node, but once the run's "
+                            r"larger bundles are placed the cluster's nodes have left: "
+                            r"[\d.]+ CPU", lines[0]), lines[0]
     finally:
         remove_placement_group(group)
 
