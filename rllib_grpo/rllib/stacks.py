@@ -97,6 +97,8 @@ def enable_stack_dumps(run_id: str, role: str) -> None:
     pid = os.getpid()
     with _lock:
         folder = registry()
+        if _stack_file is None and folder.is_dir():
+            _prune(folder)
         (folder / "runs" / run_id).mkdir(parents=True, exist_ok=True)
         start = _process_start(pid)
         if _stack_file is None:
@@ -115,6 +117,24 @@ def enable_stack_dumps(run_id: str, role: str) -> None:
         scratch = path.with_suffix(".tmp")
         scratch.write_text(json.dumps(card))
         scratch.replace(path)
+
+
+def _prune(folder: Path) -> None:
+    """Remove the stack files and cards of processes that have ended (a Ray worker killed
+    with its actor leaves them behind)."""
+    for path in folder.glob("*.stacks"):
+        pid, _, start = path.stem.partition("-")
+        if not _alive({"pid": pid, "start": start}):
+            with contextlib.suppress(OSError):
+                path.unlink()
+    for path in folder.glob("runs/*/*.json"):
+        try:
+            card = json.loads(path.read_text())
+        except (OSError, ValueError):
+            card = {}
+        if not _alive(card):
+            with contextlib.suppress(OSError):
+                path.unlink()
 
 
 def enable_stack_dumps_for(config: Any, role: str) -> None:
