@@ -369,7 +369,8 @@ def actor_table() -> dict[str, ActorRecord]:
     for raw in accessor.get_actor_table(None, None):
         data = gcs_pb2.ActorTableData.FromString(raw)
         record = ActorRecord(
-            actor_id=data.actor_id.hex(), class_name=data.class_name,
+            # (A class defined in a function is "f.<locals>.Name" in the table.)
+            actor_id=data.actor_id.hex(), class_name=data.class_name.rsplit(".", 1)[-1],
             state=gcs_pb2.ActorTableData.ActorState.Name(data.state), pid=int(data.pid),
             node_id=data.address.node_id.hex() or data.node_id.hex(),
             required_resources={k: float(v) for k, v in data.required_resources.items()},
@@ -504,6 +505,12 @@ def actor_id_of(handle: Any) -> str | None:
     return actor_id.hex() if actor_id is not None else None
 
 
+def anonymous_label(actor_id: str) -> str:
+    """``actor 1a2b3c4d``: the label of an actor known by its id alone (`describe_actor`
+    then names it by its role, or by its class)."""
+    return f"actor {actor_id[:8]}"
+
+
 def describe_actor(label: str, handle: Any, cards: Mapping[str, dict[str, Any]],
                    records: Mapping[str, ActorRecord],
                    group_names: dict[str, str] | None = None) -> str:
@@ -516,10 +523,12 @@ def describe_actor(label: str, handle: Any, cards: Mapping[str, dict[str, Any]],
         state = f", {_state(record)}" if record is not None and record.state != "ALIVE" \
             else ""
         heading = process_heading(card)
-        # ("env runner 2 (TextEnvRunner), pid ...": the role names it already.)
-        named = heading if heading.startswith(f"{label} ") or f"({label})" in heading \
-            else f"{label} is {heading}"
+        if label == anonymous_label(actor_id):  # the role names it: "env runner 2 (...)"
+            return f"{heading}, {label}{state}"
+        named = heading if heading.startswith(f"{label} ") else f"{label} is {heading}"
         return f"{named}{state}"
+    if record is not None and label == anonymous_label(actor_id):
+        label = f"{record.class_name} ({label})"
     if record is not None and not record.placed:
         return f"{label} was never placed: {unmet_resources(record, group_names=group_names)}"
     if record is not None:

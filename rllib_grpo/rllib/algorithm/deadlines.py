@@ -291,7 +291,7 @@ class Deadlines:
 
         def started(records: Mapping[str, stacks.ActorRecord]) -> dict[str, str]:
             """The actors this process started that are not up yet (label -> id)."""
-            return {f"{r.class_name} (actor {r.actor_id[:8]})": r.actor_id
+            return {stacks.anonymous_label(r.actor_id): r.actor_id
                     for r in records.values()
                     if r.owner_worker_id == me and r.state not in ("ALIVE", "DEAD")}
 
