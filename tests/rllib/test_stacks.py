@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 import os
 import re
 import signal
@@ -142,3 +143,22 @@ def test_a_process_that_did_not_register_is_not_listed(tmp_path):
     finally:
         stacks.forget_run(run_id)
     assert stacks.collect_node_stacks(run_id) == []
+
+
+@pytest.mark.slow  # ~25 s: a simulated cluster of two nodes
+def test_the_stacks_of_another_nodes_processes_come_through_a_task_there():
+    from tests.conftest import REPO_ROOT
+
+    proc = subprocess.run([sys.executable, "tests/helpers/stacks_multinode_check.py"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    out = json.loads(lines[-1][len("RESULT "):])
+    assert out["problems"] == []
+    assert len(out["cards"]) == 2  # each process once, gathered on its own node
+    by_role = {card["roles"][0]: card for card in out["cards"]}
+    assert sorted(by_role) == ["algorithm (driver)", "reward worker rm[0] (StuckWorker)"]
+    worker = by_role["reward worker rm[0] (StuckWorker)"]
+    assert worker["node_id"] != out["driver_node"]
+    assert by_role["algorithm (driver)"]["node_id"] == out["driver_node"]
+    assert f"line {_stuck_line()} in wait_forever" in worker["stacks"]
