@@ -220,7 +220,10 @@ def collect_node_stacks(run_id: str, wait_s: float = DUMP_WAIT_S) -> list[dict[s
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         with contextlib.suppress(OSError, ValueError):
             cards.append(json.loads(path.read_text()))
-    cards = [card for card in cards if _alive(card)]
+    # (Nodes simulated on one machine share the folder: each takes its own processes.)
+    here = _ray_identity().get("node_id")
+    cards = [card for card in cards if _alive(card)
+             and (here is None or card.get("node_id") in (None, here))]
     offsets = {}
     for card in cards:
         offsets[card["pid"]] = _size(card["stack_file"])
