@@ -55,6 +55,7 @@ from rllib_grpo.rllib.algorithm.sampling import (
     dynamic_sampling,
 )
 from rllib_grpo.rllib.algorithm.weight_sync import WeightSync
+from rllib_grpo.rllib.choreography import sleep_level
 from rllib_grpo.rllib.config.grpo_config import RUN_PLACEMENT_GROUP, GRPOConfig
 from rllib_grpo.rllib.learner.perf import LEARNER_METRIC_NAMESPACES
 from rllib_grpo.rllib.stacks import RUN_ID_ATTRIBUTE
@@ -126,7 +127,8 @@ class GRPO(EvaluatingAlgorithm):
             ContinuousSampling(services, c.max_staleness, self._generation_batch_prompts())
             if c.resolved_rollout_mode() == "continuous"
             else PipelinedSampling(services, c.max_staleness) if c.max_staleness
-            else SynchronousSampling(services, sleep_samplers=c.sampler_sleeps))
+            else SynchronousSampling(services, sleep_level=sleep_level(c)
+                                     if c.sampler_sleeps else None))
 
     def _report_folder(self) -> str:
         """Where stack files go: the Tune trial's folder where it is on this machine, else
