@@ -9,11 +9,11 @@ collective or a sleep still answers; an actor method could not, since a stuck ac
 other call.  A card beside the file says who the process is: run, role, Ray actor, node,
 pid, GPU ids.
 
-`write_stack_file` gathers them into one file.  On this node it signals the run's
-registered processes itself; on every other node a zero-CPU Ray task pinned to that node
-does it.  Each process goes under a heading that names it, followed by its child processes
-(an engine's workers, a reward function's sandbox), which are dumped with py-spy where
-py-spy is installed.
+`gather_stacks` collects them: on this node it signals the run's registered processes
+itself, on every other node a zero-CPU Ray task pinned to that node does.  `dump_stacks`
+writes them into one file, each process under a heading that names it, followed by its
+child processes (an engine's workers, a reward function's sandbox), which are dumped with
+py-spy where py-spy is installed.
 
 **Who is who.**  `actor_table` reads Ray's actor table (the GCS) without calling any actor,
 since the one asked may be the one stuck: each actor's class, state, node, pid and the
@@ -55,7 +55,8 @@ DUMP_WAIT_S = 3.0
 _SETTLE_S = 0.2  # a stack file that stopped growing this long is complete
 
 _lock = threading.Lock()
-_stack_file: TextIO | None = None  # this process's own, once registered
+_stack_file: TextIO | None = None  # this process's own, once registered ...
+_stack_file_pid = 0  # ... by this process (a forked child registers its own)
 _roles: dict[str, list[str]] = {}  # run id -> this process's roles in that run
 
 
@@ -93,20 +94,23 @@ def enable_stack_dumps(run_id: str, role: str) -> None:
 
     Idempotent; a process with several roles (the driver holding the local env runner and
     learner) lists each."""
-    global _stack_file
+    global _stack_file, _stack_file_pid
     pid = os.getpid()
     with _lock:
         folder = registry()
-        if _stack_file is None and folder.is_dir():
+        registered = _stack_file is not None and _stack_file_pid == pid
+        if not registered and folder.is_dir():
             _prune(folder)
         (folder / "runs" / run_id).mkdir(parents=True, exist_ok=True)
         start = _process_start(pid)
-        if _stack_file is None:
+        if not registered:
             # Append mode: each dump goes to the end; a reader notes the size before it
             # signals and reads on from there.
             _stack_file = open(folder / f"{pid}-{start:.0f}.stacks", "a")  # noqa: SIM115
+            _stack_file_pid = pid
             faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True,
                                   chain=False)
+        assert _stack_file is not None
         roles = _roles.setdefault(run_id, [])
         if role not in roles:
             roles.append(role)

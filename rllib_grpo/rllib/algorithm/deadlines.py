@@ -29,7 +29,8 @@ it as "waiting on env runner 2 (sampling) 45 s" (`read_waiting`).
 For another wait of the driver (the weight sync's rounds and rendezvous)::
 
     deadlines = algo.deadlines
-    with deadlines.watch("weight_sync", "env runners 1-2 (weight sync)", actors=handles):
+    with deadlines.watch("weight_sync", "env runners 1-2 (weight sync)",
+                         actors={"env runner 1": handle_1, "env runner 2": handle_2}):
         ...  # the blocking call; past timeout_for("weight_sync") the handles are killed
              # and HangError names them, with the stack file
     # or, with a wait of one's own that timed out:
