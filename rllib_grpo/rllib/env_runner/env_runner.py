@@ -55,6 +55,7 @@ from rllib_grpo.rllib.env_runner.multiturn import (
 )
 from rllib_grpo.rllib.env_runner.rewards import install_reward_mixture, reward_metrics
 from rllib_grpo.rllib.placement import hide_unassigned_gpus, hold_engine_shards, whereabouts
+from rllib_grpo.rllib.stacks import enable_stack_dumps_for
 from rllib_grpo.samplers import SamplingParams, make_sampler
 from rllib_grpo.startup import startup_part
 
@@ -72,6 +73,14 @@ def _seek(env: gym.Env, start: int | None) -> None:
     env.seek(start)
 
 
+def runner_role(worker_index: int, evaluation: bool, class_name: str) -> str:
+    """``env runner 2 (TextEnvRunner)``, ``evaluation env runner 1 (...)`` or ``the local
+    env runner (...)``: how stack files and hang reports name an env runner."""
+    kind = "evaluation env runner" if evaluation else "env runner"
+    return (f"{kind} {worker_index}" if worker_index else f"the local {kind}") + \
+        f" ({class_name})"
+
+
 class TextEnvRunner(EnvRunner, Checkpointable):
     """Samples groups of responses per prompt with a `Sampler` and scores them in a `TextEnv`."""
 
@@ -80,12 +89,18 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         super().__init__(config=config, **kwargs)
         c = self.config
         self.worker_index = kwargs.get("worker_index", 0) or 0
+        # Before anything that may hang (the engine's start, the reward actors' look-up):
+        # the run's deadlines can then show this process's stack (rllib_grpo.rllib.stacks).
+        enable_stack_dumps_for(c, runner_role(self.worker_index, c.in_evaluation,
+                                              type(self).__name__))
+        self.log_dir: str | None = kwargs.get("log_dir")  # the algorithm's (stack files)
         seed = (c.seed or 0) + self.worker_index  # each runner samples its own responses
         model_path = resolve_model(c.model_path)
         self.tokenizer = load_tokenizer(model_path)
         # ... but all runners hold the same prompts in the same shared order.
         self.env = make_text_env(c, self.tokenizer, data_seed(c))
-        install_reward_mixture(self.env, c, self.worker_index)  # reward_funcs, reward models
+        # reward_funcs, reward models
+        install_reward_mixture(self.env, c, self.worker_index, self.log_dir)
         if is_multi_turn(self.env):
             check_multi_turn_config(c)  # before the (expensive) sampler starts
         self._val_env: gym.Env | None = None
@@ -278,7 +293,7 @@ class TextEnvRunner(EnvRunner, Checkpointable):
             self._val_env = make_text_env(
                 self.config, self.tokenizer, data_seed(self.config) + VALIDATION_SEED_OFFSET,
                 env_config=validation_env_config(self.config))
-            install_reward_mixture(self._val_env, self.config, self.worker_index)
+            install_reward_mixture(self._val_env, self.config, self.worker_index, self.log_dir)
         return self._val_env
 
     @staticmethod

@@ -70,6 +70,7 @@ from rllib_grpo.rllib.learner.rollout_gap import rollout_correction
 from rllib_grpo.rllib.learner.step_schedule import LRSchedule, minibatch_order
 from rllib_grpo.rllib.learner.weight_sender import WeightSender
 from rllib_grpo.rllib.placement import fake_gpus, hide_unassigned_gpus
+from rllib_grpo.rllib.stacks import enable_stack_dumps_for
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +115,10 @@ class GRPOLearner(TorchLearner):
     @override(TorchLearner)
     def build(self) -> None:
         hide_unassigned_gpus()
+        # The run's deadlines can show this process's stack (rllib_grpo.rllib.stacks).
+        name = next(c.__name__ for c in type(self).__mro__ if not c.__name__.startswith("_"))
+        enable_stack_dumps_for(self.config, f"learner {rank()} ({name})"
+                               if self.config.num_learners else f"the local learner ({name})")
         with _cpu_where_gpus_are_fake():
             super().build()
         self.step_metrics = StepMetrics()
