@@ -38,6 +38,30 @@ def demo_config(seed: int = 0, sampler: str = "auto") -> Any:
     )
 
 
+# The vision demo's task: 3x3 boards of 1-5 shapes; a fifth of the boards held out.
+SHAPES_TASK = {"grid": 3, "max_count": 5, "heldout_fraction": 0.2}
+
+
+def vision_demo_config(seed: int = 0, sampler: str = "auto") -> Any:
+    """The tiny VLM (``builtin:demo-vlm``) counting shapes (`rllib_grpo.envs.shapes`),
+    held-out boards for validation (also used by the vision learning test)."""
+    from rllib_grpo.rllib.config.grpo_config import GRPOConfig
+
+    return (
+        GRPOConfig()
+        .environment("rllib_grpo/ShapeCount-v0", env_config=dict(SHAPES_TASK))
+        .training(
+            model_path="builtin:demo-vlm",
+            prompts_per_step=16, group_size=8,
+            max_prompt_length=64, max_response_length=4,
+            lr=3e-3, use_kl_loss=False,
+            val_env_config={"split": "heldout"}, val_num_prompts=64, val_temperature=0.0,
+            sampler=sampler,
+        )
+        .debugging(seed=seed)
+    )
+
+
 # ---------------------------------------------------------------- the multi-turn demos
 TASKS = ("tool-arithmetic", "guess-number")
 
