@@ -54,7 +54,7 @@ def vision_demo_config(seed: int = 0, sampler: str = "auto") -> Any:
             model_path="builtin:demo-vlm",
             prompts_per_step=16, group_size=8,
             max_prompt_length=64, max_response_length=4,
-            lr=3e-3, use_kl_loss=False,
+            lr=2e-3, use_kl_loss=True, kl_loss_coef=0.001,
             val_env_config={"split": "heldout"}, val_num_prompts=64, val_temperature=0.0,
             sampler=sampler,
         )
