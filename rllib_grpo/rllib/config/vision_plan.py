@@ -40,6 +40,17 @@ def model_vision_type(model_path: str) -> str | None:
     return arch if arch in VISION_MODEL_TYPES else None
 
 
+def processor_for(model_path: str) -> Any:
+    """The image processor of a vision-language model (`ImagePromptProcessor`; a built-in
+    is built), None for a text model."""
+    if not isinstance(model_path, str) or model_vision_type(model_path) is None:
+        return None
+    from rllib_grpo.models.registry import resolve_model
+    from rllib_grpo.models.vision import ImagePromptProcessor
+
+    return ImagePromptProcessor.from_pretrained(resolve_model(model_path))
+
+
 def _first_row_has_images(path: Path, image_key: str) -> bool:
     """Whether a data file's rows carry images: a Parquet file has the column, a JSONL
     file's first row a non-empty value under it."""
@@ -114,17 +125,23 @@ def image_tokens(c: GRPOSettings) -> tuple[int, ...]:
 
 
 def vision_lines(c: GRPOSettings) -> list[str]:
-    """`explain`'s line on images: tokens per prompt and how the learner computes them."""
-    tokens = image_tokens(c)
-    if not tokens or not any(tokens):
+    """`explain`'s line on images (a vision-language model's run): image tokens per prompt
+    as measured, and how the learner computes them."""
+    model_path = getattr(c, "model_path", None)
+    if not isinstance(model_path, str) or model_vision_type(model_path) is None:
         return []
-    forward = ("packed rows (Qwen2-VL's 4-row positions)" if c.use_remove_padding
+    tokens = image_tokens(c)
+    measured = (f"{min(tokens)}-{max(tokens)} image tokens per prompt (mean "
+                f"{sum(tokens) / len(tokens):.0f}), inside max_prompt_length="
+                f"{c.max_prompt_length}" if tokens else
+                "image tokens per prompt not measured (the data or the model is not at "
+                "hand); they count in max_prompt_length")
+    forward = ("packed rows, one sequence per trajectory" if c.use_remove_padding
                else "padded rows")
     tower = ("frozen (freeze_vision_tower)" if c.freeze_vision_tower
              else "trained, in every weight sync")
-    return [f"images:                        {min(tokens)}-{max(tokens)} image tokens per "
-            f"prompt (mean {sum(tokens) / len(tokens):.0f}), inside max_prompt_length="
-            f"{c.max_prompt_length}; learner forwards on {forward}; vision tower {tower}"]
+    return [f"images:                        {measured}; image prompts' learner forwards on "
+            f"{forward}; vision tower {tower}"]
 
 
 def vision_memory_rows(c: GRPOSettings, micro_batch_prompts: int, bytes_per_value: int
