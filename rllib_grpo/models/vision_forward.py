@@ -55,7 +55,9 @@ def has_vision_inputs(batch: dict[str, Any]) -> bool:
 def vision_model(lm: torch.nn.Module) -> Any:
     """The image-text model inside ``lm`` (a transformers ``...ForConditionalGeneration``,
     possibly peft-wrapped): the module with ``get_rope_index`` and the vision tower."""
-    base: Any = lm.get_base_model() if hasattr(lm, "get_base_model") else lm
+    base: Any = lm
+    if hasattr(base, "get_base_model"):  # peft
+        base = base.get_base_model()
     return base.model
 
 

@@ -102,7 +102,7 @@ class HFSampler(HFWeightTransfer):
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         rows = [list(prompt) for prompt in prompts for _ in range(n)]
-        visions = [None] * len(rows)
+        visions: list[Any] = [None] * len(rows)
         if images is not None and any(images):
             if self.processor is None:
                 raise ValueError("prompts with images need a vision-language model; this "

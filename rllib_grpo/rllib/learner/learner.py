@@ -168,7 +168,7 @@ class GRPOLearner(TorchLearner):
         training_data.validate()
         training_data.solve_refs()
         module_batch = training_data.batch.policy_batches[DEFAULT_MODULE_ID]
-        tensors = {
+        tensors: dict[str, Any] = {
             k: torch.as_tensor(np.asarray(module_batch[k])).to(self._device)
             for k in TENSOR_COLUMNS if k in module_batch
         }
