@@ -33,10 +33,13 @@ def torchvision_imports() -> bool:
     return True
 
 
-def vllm_vision_error(model_path: str) -> str | None:
+def vllm_vision_error(model_path: str, is_vision: bool | None = None) -> str | None:
     """Why vLLM cannot sample from the vision-language model at ``model_path`` here (None:
-    it can, or the model is a text model)."""
-    if vision_model_type(model_path) is None or torchvision_imports():
+    it can, or the model is a text model).  ``is_vision``: whether it is one, where the
+    caller knows (a built-in not built yet); None reads the folder's config."""
+    if is_vision is None:
+        is_vision = vision_model_type(model_path) is not None
+    if not is_vision or torchvision_imports():
         return None
     return (f"sampler='vllm' with the vision-language model {model_path}: vLLM's Qwen2-VL "
             "imports torchvision, which does not import here (no CPU build beside this "

@@ -6,6 +6,8 @@ torchvision, which has no CPU build beside this package's CPU torch)."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -101,6 +103,8 @@ def test_vllm_without_torchvision_is_refused_naming_the_fix(model_path, monkeypa
     monkeypatch.setattr(vllm_vision, "torchvision_imports", lambda: False)
     assert "use sampler='hf'" in vllm_vision_error(model_path)
     assert vllm_vision_error(resolve_model("builtin:tiny")) is None  # a text model
+    if importlib.util.find_spec("vllm") is not None:  # "auto": transformers, with a warning
+        assert isinstance(make_sampler("auto", model_path=model_path), HFSampler)
     monkeypatch.setattr(vllm_vision, "torchvision_imports", lambda: True)
     assert vllm_vision_error(model_path) is None
 

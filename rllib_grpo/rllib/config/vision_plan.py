@@ -103,8 +103,7 @@ def vision_errors(c: GRPOSettings) -> list[str]:
             "data.image_key) at no column to train on the text alone.")
     if why := unsupported_vision_model(vision):
         errors.append(f"model_path={model_path!r}: {why}.")
-    if vision and c.sampler == "vllm" and Path(model_path).expanduser().is_dir() and (
-            why := vllm_vision_error(str(Path(model_path).expanduser()))):
+    if c.sampler == "vllm" and (why := vllm_vision_error(model_path, vision is not None)):
         errors.append(why + ".")
     if c.freeze_vision_tower and vision is None:
         errors.append(f"freeze_vision_tower=True (verl actor.freeze_vision_tower) needs a "
