@@ -1,6 +1,6 @@
 """Geo3K (geometry problems with a figure each), over verl's preprocessed parquet.
 
-verl's ``examples/data_preprocess/geo3k.py`` writes rows with ``prompt`` (one user message
+verl's Geo3K preprocessing script (``data_preprocess/geo3k.py``) writes rows with ``prompt`` (one user message
 whose text starts with ``<image>``), ``images`` (the figure as ``{"bytes", "path"}``),
 ``reward_model.ground_truth`` and ``data_source="hiyouga/geometry3k"``: pass that file as
 ``path`` (verl's ``data.train_files``).  Scored by verl's geo3k reward

@@ -4,7 +4,7 @@ Each picture is a ``grid x grid`` board of ``cell``-pixel cells; between 1 and
 ``max_count`` cells hold a shape (a circle, a square or a triangle, in a random colour,
 size and offset) drawn with PIL.  The prompt is ``<image>How many shapes?`` and the
 ground truth the count; the reward (``data_source="shape_count"``) is 1 for the right
-number, 0 otherwise (`rllib_grpo.rewards.shapes`).  Problem ``i`` depends only on
+number, 0 otherwise (the last number of the response, as `rllib_grpo.rewards.arithmetic`).  Problem ``i`` depends only on
 ``(seed, i)``.
 
 ``heldout_fraction`` sets that share of all pictures aside by a hash of the board (which

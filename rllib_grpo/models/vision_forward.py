@@ -18,7 +18,7 @@ computed per sequence from the tokens and the grids.
   attention to each sequence; the images in the order their tokens appear in the packed
   rows.  transformers' Qwen2-VL and Qwen2.5-VL take both layouts (``position_ids`` of
   shape (4, rows, length)); the values equal the padded ones to float precision
-  (``tests/models/test_vision_forward.py``).
+  (``tests/models/test_vision.py``).
 
 Shared-prompt packing (`rllib_grpo.models.shared_prefix`) is not used for image prompts:
 they pack one sequence per trajectory.  No Ray here.

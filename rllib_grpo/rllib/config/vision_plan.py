@@ -1,7 +1,8 @@
 """The door's checks and `explain`'s lines for prompts with images (vision-language GRPO).
 
 Before anything starts: data whose rows carry images needs a vision-language model of the
-Qwen2-VL family (one line naming the fix otherwise), vLLM needs torchvision to run one,
+Qwen2-VL family (one line naming the fix otherwise), vLLM on this machine's CPU needs
+torchvision to run one,
 ``freeze_vision_tower`` needs a vision tower, and continuous rollouts take text prompts
 only.  `explain` states the image tokens per prompt (measured by the door's prompt measure,
 `rllib_grpo.rllib.config.prompt_lengths`) and what the vision tower adds to a learner's
@@ -41,14 +42,15 @@ def model_vision_type(model_path: str) -> str | None:
 
 
 def processor_for(model_path: str) -> Any:
-    """The image processor of a vision-language model (`ImagePromptProcessor`; a built-in
-    is built), None for a text model."""
+    """The image processor of a vision-language model at hand (a folder, or a built-in,
+    which is built), None for a text model or a hub id (nothing is downloaded here)."""
     if not isinstance(model_path, str) or model_vision_type(model_path) is None:
         return None
     from rllib_grpo.models.registry import resolve_model
     from rllib_grpo.models.vision import ImagePromptProcessor
 
-    return ImagePromptProcessor.from_pretrained(resolve_model(model_path))
+    folder = Path(resolve_model(model_path)).expanduser()
+    return ImagePromptProcessor.from_pretrained(str(folder)) if folder.is_dir() else None
 
 
 def _first_row_has_images(path: Path, image_key: str) -> bool:
@@ -103,7 +105,10 @@ def vision_errors(c: GRPOSettings) -> list[str]:
             "data.image_key) at no column to train on the text alone.")
     if why := unsupported_vision_model(vision):
         errors.append(f"model_path={model_path!r}: {why}.")
-    if c.sampler == "vllm" and (why := vllm_vision_error(model_path, vision is not None)):
+    # vLLM on this machine's CPU (a GPU layout samples on GPU machines, which have theirs).
+    on_cpu_here = not (c.num_gpus_per_env_runner or 0)
+    if c.sampler == "vllm" and on_cpu_here and (
+            why := vllm_vision_error(model_path, vision is not None)):
         errors.append(why + ".")
     if c.freeze_vision_tower and vision is None:
         errors.append(f"freeze_vision_tower=True (verl actor.freeze_vision_tower) needs a "
