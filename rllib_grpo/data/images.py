@@ -75,8 +75,7 @@ def decode_image(item: Any, base_dir: Path | None = None) -> Any:
         else:
             raise RowError("malformed image", "each image is encoded bytes, a file path or "
                            "{'bytes': ..., 'path': ...}")
-        image.load()  # decode now: a truncated file fails here, not mid-training
-        return image.convert("RGB")
+        return image.convert("RGB")  # decodes now: a truncated file fails here
     except FileNotFoundError:
         raise RowError("missing image file", "fix the image path (relative paths start "
                        "at the prompt file's folder) or drop the row") from None
