@@ -32,15 +32,23 @@ QWEN2_VL_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vis
 
 
 def model_config_dict(path: str) -> dict[str, Any] | None:
-    """A model folder's ``config.json`` as a dict (None: no such file)."""
+    """A model's ``config.json`` as a dict: a folder's, or a hub id's from the local Hugging
+    Face cache (nothing is downloaded); None where there is none."""
     config = Path(os.path.expanduser(path)) / "config.json"
+    if not config.is_file():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+        except ImportError:
+            return None
+        cached = try_to_load_from_cache(path, "config.json") if "/" in path else None
+        config = Path(cached) if isinstance(cached, str) else config
     return json.loads(config.read_text()) if config.is_file() else None
 
 
 def vision_model_type(path: str) -> str | None:
-    """The model type of a vision-language model folder (``"qwen2_vl"``, ``"llava"``, ...):
-    its config has a ``vision_config``.  None for a text model or a hub id (whose config is
-    not at hand: `rllib_grpo.models.registry.architecture_of` names its family)."""
+    """The model type of a vision-language model (``"qwen2_vl"``, ``"llava"``, ...): its
+    config (`model_config_dict`) has a ``vision_config``.  None for a text model or a hub id
+    not in the local cache (`rllib_grpo.models.registry.architecture_of` names its family)."""
     config = model_config_dict(path)
     if not config or not isinstance(config.get("vision_config"), Mapping):
         return None

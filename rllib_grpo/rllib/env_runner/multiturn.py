@@ -134,7 +134,8 @@ class EpisodeSampler:
             outputs = self.sampler.generate(
                 [e.trajectory.context_ids() for e in active], 1,
                 dataclasses.replace(params, max_tokens=max(allowed)),
-                seeds=[self.turn_seed(e) for e in active], **prompt_images([e.prompt for e in active]))
+                seeds=[self.turn_seed(e) for e in active],
+                **prompt_images([e.prompt for e in active]))
             # One call for all: each episode keeps what its own budget allows.
             samples = [_cut(out[0], n) for out, n in zip(outputs, allowed, strict=True)]
         return live
