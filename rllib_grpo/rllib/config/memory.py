@@ -8,7 +8,8 @@ Levers (settings block "LoRA and memory"):
 * ``lora_rank``: only the adapter has gradients and AdamW states, and the
   reference is the policy with the adapter disabled (no copy);
 * ``ref_param_offload``: the reference model lives in host memory and visits the
-  learner's device once per reference pass (`HostOffloaded`; a no-op on CPU);
+  learner's device once per reference pass (`HostOffloaded`; a no-op on CPU); under FSDP
+  each learner keeps its shard in host memory and each layer visits for its forward;
 * ``optimizer_offload``: AdamW states in host memory between optimizer steps
   (`offload_optimizer_states`, hooks on the optimizer that GRPOLearner installs;
   a no-op on CPU);
