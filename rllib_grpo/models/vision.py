@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from rllib_grpo.data.images import VisionInputs, image_messages
+from rllib_grpo.models.registry import HUB_ID
 
 # model_type of the vision-language families whose forward this package computes
 # (``pixel_values``, ``image_grid_thw`` and multimodal rotary positions).
@@ -34,13 +35,12 @@ QWEN2_VL_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vis
 def model_config_dict(path: str) -> dict[str, Any] | None:
     """A model's ``config.json`` as a dict: a folder's, or a hub id's from the local Hugging
     Face cache (nothing is downloaded); None where there is none."""
-    config = Path(os.path.expanduser(path)) / "config.json"
-    if not config.is_file():
-        try:
-            from huggingface_hub import try_to_load_from_cache
-        except ImportError:
-            return None
-        cached = try_to_load_from_cache(path, "config.json") if "/" in path else None
+    folder = Path(os.path.expanduser(path))
+    config = folder / "config.json"
+    if not config.is_file() and not folder.exists() and HUB_ID.fullmatch(path):
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(path, "config.json")
         config = Path(cached) if isinstance(cached, str) else config
     return json.loads(config.read_text()) if config.is_file() else None
 
