@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from rllib_grpo.rllib.config.settings import GRPOSettings
+from rllib_grpo.rllib.config.vision_plan import vision_memory_rows
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 ACTIVATION_VALUES = 17  # stored activations per token, per hidden unit, per layer
@@ -67,12 +68,14 @@ class ModelShape:
 def model_shape(path: str, lora_rank: int = 0, target_modules: Any = "all-linear"
                 ) -> ModelShape:
     """Shape and parameter counts of the model in ``path`` (a folder or a cached hub id)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     config = AutoConfig.from_pretrained(path, local_files_only=True)
     text = config.get_text_config()
+    vision = getattr(config, "vision_config", None) is not None  # its tower counts too
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_config(
+            config)
     heads = text.num_attention_heads
     return ModelShape(
         num_params=sum(p.numel() for p in model.parameters()),
@@ -178,6 +181,8 @@ def learner_memory(c: GRPOSettings, shape: ModelShape) -> tuple[dict[str, float]
         else shape.num_layers * ACTIVATION_VALUES
     rows["activations"] = float(tokens * shape.hidden_size * per_layer * dtype_bytes)
     rows["logits (fp32)"] = float(tokens * shape.vocab_size * 4)
+    rows.update(vision_memory_rows(  # image prompts: the vision tower's activations
+        c, max(1, tokens // (c.max_prompt_length + c.max_response_length)), dtype_bytes))
     notes.append(f"micro-batch: {tokens} tokens; activations {ACTIVATION_VALUES} values per "
                  "token x hidden x layer" + (" (gradient checkpointing: 1 per layer + one "
                                              "layer's)" if c.gradient_checkpointing else ""))

@@ -334,7 +334,7 @@ def is_dtype_setting(name: str) -> bool:
 # Settings the RLModule receives in its model_config (LoRA and memory levers).
 MODULE_SETTINGS = ("lora_rank", "lora_alpha", "lora_target_modules", "lora_dropout", "lora_sync",
                    "ref_param_offload", "use_remove_padding",
-                   "share_prompt_prefix", "token_stats")
+                   "share_prompt_prefix", "token_stats", "freeze_vision_tower")
 
 SETTINGS_FIELDS: dict[str, dataclasses.Field] = {
     f.name: f for f in dataclasses.fields(GRPOSettings)
