@@ -92,9 +92,13 @@ def test_two_training_steps_of_verls_geo3k_command_line(tmp_path):
     assert "val-core/hiyouga/geometry3k/acc/mean@1" in results[0]  # verl's val_before_train
 
 
-def test_a_text_model_on_geo3k_is_refused_before_ray_starts(tmp_path, capsys):
-    import ray
+def test_a_text_model_on_geo3k_is_refused_before_ray_starts(tmp_path, capsys, monkeypatch):
+    from rllib_grpo.cli import run
 
+    def no_ray(*_):
+        raise AssertionError("Ray was started before the refusal")
+
+    monkeypatch.setattr(run, "_init_ray", no_ray)
     args = [a.replace("builtin:tiny-vlm", "builtin:tiny") for a in cpu_overrides(tmp_path)]
     code = main(["train", *args, "trainer.total_training_steps=2",  # no prompt count needed
                  "trainer.default_local_dir=" + str(tmp_path / "runs")],
@@ -103,4 +107,3 @@ def test_a_text_model_on_geo3k_is_refused_before_ray_starts(tmp_path, capsys):
     assert code == 2, err
     (line,) = [line for line in err.splitlines() if "carry images" in line]
     assert "is a text-only model; use a vision-language model" in line
-    assert not ray.is_initialized()
