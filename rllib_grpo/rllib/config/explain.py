@@ -11,6 +11,7 @@ from rllib_grpo.rllib.config.prompt_lengths import prompt_length_lines
 from rllib_grpo.rllib.config.reward_plan import reward_plan_lines
 from rllib_grpo.rllib.config.settings import GRPOSettings
 from rllib_grpo.rllib.config.staleness import async_line
+from rllib_grpo.rllib.config.vision_plan import vision_lines
 from rllib_grpo.weights.plan import describe, who_takes
 
 
@@ -177,6 +178,7 @@ def explain_config(c: GRPOSettings) -> str:
         f"sequence budget:               prompt <= {c.max_prompt_length} tokens "
         f"(truncation={c.truncation}), response <= {c.max_response_length} tokens",
         *prompt_length_lines(c),
+        *vision_lines(c),
         *reward_plan_lines(c),
         *reward_fn_probe_lines(c),
         f"advantage:                     {c.adv_estimator}"

@@ -8,7 +8,8 @@ Levers (settings block "LoRA and memory"):
 * ``lora_rank``: only the adapter has gradients and AdamW states, and the
   reference is the policy with the adapter disabled (no copy);
 * ``ref_param_offload``: the reference model lives in host memory and visits the
-  learner's device once per reference pass (`HostOffloaded`; a no-op on CPU);
+  learner's device once per reference pass (`HostOffloaded`; a no-op on CPU); under FSDP
+  each learner keeps its shard in host memory and each layer visits for its forward;
 * ``optimizer_offload``: AdamW states in host memory between optimizer steps
   (`offload_optimizer_states`, hooks on the optimizer that GRPOLearner installs;
   a no-op on CPU);
@@ -42,6 +43,7 @@ from typing import Any
 import torch
 
 from rllib_grpo.rllib.config.settings import GRPOSettings
+from rllib_grpo.rllib.config.vision_plan import vision_memory_rows
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 ACTIVATION_VALUES = 17  # stored activations per token, per hidden unit, per layer
@@ -66,12 +68,14 @@ class ModelShape:
 def model_shape(path: str, lora_rank: int = 0, target_modules: Any = "all-linear"
                 ) -> ModelShape:
     """Shape and parameter counts of the model in ``path`` (a folder or a cached hub id)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     config = AutoConfig.from_pretrained(path, local_files_only=True)
     text = config.get_text_config()
+    vision = getattr(config, "vision_config", None) is not None  # its tower counts too
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_config(
+            config)
     heads = text.num_attention_heads
     return ModelShape(
         num_params=sum(p.numel() for p in model.parameters()),
@@ -177,6 +181,8 @@ def learner_memory(c: GRPOSettings, shape: ModelShape) -> tuple[dict[str, float]
         else shape.num_layers * ACTIVATION_VALUES
     rows["activations"] = float(tokens * shape.hidden_size * per_layer * dtype_bytes)
     rows["logits (fp32)"] = float(tokens * shape.vocab_size * 4)
+    rows.update(vision_memory_rows(  # image prompts: the vision tower's activations
+        c, max(1, tokens // (c.max_prompt_length + c.max_response_length)), dtype_bytes))
     notes.append(f"micro-batch: {tokens} tokens; activations {ACTIVATION_VALUES} values per "
                  "token x hidden x layer" + (" (gradient checkpointing: 1 per layer + one "
                                              "layer's)" if c.gradient_checkpointing else ""))

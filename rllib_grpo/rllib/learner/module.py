@@ -34,6 +34,11 @@ from rllib_grpo.models.packing import packed_response_log_probs
 from rllib_grpo.models.precision import cast_floating, compute_autocast, trained_dtype
 from rllib_grpo.models.registry import resolve_model
 from rllib_grpo.models.shared_prefix import shared_prefix_layout
+from rllib_grpo.models.vision_forward import (
+    has_vision_inputs,
+    vision_response_log_probs,
+    vision_tower,
+)
 
 
 def response_log_probs(
@@ -51,7 +56,8 @@ def response_log_probs(
 
     Args:
         batch: ``prompt_ids``/``prompt_mask`` (B, P), left-padded, and
-            ``response_ids``/``response_mask`` (B, R), right-padded.
+            ``response_ids``/``response_mask`` (B, R), right-padded; rows with images
+            also carry their ``multi_modal_inputs``.
         packed: run on packed rows without padding (`rllib_grpo.models.packing`; the
             same values to float precision), else on the padded rows with a mask.
         share_prompts: packed, the responses of one prompt share one copy of it where
@@ -64,6 +70,9 @@ def response_log_probs(
         ``{"log_probs": (B, R), "entropy": (B, R) if with_entropy}``; padding
         positions hold values that the caller masks out.
     """
+    if has_vision_inputs(batch):  # rows with images: `rllib_grpo.models.vision_forward`
+        return vision_response_log_probs(lm, batch, temperature, with_entropy, packed=packed,
+                                         detach_entropy=detach_entropy, token_stats=token_stats)
     if packed:
         layout = shared_prefix_layout(lm, batch) if share_prompts else None
         return packed_response_log_probs(lm, batch, temperature, with_entropy,
@@ -114,13 +123,25 @@ def reference_copy(policy: torch.nn.Module, ref_dtype: str) -> torch.nn.Module |
     return copy.deepcopy(policy)
 
 
+@contextlib.contextmanager
+def _resharded_after(lm: FSDPModule) -> Any:
+    try:
+        yield
+    finally:
+        lm.reshard()
+
+
 class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
     """RLModule around a Hugging Face causal LM (policy + optional frozen reference).
 
     ``model_config`` keys: ``model`` (path / id / builtin name), ``dtype``,
     ``gradient_checkpointing``, ``temperature``, ``use_reference``, ``lora_*`` (LoRA
     through peft, `rllib_grpo.models.lora`: the reference is then the policy with its adapter
-    disabled) and ``ref_param_offload`` (the reference kept in host memory).
+    disabled) and ``ref_param_offload`` (the reference kept in host memory).  An FSDP
+    learner (`rllib_grpo.rllib.learner.fsdp`) adds ``sharded`` (every rank: a host-offloaded
+    reference stays a submodule, which FSDP shards into host memory) and ``on_meta`` (every
+    rank but 0: the models' structure only, on the meta device; rank 0's weights fill the
+    shards).
     """
 
     @override(TorchRLModule)
@@ -137,12 +158,15 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
         # Trained weights in the master dtype; a LoRA base is frozen (its adapter stays in
         # fp32, peft's default) and a sampler-side module never trains: both compute dtype.
         trains_full = self.lora is None and not self.inference_only
+        on_meta = bool(cfg.get("on_meta", False))
         self.lm = load_causal_lm(
             path, dtype=cfg.get("master_weights_dtype", "float32") if trains_full
             else self.compute_dtype,
             gradient_checkpointing=cfg.get("gradient_checkpointing", False),
-            config_overrides=overrides,
+            config_overrides=overrides, on_meta=on_meta,
         )
+        if cfg.get("freeze_vision_tower"):  # verl's: the language model trains alone
+            vision_tower(self.lm).requires_grad_(False)
         self._lora_synced = False  # the first sync of a LoRA policy sends the base weights too
         if self.lora is not None:
             self.lm = lora.wrap_with_lora(self.lm, self.lora)
@@ -150,12 +174,13 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
         self._host_ref: HostOffloaded | None = None  # not a submodule: .to(device) skips it
         if cfg.get("use_reference") and not self.inference_only and self.lora is None:
             ref_lm = reference_copy(self.lm, cfg.get("dtype", "float32")) or load_causal_lm(
-                path, dtype=cfg.get("dtype", "float32"), config_overrides=overrides)
+                path, dtype=cfg.get("dtype", "float32"), config_overrides=overrides,
+                on_meta=on_meta)
             ref_lm.requires_grad_(False)
             ref_lm.eval()
-            if cfg.get("ref_param_offload"):
+            if cfg.get("ref_param_offload") and not cfg.get("sharded"):
                 self._host_ref = HostOffloaded(ref_lm)
-            else:
+            else:  # sharded and offloaded: FSDP keeps this rank's shard in host memory
                 self.ref_lm = ref_lm
 
     @override(InferenceOnlyAPI)
@@ -200,9 +225,15 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
 
     def reference_on(self, device: torch.device) -> contextlib.AbstractContextManager[Any]:
         """Hold a host-offloaded reference (``ref_param_offload``) on ``device`` for a whole
-        pass: one move in and one out for all its micro-batches' `reference_log_probs`
-        (nothing to do for a reference that lives on the device or in the policy)."""
-        return self._host_ref.on(device) if self._host_ref is not None else contextlib.nullcontext()
+        pass: one move in and one out for all its micro-batches' `reference_log_probs`.
+        A sharded reference visits the device one FSDP unit at a time; after the pass its
+        root unit (embeddings, head), which FSDP2 keeps gathered after a forward, is
+        resharded.  Nothing to do for a reference that lives on the device or in the policy."""
+        if self._host_ref is not None:
+            return self._host_ref.on(device)
+        if isinstance(self.ref_lm, FSDPModule):
+            return _resharded_after(self.ref_lm)
+        return contextlib.nullcontext()
 
     @torch.no_grad()
     def reference_log_probs(self, batch: dict[str, Any], packed: bool | None = None
