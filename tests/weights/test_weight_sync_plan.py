@@ -117,7 +117,4 @@ def test_settings_are_checked_before_ray_starts_and_explained_by_the_runs_planne
     assert any("LoRA sync carries the adapter" in e for e in find_errors(lora_ipc))
     assert any("weight_sync_bucket_mb=0" in e
                for e in find_errors(tiny_config(weight_sync_bucket_mb=0)))
-    for timeout in (0, -5, float("nan")):
-        assert f"weight_sync_timeout_s={timeout!r} must be a finite number > 0." in (
-            find_errors(tiny_config(weight_sync_timeout_s=timeout)))
     assert find_errors(tiny_config(weight_sync_transport="shm")) == []

@@ -245,15 +245,17 @@ class ResilientAlgorithm(Algorithm):
             self.deadlines.record(phase, (time.monotonic() - t0) / shares_per_runner)
 
     def restart_stuck_runners(self, stuck: list[int], call: str, timeout_s: float, rule: str,
-                              group: EnvRunnerGroup | None = None) -> None:
+                              group: EnvRunnerGroup | None = None,
+                              then: str = "its share is sampled again") -> None:
         """Remote env runners ``stuck`` in ``call`` past ``timeout_s``: named, with every
         process's stack written to the trial folder, then restarted by Ray (killed; RLlib
-        takes them out of service until they answer again, `restore_env_runners`)."""
+        takes them out of service until they answer again, `restore_env_runners`); ``then``
+        says what follows for the call."""
         group = group or self.env_runner_group
         actors = group._worker_manager.actors()
         report = self.deadlines.report(
             f"{label_range('env runner', stuck)} did not finish {call} within "
-            f"{timeout_s:.0f} s ({rule}): restarting, its share is sampled again",
+            f"{timeout_s:.0f} s ({rule}): restarting, {then}",
             actors={f"env runner {index}": actors[index] for index in stuck})
         logger.warning("%s", report)
         for index in stuck:

@@ -24,13 +24,18 @@ One sync:
    (the runners' on a thread of the driver).
    Where the GPUs are fake (`rllib_grpo.rllib.placement.fake_gpus`) the planner decides as
    for real ones and the bytes of ``ipc`` and ``nccl`` move by ``shm``, on the CPU.
-3. **Deadlines.**  Every call has one (`Deadlines`).  An env runner that dies during a sync
-   (Ray reports it at once) or passes its deadline is named in one line (index, node, pid,
-   phase, seconds) and left out: the sync completes for the others; RLlib restarts a dead
-   runner, which gets the current weights before it samples
-   (`ResilientAlgorithm.restore_env_runners`) and joins the next sync.  A learner past its
-   deadline stops the run with that line (a learner mid-sync cannot be restarted safely),
-   as does an NCCL group a receiver died in.
+3. **Deadlines.**  Every call has the run's deadline of its phase (`algo.deadlines`,
+   `rllib_grpo.rllib.algorithm.deadlines`: ``step_timeout_factor`` x the phase's median,
+   at least ``step_timeout_floor_s``, which alone bounds a first sync and every
+   rendezvous).  An env runner that dies during a sync (Ray reports it at once) is named in
+   one line (index, node, pid, phase, seconds); one past its deadline is named with every
+   process's stack written to the trial folder and restarted
+   (`ResilientAlgorithm.restart_stuck_runners`).  Either is left out: the sync completes
+   for the others, and the runner, back in service with the current weights
+   (`ResilientAlgorithm.restore_env_runners`), joins the next sync.  A learner past its
+   deadline stops the run with that line and the stack file
+   (`ResilientAlgorithm.waiting_on_learners`: a learner mid-sync cannot be restarted
+   safely), as does an NCCL broadcast a receiver died in.
 
 Metrics: ``weight_sync/bytes`` (one runner's bytes), ``weight_sync/gbps`` (10^9 bytes per
 second of the whole sync), ``weight_sync/transport`` (`TRANSPORT_CODES`: the slowest path
@@ -42,12 +47,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import statistics
+import math
 import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from functools import partial
 from typing import Any
 
@@ -55,6 +59,7 @@ import ray
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 
+from rllib_grpo.rllib.algorithm.deadlines import label_range
 from rllib_grpo.rllib.env_runner.env_runner import COMPONENT_RL_MODULE, WEIGHTS_SEQ_NO
 from rllib_grpo.rllib.env_runner.weight_receiver import (
     runner_endpoint,
@@ -86,29 +91,6 @@ from rllib_grpo.weights.plan import (
 
 logger = logging.getLogger(__name__)
 DROPPED_METRIC = "fault_tolerance/weight_sync_dropped_receivers"
-
-
-class Deadlines:
-    """How long each phase of a sync may take: ``limit_s`` (``weight_sync_timeout_s``) for a
-    phase's first `WARMUP` rounds and for every rendezvous; then `MULTIPLE` x the running
-    median of its last `WINDOW` rounds, at least `FLOOR_S` and at most ``limit_s``, so a
-    slow first sync is no hang and a stalled later one is noticed soon."""
-
-    MULTIPLE, FLOOR_S, WINDOW, WARMUP = 10.0, 30.0, 20, 3
-
-    def __init__(self, limit_s: float) -> None:
-        self.limit_s = float(limit_s)
-        self.seconds: dict[str, list[float]] = {}
-
-    def of(self, phase: str) -> float:
-        history = self.seconds.get(phase, [])
-        if len(history) < self.WARMUP:
-            return self.limit_s
-        typical = self.MULTIPLE * statistics.median(history)
-        return min(self.limit_s, max(min(self.FLOOR_S, self.limit_s), typical))
-
-    def record(self, phase: str, seconds: float) -> None:
-        self.seconds[phase] = [*self.seconds.get(phase, []), seconds][-self.WINDOW:]
 
 
 def _call(runner: Any, func: Callable[[Any], Any]) -> tuple[int, bool, Any]:
@@ -155,17 +137,15 @@ class WeightSync:
         self.algo = algo
         self.setting = c.weight_sync_transport
         self.buffer_bytes = max(1, int(c.weight_sync_bucket_mb * 2**20))
-        self.deadlines = Deadlines(c.weight_sync_timeout_s)
         self.fake_gpus = fake_gpus()
         self.transports: dict[int, str] = {}  # env runner index -> transport (0: the driver's)
         self.endpoints: dict[int, Endpoint] = {}
-        self.learner_places: list[dict[str, Any]] = []  # by rank
         self.wire_dtype: torch.dtype | None = None
         self.dropped = 0  # runners left out of a sync so far
         self._members: tuple | None = None
         self._joined: set[str] = set()  # vLLM engines joined since the last discovery
         self._stamp = 0  # this driver's sync count: what the shared file is stamped with
-        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="weight_sync")
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight_sync")
 
     @property
     def runners(self) -> Any:
@@ -239,7 +219,6 @@ class WeightSync:
         if self.runners.local_env_runner is not None:
             runners[0] = runner_endpoint(self.runners.local_env_runner)
         runners.update(self._on_runners(members[0], runner_endpoint, "discover"))
-        self.learner_places = places
         self.endpoints = {i: place["endpoint"] for i, place in runners.items()}
         self.transports = choose_transports(self.setting, sender, self.endpoints)
         dtypes = {place["dtype"] for place in runners.values()}
@@ -333,51 +312,33 @@ class WeightSync:
 
     # ---------------------------------------------------------------- calls with deadlines
     def _on_learners(self, func: Callable[[Any], Any], phase: str) -> list[Any]:
-        """``func`` on every learner within the phase's deadline; a learner's error is the
-        run's, and so is a learner past its deadline (one line naming it)."""
-        deadline, start = self.deadlines.of(phase), time.perf_counter()
-        group = self.learners
-        if group.is_local:  # in this process: on a thread, so the deadline holds too
-            future = self._pool.submit(group.foreach_learner, func)
-            try:
-                results = future.result(timeout=deadline)
-            except FutureTimeout:
-                raise self._learner_late([0], phase, deadline) from None
-        else:
-            results = group.foreach_learner(func, timeout_seconds=deadline)
-        values, answered = [], set()
+        """``func`` on every learner within the run's deadline of the phase; a learner's
+        error is the run's, and so is a learner past the deadline (`HangError`)."""
+        with self.algo.waiting_on_learners(f"weight_sync {phase}", f"weight sync: {phase}"):
+            results = self.learners.foreach_learner(func)
+        values = []
         for result in results:
             if not result.ok:
                 raise result.get()
             values.append(result.get())
-            answered.add(result.actor_id or 0)
-        late = sorted(set(range(max(1, len(group)))) - answered)
-        if late:
-            raise self._learner_late(late, phase, deadline)
-        self.deadlines.record(phase, time.perf_counter() - start)
         return values
 
-    def _learner_late(self, ranks: list[int], phase: str, deadline: float) -> TimeoutError:
-        by_rank = {place["rank"]: place for place in self.learner_places}
-        who = ", ".join(f"learner {r}" + (f" (node {by_rank[r]['node_id'][:12]}, pid "
-                                          f"{by_rank[r]['pid']})" if r in by_rank else "")
-                        for r in ranks)
-        return TimeoutError(f"weight sync: {who} did not finish '{phase}' within "
-                            f"{deadline:g} s (weight_sync_timeout_s): stopping the run, a "
-                            "learner stuck mid-sync cannot be restarted safely")
-
     def _on_runners(self, ids: Any, func: Callable[[Any], Any], phase: str) -> Any:
-        """``func`` on the remote runners ``ids`` within the phase's deadline; the runners
-        that answered (a list for a list of ids, else ``{index: result}``).  One that died
-        or passed its deadline is named and left out; one whose call raised fails the sync,
-        naming it."""
+        """``func`` on the remote runners ``ids`` within the run's deadline of the phase;
+        the runners that answered (a list for a list of ids, else ``{index: result}``).
+        One that died or passed the deadline is named and left out (one past it is
+        restarted); one whose call raised fails the sync, naming it."""
         remote = [i for i in ids if i]
         if not remote:
             return [] if isinstance(ids, list) else {}
-        deadline, start = self.deadlines.of(phase), time.perf_counter()
-        answers = self.runners.foreach_env_runner(
-            partial(_call, func=func), local_env_runner=False, remote_worker_ids=remote,
-            timeout_seconds=deadline)
+        deadlines = self.algo.deadlines
+        timeout, rule = deadlines.timeout_and_rule(f"weight_sync {phase}")
+        start = time.perf_counter()
+        with deadlines.watch(f"weight_sync {phase}", f"{label_range('env runner', remote)} "
+                             f"(weight sync: {phase})", timeout_s=math.inf, record=False):
+            answers = self.runners.foreach_env_runner(
+                partial(_call, func=func), local_env_runner=False, remote_worker_ids=remote,
+                timeout_seconds=timeout)
         results = {}
         for index, ok, value in answers:
             if not ok:
@@ -387,9 +348,9 @@ class WeightSync:
         elapsed = time.perf_counter() - start
         missing = sorted(set(remote) - set(results))
         if missing:
-            self._left_out(missing, phase, elapsed, deadline)
+            self._left_out(missing, phase, elapsed, timeout, rule)
         else:
-            self.deadlines.record(phase, elapsed)
+            deadlines.record(f"weight_sync {phase}", elapsed)
         return [i for i in ids if i in results] if isinstance(ids, list) else results
 
     def _both(self, learner_func: Callable[[Any], Any], ids: list[int],
@@ -400,15 +361,19 @@ class WeightSync:
         self._on_learners(learner_func, phase)
         runners.result()
 
-    def _left_out(self, missing: list[int], phase: str, elapsed: float,
-                  deadline: float) -> None:
+    def _left_out(self, missing: list[int], phase: str, elapsed: float, timeout: float,
+                  rule: str) -> None:
+        """Runners that did not answer: the dead ones named, the stuck ones restarted."""
         healthy = set(self.runners.healthy_worker_ids())
-        for index in missing:
-            what = (f"did not finish '{phase}' within {deadline:g} s" if index in healthy
-                    else f"died during '{phase}' ({elapsed:.1f} s in)")
-            logger.warning("weight sync: %s %s; the sync went on without it (RLlib restarts "
-                           "a lost runner, which gets the current weights before it "
-                           "samples)", self._runner(index), what)
+        for index in (i for i in missing if i not in healthy):
+            logger.warning("weight sync: %s died during '%s' (%.1f s in); the sync went on "
+                           "without it (RLlib restarts it, and it gets the current weights "
+                           "before it samples)", self._runner(index), phase, elapsed)
+        stuck = [i for i in missing if i in healthy]
+        if stuck:
+            self.algo.restart_stuck_runners(stuck, f"the weight sync's '{phase}'", timeout,
+                                            rule, then="the sync went on without it")
+            self.algo.log_fault_counts()  # this step's result counts the restart
         self.dropped += len(missing)
         self._members = None  # look at who is there again at the next sync
 

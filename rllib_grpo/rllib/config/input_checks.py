@@ -51,7 +51,6 @@ _RANGES: list[tuple[str, Callable[[float], bool], str]] = [
     ("keep_checkpoints", *_NON_NEGATIVE),
     ("max_skipped_steps", *_NON_NEGATIVE),
     ("env_runner_restart_timeout_s", *_POSITIVE),
-    ("weight_sync_timeout_s", *_POSITIVE),
 ]
 
 

@@ -142,17 +142,13 @@ class GRPOSettings(RewardSettings):
         "env runner), or one of those forced: 'local' (device tensors copied in place), "
         "'ipc' (CUDA IPC buffers), 'nccl' (broadcast), 'shm' (one shared-memory copy on the "
         "node) or 'object_store' (a state dict through Ray, RLlib's way). explain prints "
-        "what each env runner gets.")
+        "what each env runner gets. Each call of a sync has the step's deadline "
+        "(step_timeout_factor): an env runner past it is restarted and left out of the sync, "
+        "a learner past it stops the run.")
     weight_sync_bucket_mb: float = knob(
         512, "MiB", "Size of the packed buffers of an 'ipc' or 'nccl' sync (vLLM's packed "
         "mode): each GPU holds at most two besides the model ('ipc': one, at least as large "
         "as the largest tensor).")
-    weight_sync_timeout_s: float = knob(
-        300.0, "s", "Longest a weight-sync call may take: every rendezvous and a phase's "
-        "first rounds; later rounds get 10x their running median, at least 30 s and at most "
-        "this. Past it an env runner is named (index, node, pid, phase) and left out of the "
-        "sync (it gets the weights when it answers again or restarts); a learner stops the "
-        "run with that line.")
 
     # --- asynchronous rollouts (docs/async.md) -----------------------------------------
     max_staleness: int = knob(

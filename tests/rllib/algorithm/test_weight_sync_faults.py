@@ -7,12 +7,13 @@ RLlib still counts it healthy), in the middle of its transfer, and after its tra
 before it answers.  Each time the step completes within seconds, runner 1 holds the
 learner's weights, the sync counts the runner it left out, and RLlib restarts runner 2,
 which holds the learner's weights after the next step's sync (the restart counted too).
-A runner that stalls past the deadline is named in one line and left out; a learner that
-stalls stops the run with the line naming it.
+A runner that stalls past the deadline is named in one line with the run's stack file,
+restarted and left out; a learner that stalls stops the run with the line naming it.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import signal
@@ -82,14 +83,23 @@ def _after_transfer(runner) -> None:
 
 
 def _stall_transfer(seconds: float, runner) -> None:
-    copy = runner.sampler._copy_into_model
-
     def stalled(weights) -> None:
-        time.sleep(seconds)
-        copy(weights)
-        del runner.sampler._copy_into_model  # once
+        time.sleep(seconds)  # the stalled transfer
 
     runner.sampler._copy_into_model = stalled
+
+
+def _stalled_call(seconds: float, call):
+    def stalled(*args, **kwargs):
+        time.sleep(seconds)  # the stalled learner
+        return call(*args, **kwargs)
+
+    return stalled
+
+
+def _line_of(function, marker: str) -> int:
+    lines, first = inspect.getsourcelines(function)
+    return first + next(i for i, line in enumerate(lines) if marker in line)
 
 
 # The object store's variants are slow-marked for the default suite's time (each build of
@@ -157,47 +167,64 @@ class TestARunnerKilledDuringASync:
         assert algo._weight_sync.transport_names() == {1: transport, 2: transport}
         _assert_hold_the_learners_weights(algo, [1, 2])
 
-    def test_a_runner_past_its_deadline_is_named_and_left_out(self, algo, caplog):
+    def test_a_runner_past_its_deadline_is_restarted_and_left_out(self, algo, caplog):
+        """A receiver that stalls: named with the run's stack file and restarted
+        (`restart_stuck_runners`), the sync completes for the other runner, and the
+        restarted one gets the current weights."""
         _both_runners_in_service(algo)
-        sync = algo._weight_sync
-        sync.deadlines.limit_s = 3.0
+        deadlines, floor = algo.deadlines, algo.deadlines.floor_s
+        deadlines.floor_s = 3.0  # the sync's phases have medians of milliseconds by now
         group = algo.env_runner_group
         pid = dict(group.foreach_env_runner(lambda er: (er.worker_index, os.getpid()),
                                             local_env_runner=False))[2]
         before = algo.train()
-        group.foreach_env_runner(partial(_stall_transfer, 6.0), local_env_runner=False,
+        group.foreach_env_runner(partial(_stall_transfer, 60.0), local_env_runner=False,
                                  remote_worker_ids=[2])
         start = time.monotonic()
-        with caplog.at_level(logging.WARNING, logger="rllib_grpo.rllib.algorithm.weight_sync"):
-            result = algo.train()
+        try:
+            with caplog.at_level(logging.WARNING, logger="rllib_grpo.rllib.algorithm"):
+                result = algo.train()
+        finally:
+            deadlines.floor_s = floor
         assert time.monotonic() - start < STEP_LIMIT_S
         phase = "read" if algo.config.weight_sync_transport == "shm" else "object store load"
-        assert (f"weight sync: env runner 2 (node {sync.endpoints[2].node_id[:12]}, pid {pid}) "
-                f"did not finish '{phase}' within 3 s") in caplog.text
+        (line,) = [r.getMessage() for r in caplog.records
+                   if r.getMessage().startswith("env runner 2 did not finish")]
+        assert line.startswith(f"env runner 2 did not finish the weight sync's '{phase}' "
+                               "within 3 s (step_timeout_floor_s")
+        assert "restarting, the sync went on without it" in line
+        assert f"pid {pid} on node" in line
+        stack_file = line.rsplit("Python stacks of every process of the run: ", 1)[1]
+        stuck = _line_of(_stall_transfer, "the stalled transfer")
+        assert f'File "{__file__}", line {stuck} in stalled' in open(stack_file).read()
         assert result[DROPPED] == before[DROPPED] + 1
+        assert result["fault_tolerance/env_runner_hangs"] == before[
+            "fault_tolerance/env_runner_hangs"] + 1
         _assert_hold_the_learners_weights(algo, [1])
-        # Once it answers it holds the weights it was loading; the next sync reaches it.
+        _both_runners_in_service(algo)
         algo.train()
         _assert_hold_the_learners_weights(algo, [1, 2])
-        sync.deadlines.limit_s = algo.config.weight_sync_timeout_s
 
     def test_a_learner_past_its_deadline_stops_the_run_naming_it(self, algo, monkeypatch):
-        sync = algo._weight_sync
+        from rllib_grpo.rllib.algorithm.deadlines import HangError
+
         phase = "write" if algo.config.weight_sync_transport == "shm" else "object store put"
-        method = "offer_shared" if phase == "write" else "seq_no"
         sender = algo.learner_group._learner.weight_sender
-        if method == "offer_shared":
-            offer = sender.offer_shared
-            monkeypatch.setattr(sender, "offer_shared",
-                                lambda *a, **k: (time.sleep(5), offer(*a, **k))[1])
+        if phase == "write":
+            monkeypatch.setattr(sender, "offer_shared", _stalled_call(30, sender.offer_shared))
         else:  # the object store's call reads the version last
             monkeypatch.setattr(type(sender), "seq_no",
-                                property(lambda self: (time.sleep(5), 0)[1]))
-        sync.deadlines.limit_s = 2.0
+                                property(_stalled_call(30, lambda self: 0)))
+        deadlines, floor = algo.deadlines, algo.deadlines.floor_s
+        deadlines.floor_s = 2.0
         start = time.monotonic()
-        with pytest.raises(TimeoutError, match=rf"weight sync: learner 0 \(node \w+, pid "
-                           rf"{os.getpid()}\) did not finish '{phase}' within 2 s"):
-            algo.train()
+        try:
+            with pytest.raises(HangError, match=rf"the local learner \(weight sync: {phase}\) "
+                                                r"did not finish within 2.0 s") as stopped:
+                algo.train()
+        finally:
+            deadlines.floor_s = floor
         assert time.monotonic() - start < STEP_LIMIT_S
-        time.sleep(5)  # the stalled call ends before the fixture stops the algorithm
-        sync.deadlines.limit_s = algo.config.weight_sync_timeout_s
+        stack_file = str(stopped.value).rsplit("of every process of the run: ", 1)[1]
+        stuck = _line_of(_stalled_call, "the stalled learner")
+        assert f'File "{__file__}", line {stuck} in stalled' in open(stack_file).read()
