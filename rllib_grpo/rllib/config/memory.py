@@ -1,188 +1,402 @@
-"""Memory levers and the memory estimate that `explain` prints.
+"""The pre-flight memory plan: the bytes of every process on every GPU in each phase of a
+training step, against the GPU's memory, before anything starts.
 
-Levers (settings block "LoRA and memory"):
+Levers (settings block "LoRA and memory", and the batch plan):
 
-* ``gradient_checkpointing``: recompute activations in the backward pass;
-* ``use_dynamic_bsz`` + ``max_tokens_per_micro_batch``: micro-batches to a token
-  budget, which bounds activations and logits;
-* ``lora_rank``: only the adapter has gradients and AdamW states, and the
-  reference is the policy with the adapter disabled (no copy);
-* ``ref_param_offload``: the reference model lives in host memory and visits the
-  learner's device once per reference pass (`HostOffloaded`; a no-op on CPU);
-* ``optimizer_offload``: AdamW states in host memory between optimizer steps
-  (`offload_optimizer_states`, hooks on the optimizer that GRPOLearner installs;
-  a no-op on CPU);
-* ``fsdp`` with >= 2 learners shards weights, gradients, AdamW states and the
-  reference (``fsdp_cpu_offload`` moves the shards to host memory);
-* ``sampler_memory_fraction``: vLLM's ``gpu_memory_utilization``.
+* ``use_dynamic_bsz`` + ``max_tokens_per_micro_batch``: micro-batches to a token budget,
+  which bounds activations and logits (on GPU learners by default);
+* ``token_stats``: the response log-probs and entropies a chunk of tokens at a time, with
+  no full float32 copy of the logits ('auto', the GPU default);
+* ``gradient_checkpointing``: keep one hidden state per layer and recompute the rest in
+  the backward pass (on GPU learners where the activations outweigh the model's states);
+* ``lora_rank``: only the adapter has gradients and AdamW states, and the reference is
+  the policy with the adapter disabled (no copy);
+* ``ref_param_offload``: the reference lives in host memory and visits the learner's
+  device for the reference pass (a no-op on CPU);
+* ``optimizer_offload``: AdamW states in host memory except during the optimizer step;
+* ``fsdp`` with >= 2 learners shards weights, gradients, AdamW states and the reference
+  1/N (``fsdp_cpu_offload`` moves the shards to host memory);
+* ``sampler_memory_fraction``: vLLM's ``gpu_memory_utilization``; ``tensor_parallel_size``
+  splits an engine's weights over GPUs.
 
-The estimate (`estimate_memory`) reads the model's shape from its ``config.json``
-(parameters counted on the meta device, so nothing is allocated) and adds, per
-learner: the master weights, their gradients and two AdamW states in
-``master_weights_dtype`` (fp32 by default, as verl's FSDP; with LoRA the frozen base
-is in ``model_dtype`` and peft keeps the adapter in fp32), divided by the learners
-under FSDP; with bf16 compute over fp32 master weights, the compute copy of the
-weights (autocast caches every cast weight through forward and backward on one
-learner; FSDP2 holds the all-gathered root and about two decoder layers in bf16);
-the reference copy in ``model_dtype`` (none with LoRA); activations of one
-micro-batch (tokens x hidden x layers x `ACTIVATION_VALUES` values, Korthikanti
-et al. 2022 without the attention-score term, which SDPA/flash attention do not
-store; with gradient checkpointing one value per layer plus one layer's full
-set); and the logits of one micro-batch in fp32 (tokens x vocab x 4 bytes; the
-loss holds a few such tensors for a moment).  Per sampler: weights plus the KV
-cache of every sequence of a generation call at full length (capped by vLLM's
-``max_num_seqs``), or the engine's configured share of the GPU.
+The plan (`memory_plan`) takes the model's shape without its weights
+(`rllib_grpo.models.shapes.model_shape`: a config.json or the built-in table) and the
+placement plan (`GRPOConfig.placement_plan`: which learner rank and which engine shard sit
+on each GPU), and models what the code allocates:
+
+* a learner: its master weights, gradients (kept from one step's backward to the next
+  step's ``zero_grad``) and two AdamW states in ``master_weights_dtype``, 1/N under FSDP2;
+  the reference in the compute dtype, 1/N; with bf16 compute over fp32 master weights the
+  compute copy (autocast caches every cast weight on one learner; FSDP2 holds the
+  all-gathered root and ~2 decoder layers, and the root's and one layer's unsharded
+  gradients); the activations one micro-batch saves for backward (`layer_activation_bytes`,
+  per token and layer, from the tensors transformers' decoder layers save); the logits of
+  its response tokens as ``token_stats`` holds them (`logits_bytes`); one CUDA context;
+* a vLLM engine (shard): ``gpu_memory_utilization`` of the GPU awake (its weights 1/TP, the
+  rest KV cache, CUDA graphs and activations), its CUDA context alone asleep (level 2),
+  its weights alone between the weights-first wake and the KV cache's;
+* a transformers sampler: its weights in the sampler's dtype and the KV cache of every
+  sequence of a generation call.
+
+The step's phases (`PHASES`) follow verl's choreography: the engines sample beside the
+learner's resident state; the learner is built beside awake engines (each rank
+materialises only its shard); the no-grad reference (and old-log-prob) pass and the update
+run while the engines sleep; the learner returns its cached memory, the engines wake their
+weights, take the weight sync, then their KV cache.  A GPU whose processes exceed its
+memory (``gpu_memory_gib``) in any phase is an error before Ray starts (`memory_errors`),
+naming the settings that fix it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+import inspect
+from collections.abc import Iterable
 from typing import Any
 
-import torch
-
+from rllib_grpo.algos import logprobs_from_logits
+from rllib_grpo.algos.token_stats import DEFAULT_CHUNK_TOKENS
+from rllib_grpo.models.lm_head import FUSED_HEAD_MODEL_TYPES
+from rllib_grpo.models.shapes import ModelShape, model_shape
 from rllib_grpo.rllib.config.settings import GRPOSettings
 
+GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-ACTIVATION_VALUES = 17  # stored activations per token, per hidden unit, per layer
+CUDA_CONTEXT_BYTES = GIB // 2  # a process's CUDA context and kernels (~0.5 GiB)
 VLLM_MAX_NUM_SEQS = 256  # vLLM's default max_num_seqs
 ADAPTER_BYTES = 4  # peft keeps adapters in fp32 (autocast_adapter_dtype)
+FP32 = 4  # softmax statistics and norms run in float32 whatever the compute dtype
+# Rows of `logprobs_from_logits`'s log-sum-exp temporaries (its default chunk).
+LOGPROB_CHUNK_ROWS: int = inspect.signature(logprobs_from_logits).parameters["chunk_size"].default
+SYNC_BUCKETS = 2  # a weight sync holds at most two buckets on each side
+# What vLLM defaults to when nothing sets gpu_memory_utilization (a GPU of its own).
+VLLM_DEFAULT_MEMORY_FRACTION = 0.9
+
+# The phases of a step, in order (`PHASE_DOCS` says what each is).
+SAMPLING, BUILD, NO_GRAD_PASS, UPDATE, ASLEEP, WAKE, SYNC = (
+    "sample", "build", "ref pass", "update", "asleep", "wake", "sync")
+PHASES = (SAMPLING, BUILD, NO_GRAD_PASS, UPDATE, ASLEEP, WAKE, SYNC)
+PHASE_DOCS = {
+    SAMPLING: "engines awake and sampling; the learner holds its resident state",
+    BUILD: "the learner built beside awake engines (each rank materialises its shard)",
+    NO_GRAD_PASS: "the reference (and old-log-prob) pass, engines asleep",
+    UPDATE: "the update's peak (forward + backward of one micro-batch, or AdamW's step)",
+    ASLEEP: "after the update: the learner returned its cached memory, engines asleep",
+    WAKE: "engines wake their weights (the KV cache stays released)",
+    SYNC: "the weight sync: the learner's buckets into the engines' weights",
+}
 
 
-# --------------------------------------------------------------------------- model shape
-@dataclass(frozen=True)
-class ModelShape:
-    """What the estimate needs from a causal LM's config."""
+# --------------------------------------------------------------------------- the micro-batch
+@dataclasses.dataclass(frozen=True)
+class MicroBatch:
+    """One learner micro-batch at full length: its trajectories, the token slots its
+    forward computes (packed real tokens, a shared prompt counted once), the response
+    tokens whose logits it keeps, and how many micro-batches make a mini-batch."""
 
-    num_params: int
-    hidden_size: int
-    num_layers: int
-    vocab_size: int
-    num_kv_heads: int
-    head_dim: int
-    lora_params: int = 0  # trainable parameters of the configured adapter
-
-
-def model_shape(path: str, lora_rank: int = 0, target_modules: Any = "all-linear"
-                ) -> ModelShape:
-    """Shape and parameter counts of the model in ``path`` (a folder or a cached hub id)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(path, local_files_only=True)
-    text = config.get_text_config()
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    heads = text.num_attention_heads
-    return ModelShape(
-        num_params=sum(p.numel() for p in model.parameters()),
-        hidden_size=text.hidden_size, num_layers=text.num_hidden_layers,
-        vocab_size=text.vocab_size,
-        num_kv_heads=getattr(text, "num_key_value_heads", None) or heads,
-        head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
-        lora_params=lora_param_count(model, lora_rank, target_modules),
-    )
+    trajectories: int
+    slots: int
+    logit_rows: int
+    per_minibatch: int
+    masked_attention: bool  # a dense attention mask (packed rows of several sequences)
 
 
-def lora_param_count(model: torch.nn.Module, rank: int, target_modules: Any) -> int:
-    """``rank x (in + out)`` over the linear layers peft would adapt."""
-    if rank <= 0:
-        return 0
-    head = model.get_output_embeddings()  # type: ignore[operator]
-    names = None if target_modules == "all-linear" else (
-        {target_modules} if isinstance(target_modules, str) else set(target_modules))
-    total = 0
-    for name, module in model.named_modules():
-        if not isinstance(module, torch.nn.Linear) or module is head:
-            continue
-        if names is None or name.rpartition(".")[2] in names or name in names:
-            total += rank * (module.in_features + module.out_features)
-    return total
+def dense_mask_attention(c: GRPOSettings) -> bool:
+    """The learner attends through a dense mask (sdpa: CPU learners, 32-bit compute) rather
+    than a varlen flash kernel (16-bit compute on GPU learners, where flash-attention runs)."""
+    return not (c.learners_on_gpus and c.compute_dtype in ("bfloat16", "float16"))
 
 
-# --------------------------------------------------------------------------- estimate
-@dataclass
-class MemoryEstimate:
-    """Bytes per learner and per sampler, by row, with notes on the assumptions."""
-
-    shape: ModelShape
-    learner: dict[str, float]
-    sampler: dict[str, float]
-    notes: list[str]
-
-    @property
-    def learner_total(self) -> float:
-        return sum(self.learner.values())
-
-    @property
-    def sampler_total(self) -> float:
-        return sum(self.sampler.values())
-
-
-def micro_batch_tokens(c: GRPOSettings) -> int:
-    """Tokens of one learner micro-batch at full length (the activation/logit driver)."""
-    if c.use_dynamic_bsz:
-        return c.max_tokens_per_micro_batch
-    micro = max(1, c.batch_plan().micro_batch_size_per_learner)
-    return micro * (c.max_prompt_length + c.max_response_length)
+def micro_batch(c: GRPOSettings, shape: ModelShape) -> MicroBatch:
+    """The learner's micro-batch when every sequence runs to its length limits."""
+    prompt, response = c.max_prompt_length, c.max_response_length
+    length = prompt + response
+    per_learner = max(1, c.batch_plan().trajectories_per_minibatch_per_learner)
+    if c.micro_batches_by_tokens:
+        size = min(per_learner, max(1, c.max_tokens_per_micro_batch // length))
+    else:
+        size = min(per_learner, c.batch_plan().micro_batch_size_per_learner or per_learner)
+    per_minibatch = -(-per_learner // size)
+    if not c.use_remove_padding:  # padded rows: every row computes the prompt and response
+        return MicroBatch(size, size * length, size * length, per_minibatch, True)
+    dense = dense_mask_attention(c)
+    if not (dense and c.share_prompt_prefix and c.group_size > 1):
+        return MicroBatch(size, size * length, size * response, per_minibatch, False)
+    # `rllib_grpo.models.shared_prefix`: a group's responses share one prompt copy per unit
+    # of at most max(longest sequence, hidden size) tokens.
+    capacity = max(length, shape.hidden_size)
+    per_unit = max(1, (capacity - prompt) // max(response, 1))
+    groups, rest = divmod(size, c.group_size)
+    units = groups * -(-c.group_size // per_unit) + -(-rest // per_unit)
+    return MicroBatch(size, units * prompt + size * response, size * response, per_minibatch,
+                      masked_attention=per_unit > 1)
 
 
-def compute_copy_bytes(c: GRPOSettings, shape: ModelShape, shards: int) -> float:
-    """Bytes of the weights' compute-dtype copy when it differs from the master dtype: all
-    of them on one learner (autocast's cache), the root and ~2 layers under FSDP2."""
+# --------------------------------------------------------------------------- activations
+@dataclasses.dataclass(frozen=True)
+class Precision:
+    """Bytes per value of the learner's tensors: ``stream`` the residual stream (the
+    embedding's output dtype), ``compute`` matmul inputs and outputs, ``norm_out`` a
+    norm's output (its weight times the normalised stream), ``master`` trained weights."""
+
+    stream: int
+    compute: int
+    norm_out: int
+    master: int
+
+
+def learner_precision(c: GRPOSettings) -> Precision:
+    """How the learner's forward holds its tensors: FSDP2 computes with its parameters cast
+    to the compute dtype (the stream too); one learner runs bf16 compute as autocast over
+    fp32 master weights (embedding, norms and residual stream stay fp32)."""
+    compute = DTYPE_BYTES[c.compute_dtype]
+    master = DTYPE_BYTES[c.master_weights_dtype]
+    if c.lora_rank > 0 or fsdp_shards(c) > 1 or master == compute:
+        return Precision(stream=compute, compute=compute, norm_out=compute, master=master)
+    return Precision(stream=master, compute=compute, norm_out=master, master=master)
+
+
+def layer_activation_bytes(shape: ModelShape, p: Precision, masked: bool) -> float:
+    """Bytes one token saves for backward in one decoder layer of transformers' Llama /
+    Qwen2 / Qwen3 / Mistral blocks (what autograd keeps, per tensor):
+
+    * each of the two RMSNorms: its float32 input (4 h), the normalised input in the stream
+      dtype, and its output as the next matmuls' input (each matmul its own cast copy
+      under autocast: q/k/v three, gate/up two);
+    * attention: the queries and keys after RoPE, the values and the output (the keys and
+      values repeated to the query heads where a dense mask keeps sdpa off its GQA path),
+      the log-sum-exp; Qwen3's q/k norms their float32 inputs and outputs;
+    * the MLP: gate and up projections, SiLU's output and the product (4 x intermediate).
+    """
+    h, q, kv, i = shape.hidden_size, shape.q_width, shape.kv_width, shape.intermediate_size
+    c = p.compute
+
+    def norm(consumers: int) -> float:
+        matmul_inputs = h * p.norm_out if p.norm_out == c else consumers * h * c
+        return FP32 * h + p.stream * h + matmul_inputs
+
+    keys_values = 2 * q if masked else 2 * kv
+    attention = c * (2 * q + keys_values) + FP32 * shape.num_heads
+    if shape.qk_norm:
+        attention += (FP32 + c) * (q + kv)
+    return norm(3) + attention + norm(2) + 4 * c * i
+
+
+def activation_bytes(c: GRPOSettings, shape: ModelShape, mb: MicroBatch,
+                     checkpointing: bool) -> float:
+    """What one micro-batch's training forward saves for backward: every layer's
+    activations, or with gradient checkpointing each layer's input plus one layer's
+    activations (its recompute); and the final norm's."""
+    p = learner_precision(c)
+    layer = layer_activation_bytes(shape, p, mb.masked_attention)
+    per_token = (shape.num_layers * p.stream * shape.hidden_size + layer if checkpointing
+                 else shape.num_layers * layer)
+    final_norm = (FP32 + p.stream + p.norm_out) * shape.hidden_size
+    return float(mb.slots * (per_token + final_norm))
+
+
+def backward_temporaries(shape: ModelShape, p: Precision, slots: int) -> float:
+    """The gradients a decoder layer's backward holds at once beside the saved activations:
+    three of the MLP's intermediates' (down's input, SiLU's output, up's output) and two of
+    the residual stream's."""
+    return float(slots * (3 * p.compute * shape.intermediate_size
+                          + 2 * p.stream * shape.hidden_size))
+
+
+def no_grad_forward_bytes(shape: ModelShape, p: Precision, slots: int) -> float:
+    """The transient of a no-grad forward: one layer's MLP intermediates and a few hidden
+    states, freed layer by layer."""
+    return float(slots * (4 * p.compute * shape.intermediate_size
+                          + (FP32 + 2 * p.stream) * shape.hidden_size))
+
+
+def resolved_token_stats(c: GRPOSettings) -> str:
+    """``token_stats`` as the learner's model resolves it (`rllib_grpo.models.lm_head`):
+    'auto' is 'fused' for a plain llama/mistral/qwen2/qwen3 head without FSDP or LoRA."""
+    mode = c.learner_token_stats
+    if mode != "auto":
+        return mode
+    return "fused" if fused_head_allowed(c) else "chunked"
+
+
+def fused_head_allowed(c: GRPOSettings, model_type: str | None = None) -> bool:
+    """`rllib_grpo.models.lm_head.fused_head` holds: an unwrapped model of a fusable type."""
+    return fsdp_shards(c) == 1 and c.lora_rank <= 0 and (
+        model_type is None or model_type in FUSED_HEAD_MODEL_TYPES)
+
+
+def logits_bytes(c: GRPOSettings, shape: ModelShape, rows: int, *, training: bool,
+                 with_entropy: bool) -> float:
+    """Bytes the response logits take at their peak in one forward (and its backward when
+    ``training``), by ``token_stats``:
+
+    * 'full': the model's logits (compute dtype), their float32 copy divided by the
+      temperature, and the entropy's softmax and product (each float32); in backward the
+      saved copy and the log-sum-exp's and gather's gradients (four float32 copies);
+    * 'chunked': the model's logits and the copy the chunked function saves (compute
+      dtype), its input gradient in backward, and a few float32 (chunk, V) blocks;
+    * 'fused': no logits: the head's weight cast to the compute dtype, its float32
+      gradient, and the (chunk, V) blocks.
+    """
+    mode = resolved_token_stats(c)
+    if mode == "fused" and shape.model_type not in FUSED_HEAD_MODEL_TYPES:
+        mode = "chunked"
+    compute = DTYPE_BYTES[c.compute_dtype]
+    vocab = shape.vocab_size
+    blocks = 3 * min(rows, DEFAULT_CHUNK_TOKENS) * vocab * FP32
+    if mode == "full":
+        forward = compute + FP32 + (2 * FP32 if with_entropy else FP32)
+        backward = 4 * FP32 if training else 0
+        lse = min(rows, LOGPROB_CHUNK_ROWS) * vocab * FP32
+        return float(rows * vocab * max(forward, backward) + (0 if with_entropy else lse))
+    if mode == "chunked":
+        return float(rows * vocab * compute * (3 if training else 2) + blocks)
+    head = vocab * shape.hidden_size
+    cast = head * compute if compute != DTYPE_BYTES[c.master_weights_dtype] else 0
+    return float(cast + (head * FP32 if training else 0) + blocks)
+
+
+# --------------------------------------------------------------------------- the learner
+def fsdp_shards(c: GRPOSettings) -> int:
+    """How many ways FSDP2 shards the learner's model (1: a whole model per learner)."""
+    learners = c.batch_plan().num_learners
+    return learners if (c.fsdp and learners >= 2 and c.lora_rank <= 0) else 1
+
+
+def activations_dominate(c: GRPOSettings, shape: ModelShape) -> bool:
+    """Whether one micro-batch's activations without checkpointing outweigh the learner's
+    model states (weights, gradients and AdamW states on the device): where gradient
+    checkpointing pays for its recompute."""
+    states = learner_states(c, shape)
+    resident = states["weights"] + states["gradients"] + states["AdamW"]
+    return activation_bytes(c, shape, micro_batch(c, shape), checkpointing=False) > resident
+
+
+def learner_states(c: GRPOSettings, shape: ModelShape) -> dict[str, float]:
+    """Bytes of the learner's persistent tensors on its device: ``weights``, ``gradients``,
+    ``AdamW`` (zero where offloaded), ``AdamW on step`` (what the step brings to the
+    device), ``reference`` (where it lives on the device) and ``reference visiting`` (what a
+    host-offloaded reference brings for its pass)."""
+    shards = fsdp_shards(c)
+    host = shards > 1 and c.fsdp_cpu_offload
     compute, master = DTYPE_BYTES[c.compute_dtype], DTYPE_BYTES[c.master_weights_dtype]
+    if c.lora_rank > 0:
+        trainable, train_bytes = shape.lora_params, ADAPTER_BYTES
+        weights = shape.num_params * compute + trainable * train_bytes
+    else:
+        trainable, train_bytes = shape.num_params, master
+        weights = shape.num_params * master / shards
+    grads = trainable * train_bytes / shards
+    adam = 2 * trainable * train_bytes / shards
+    reference = (shape.num_params * compute / shards
+                 if c.needs_reference and c.lora_rank <= 0 else 0.0)
+    on_device = not (c.ref_param_offload and c.learners_on_gpus)
+    return {
+        "weights": 0.0 if host else weights, "gradients": 0.0 if host else grads,
+        "AdamW": 0.0 if host or c.optimizer_offload else adam,
+        "AdamW on step": 0.0 if host else adam,
+        "reference": reference if on_device else 0.0,
+        "reference visiting": 0.0 if on_device else reference,
+    }
+
+
+def gathered_bytes(c: GRPOSettings, shape: ModelShape) -> float:
+    """The compute copy of the weights during a forward and backward: with bf16 compute
+    over fp32 master weights on one learner autocast's cache of every cast weight; under
+    FSDP2 the all-gathered root and ~2 decoder layers in the compute dtype, and the
+    unsharded gradients of the root and one layer."""
+    compute, master = DTYPE_BYTES[c.compute_dtype], DTYPE_BYTES[c.master_weights_dtype]
+    shards = fsdp_shards(c)
+    root = shape.num_params - shape.num_layers * shape.layer_params
+    if shards > 1:
+        return float((root + 2 * shape.layer_params) * compute
+                     + (root + shape.layer_params) * compute)
     if c.lora_rank > 0 or compute >= master:
         return 0.0
-    if shards == 1:
-        return float(shape.num_params * compute)
-    root = shape.vocab_size * shape.hidden_size
-    per_layer = max(shape.num_params - root, 0) / max(shape.num_layers, 1)
-    return float((root + 2 * per_layer) * compute)
+    return float(shape.num_params * compute)
 
 
-def learner_memory(c: GRPOSettings, shape: ModelShape) -> tuple[dict[str, float], list[str]]:
-    """Device bytes of one learner, by row, and notes."""
-    dtype_bytes = DTYPE_BYTES[c.compute_dtype]  # compute: reference, activations, LoRA base
-    learners = c.batch_plan().num_learners
-    shards = learners if (c.fsdp and learners >= 2) else 1
-    host_shards = shards > 1 and c.fsdp_cpu_offload
-    lora = c.lora_rank > 0
-    trainable = shape.lora_params if lora else shape.num_params
-    train_bytes = ADAPTER_BYTES if lora else DTYPE_BYTES[c.master_weights_dtype]
-    notes = []
-    weights = shape.num_params * dtype_bytes + trainable * train_bytes if lora \
-        else shape.num_params * train_bytes
-    rows = {
-        "weights": weights / shards,
-        "gradients": trainable * train_bytes / shards,
-        "optimizer (AdamW)": 2 * trainable * train_bytes / shards,
-        "reference model": 0.0 if lora or not (c.use_kl_loss or c.use_kl_in_reward)
-        else shape.num_params * dtype_bytes / shards,
-    }
-    copy = compute_copy_bytes(c, shape, shards)
-    if copy:
-        rows[f"compute copy ({c.compute_dtype})"] = copy
-        notes.append(f"{c.master_weights_dtype} master weights and AdamW states, "
-                     f"{c.compute_dtype} compute")
-    if host_shards:
-        rows.update({"weights": 0.0, "gradients": 0.0, "optimizer (AdamW)": 0.0})
-        notes.append("fsdp_cpu_offload: weights, gradients and AdamW states in host memory")
-    if c.optimizer_offload and rows["optimizer (AdamW)"]:
-        notes.append("optimizer_offload: AdamW states in host memory except during the step")
-        rows["optimizer (AdamW)"] = 0.0
-    if c.ref_param_offload and rows["reference model"]:
-        notes.append("ref_param_offload: the reference visits the device for its forward only")
-        rows["reference model"] = 0.0
-    tokens = micro_batch_tokens(c)
-    per_layer = shape.num_layers + ACTIVATION_VALUES if c.gradient_checkpointing \
-        else shape.num_layers * ACTIVATION_VALUES
-    rows["activations"] = float(tokens * shape.hidden_size * per_layer * dtype_bytes)
-    rows["logits (fp32)"] = float(tokens * shape.vocab_size * 4)
-    notes.append(f"micro-batch: {tokens} tokens; activations {ACTIVATION_VALUES} values per "
-                 "token x hidden x layer" + (" (gradient checkpointing: 1 per layer + one "
-                                             "layer's)" if c.gradient_checkpointing else ""))
-    return rows, notes
+def learner_phases(c: GRPOSettings, shape: ModelShape, *, on_gpu: bool
+                   ) -> dict[str, dict[str, float]]:
+    """The learner process's bytes, by phase and row (`PHASES`; a learner on CPU has no
+    CUDA context and its phases are the same)."""
+    states = learner_states(c, shape)
+    mb = micro_batch(c, shape)
+    p = learner_precision(c)
+    compute = DTYPE_BYTES[c.compute_dtype]
+    shards = fsdp_shards(c)
+    checkpointing = c.checkpoints_activations
+    resident = {"weights": states["weights"], "gradients": states["gradients"],
+                "AdamW": states["AdamW"], "reference": states["reference"]}
+    context = {"CUDA context": float(CUDA_CONTEXT_BYTES)} if on_gpu else {}
+    # Build: each rank materialises its shard (and, under FSDP2, one full tensor at a time
+    # while rank 0's weights are scattered into the shards).
+    scatter = shape.largest_tensor * p.master if shards > 1 else 0.0
+    build = {**context, "weights": states["weights"], "reference": states["reference"],
+             "loading (one full tensor)": scatter}
+    # The no-grad passes: the reference's (visiting from the host where offloaded) and,
+    # unless the update's forward gives them, the old log-probs'.
+    from rllib_grpo.rllib.config.staleness import old_log_probs_from_update
+
+    old_pass = not old_log_probs_from_update(c)
+    reference_gathered = ((shape.num_params - shape.num_layers * shape.layer_params
+                           + 2 * shape.layer_params) * compute if shards > 1 else 0.0)
+    passes = []
+    if c.needs_reference and c.lora_rank <= 0:
+        passes.append({"reference visiting": states["reference visiting"],
+                       "gathered (compute dtype)": reference_gathered,
+                       "logits": logits_bytes(c, shape, mb.logit_rows, training=False,
+                                              with_entropy=False)})
+    if old_pass or c.lora_rank > 0:
+        passes.append({"gathered (compute dtype)": gathered_bytes(c, shape),
+                       "logits": logits_bytes(c, shape, mb.logit_rows, training=False,
+                                              with_entropy=old_pass)})
+    no_grad = max(passes, key=lambda rows: sum(rows.values()), default={})
+    no_grad_pass = {**context, **resident, **no_grad,
+                    "activations": no_grad_forward_bytes(shape, p, mb.slots) if no_grad else 0.0}
+    # The update, at the larger of three moments: the logits' peak (the forward's end or
+    # the head's backward), a decoder layer's backward, and AdamW's step.  Gradients exist
+    # from the first micro-batch's backward on (several micro-batches), else only the LM
+    # head's while the activations are alive.
+    head_grads = shape.largest_tensor * p.master / shards
+    with_entropy = c.entropy_coeff != 0 or not old_pass
+    training = {**context, **resident,
+                "gradients": states["gradients"] if mb.per_minibatch > 1
+                else min(head_grads, states["gradients"]),
+                "gathered (compute dtype)": gathered_bytes(c, shape),
+                "activations": activation_bytes(c, shape, mb, checkpointing)}
+    logits_peak = {**training, "logits": logits_bytes(c, shape, mb.logit_rows, training=True,
+                                                       with_entropy=with_entropy)}
+    layer_backward = {**training,
+                      "backward temporaries": backward_temporaries(shape, p, mb.slots)}
+    step = {**context, **resident, "AdamW": states["AdamW on step"]}
+    update = max((logits_peak, layer_backward, step), key=lambda rows: sum(rows.values()))
+    sync = {**context, **resident, "sync buckets": sync_bucket_bytes(c, shape)}
+    return {SAMPLING: {**context, **resident}, BUILD: build, NO_GRAD_PASS: no_grad_pass,
+            UPDATE: update, ASLEEP: {**context, **resident}, WAKE: {**context, **resident},
+            SYNC: sync}
 
 
+def sync_bucket_bytes(c: GRPOSettings, shape: ModelShape) -> float:
+    """What a weight sync holds on the learner: two buckets in the sampler's dtype (at most
+    the whole model), and under FSDP2 one all-gathered full tensor in the master dtype."""
+    sampler = DTYPE_BYTES.get(c.sampler_dtype, 4)
+    bucket = min(c.weight_sync_bucket_mb * 2**20, shape.num_params * sampler)
+    gathered = shape.largest_tensor * DTYPE_BYTES[c.master_weights_dtype] \
+        if fsdp_shards(c) > 1 else 0.0
+    return float(SYNC_BUCKETS * bucket + gathered)
+
+
+def learner_peak(c: GRPOSettings, shape: ModelShape | None = None) -> tuple[str, float]:
+    """The learner process's largest phase and its bytes, without a CUDA context (the
+    prediction `benchmarks/memory_plan.py` checks against a CPU learner's measured peak)."""
+    shape = shape or config_shape(c)
+    phases = learner_phases(c, shape, on_gpu=False)
+    name = max(phases, key=lambda phase: sum(phases[phase].values()))
+    return name, sum(phases[name].values())
+
+
+# --------------------------------------------------------------------------- samplers
 def sequences_at_once(c: GRPOSettings) -> int:
     """The most sequences one env runner's sampler holds at once: its share of a step's
     trajectories, ``max_staleness`` steps' worth in continuous rollouts (the groups the
@@ -192,37 +406,267 @@ def sequences_at_once(c: GRPOSettings) -> int:
     return -(-c.batch_plan().trajectories_per_step * steps // runners)
 
 
-def sampler_memory(c: GRPOSettings, shape: ModelShape) -> tuple[dict[str, float], list[str]]:
-    """Device bytes of one sampler (vLLM or transformers), by row, and notes."""
-    options = dict(c.sampler_config)
-    dtype_bytes = DTYPE_BYTES.get(c.sampler_dtype, 4)
-    seqs = sequences_at_once(c)
-    if c.sampler != "hf":
-        seqs = min(seqs, int(options.get("max_num_seqs", VLLM_MAX_NUM_SEQS)))
-    elif options.get("max_batch_size"):
-        seqs = min(seqs, int(options["max_batch_size"]))
-    length = c.max_prompt_length + c.max_response_length
-    kv = seqs * length * shape.num_layers * 2 * shape.num_kv_heads * shape.head_dim * dtype_bytes
-    notes = [f"KV cache: {seqs} sequences x {length} tokens at once"]
-    fraction = c.sampler_memory_fraction or options.get("gpu_memory_utilization")
-    if fraction and c.sampler != "hf":
-        notes.append(f"on a GPU vLLM reserves {fraction:.0%} of the GPU (weights + KV cache "
-                     "+ its activations) whatever this estimate says")
-    return {"weights": float(shape.num_params * dtype_bytes), "KV cache": float(kv)}, notes
+def engine_memory_fraction(c: GRPOSettings) -> float:
+    """The share of a GPU a vLLM engine takes awake (`rllib_grpo.rllib.env_runner.engine.
+    engine_options` sets it the same way)."""
+    from rllib_grpo.rllib.config.layout import COLOCATED_MEMORY_FRACTION
+
+    fraction = c.sampler_memory_fraction or dict(c.sampler_config).get("gpu_memory_utilization")
+    if fraction:
+        return float(fraction)
+    if c.sampler_sleeps:
+        return COLOCATED_MEMORY_FRACTION
+    gpus = c.num_gpus_per_env_runner or 0
+    return round(0.9 * gpus, 3) if 0 < gpus < 1 else VLLM_DEFAULT_MEMORY_FRACTION
 
 
-def estimate_memory(c: GRPOSettings, shape: ModelShape | None = None) -> MemoryEstimate:
-    """The memory estimate of a GRPO config (its model's shape is read unless given)."""
-    if shape is None:
-        from rllib_grpo.models.registry import resolve_model
+def sampler_rows(c: GRPOSettings, shape: ModelShape, device_bytes: float, tp: int
+                 ) -> dict[str, dict[str, float]]:
+    """One sampler process (a vLLM engine shard, or a transformers sampler) on a GPU, by
+    phase: awake the whole time unless it sleeps during the update (level 2: its context
+    alone), then its weights alone until the sync is in."""
+    context = {"CUDA context": float(CUDA_CONTEXT_BYTES)}
+    dtype = DTYPE_BYTES.get(c.sampler_dtype, 4)
+    weights = shape.num_params * dtype / tp
+    if c.sampler == "hf":
+        seqs = sequences_at_once(c)
+        if dict(c.sampler_config).get("max_batch_size"):
+            seqs = min(seqs, int(c.sampler_config["max_batch_size"]))
+        length = c.max_prompt_length + c.max_response_length
+        kv = seqs * length * shape.num_layers * 2 * shape.kv_width * dtype
+        awake = {**context, "sampler weights": weights, "KV cache": float(kv)}
+        return {phase: dict(awake) for phase in PHASES}
+    share = engine_memory_fraction(c) * device_bytes
+    awake = {**context, "vLLM weights": weights,
+             "KV cache, CUDA graphs, activations": max(share - weights, 0.0)}
+    if not c.sampler_sleeps:
+        return {phase: dict(awake) for phase in PHASES}
+    weights_only = {**context, "vLLM weights": weights}
+    return {SAMPLING: awake, BUILD: dict(awake), NO_GRAD_PASS: dict(context),
+            UPDATE: dict(context), ASLEEP: dict(context), WAKE: weights_only,
+            SYNC: dict(weights_only)}
 
-        shape = model_shape(resolve_model(c.model_path), c.lora_rank, c.lora_target_modules)
-    learner, learner_notes = learner_memory(c, shape)
-    sampler, sampler_notes = sampler_memory(c, shape)
-    return MemoryEstimate(shape, learner, sampler, learner_notes + sampler_notes)
+
+# --------------------------------------------------------------------------- the plan
+@dataclasses.dataclass
+class ProcessMemory:
+    """One process on a GPU (or a CPU learner): its name and its bytes by phase and row."""
+
+    name: str
+    phases: dict[str, dict[str, float]]
+
+    def total(self, phase: str) -> float:
+        return sum(self.phases[phase].values())
+
+
+@dataclasses.dataclass
+class DeviceMemory:
+    """The processes on one GPU (``gpus``: the GPUs that hold the same processes' memory,
+    as `layout.gpu_rows` names them) and their totals by phase."""
+
+    gpus: list[str]
+    processes: list[ProcessMemory]
+
+    def total(self, phase: str) -> float:
+        return sum(p.total(phase) for p in self.processes)
+
+    def signature(self) -> tuple:
+        return tuple((p.name.split(" ")[0], tuple(tuple(sorted(p.phases[ph].items()))
+                                                   for ph in PHASES)) for p in self.processes)
+
+
+@dataclasses.dataclass
+class MemoryPlan:
+    """Every GPU's processes and phases (``devices``), or the CPU learner's, against
+    ``device_bytes`` (None on CPU: host memory is not planned against a limit)."""
+
+    shape: ModelShape
+    micro: MicroBatch
+    devices: list[DeviceMemory]
+    device_bytes: float | None
+    notes: list[str]
+
+
+def config_shape(c: GRPOSettings) -> ModelShape:
+    """The shape of the config's model (`rllib_grpo.models.shapes.model_shape`)."""
+    return model_shape(c.model_path, c.lora_rank, c.lora_target_modules)
+
+
+def memory_plan(c: Any, shape: ModelShape | None = None) -> MemoryPlan:
+    """The plan of a GRPO config (a `GRPOConfig`: its placement plan places the processes;
+    its model's shape is read unless given)."""
+    from rllib_grpo.rllib.config.layout import ENGINE_SHARD, ENV_RUNNER, LEARNER, MAIN, gpu_of
+
+    shape = shape or config_shape(c)
+    device = c.gpu_memory_gib * GIB
+    plan = c.placement_plan()
+    learner = learner_phases(c, shape, on_gpu=True)
+    mb = micro_batch(c, shape)
+    notes = _notes(c, shape, mb)
+    if not plan.uses_gpus:
+        cpu = ProcessMemory("learner" if c.num_learners else "main process (learner)",
+                            learner_phases(c, shape, on_gpu=False))
+        return MemoryPlan(shape, mb, [DeviceMemory(["CPU (host memory)"], [cpu])], None, notes)
+    devices: list[DeviceMemory] = []
+    for index, bundle in enumerate(plan.bundles):
+        if not bundle.gpus:
+            continue
+        where = gpu_of(plan, index)
+        label = f"node {where[0]} GPU {where[1]}" if where else "the main process's GPU"
+        processes = []
+        for seat in (s for s in plan.seats if s.bundle == index and s.gpus):
+            if seat.role == LEARNER or (seat.role == MAIN and c.num_learners == 0):
+                name = f"learner rank {seat.index}" if seat.role == LEARNER else \
+                    "main process: learner"
+                phases = learner
+                if seat.role == MAIN and c.num_env_runners == 0:  # local mode: one process
+                    phases = _one_process(learner, sampler_rows(c, shape, device, 1))
+                    name += " + sampler"
+                processes.append(ProcessMemory(name, phases))
+            elif seat.role in (ENV_RUNNER, ENGINE_SHARD):
+                tp = plan.engine_tp if seat.role == ENGINE_SHARD else 1
+                name = (f"engine {seat.engine} shard {seat.index}" if seat.role == ENGINE_SHARD
+                        else f"env runner {seat.index} ({'vLLM' if c.sampler != 'hf' else 'transformers'})")
+                processes.append(ProcessMemory(name, sampler_rows(c, shape, device, tp)))
+            else:
+                notes.append(f"{seat.name} on {label}: not planned (its own model)")
+        devices.append(DeviceMemory([label], processes))
+    return MemoryPlan(shape, mb, _merge_alike(devices), device, notes)
+
+
+def _one_process(learner: dict[str, dict[str, float]], sampler: dict[str, dict[str, float]]
+                 ) -> dict[str, dict[str, float]]:
+    """The learner and the sampler in one process (local mode): one CUDA context."""
+    merged = {}
+    for phase in PHASES:
+        rows = dict(learner[phase])
+        for name, value in sampler[phase].items():
+            if name != "CUDA context":
+                rows[name] = rows.get(name, 0.0) + value
+        merged[phase] = rows
+    return merged
+
+
+def _merge_alike(devices: list[DeviceMemory]) -> list[DeviceMemory]:
+    """GPUs whose processes hold the same bytes in every phase, as one entry."""
+    merged: list[DeviceMemory] = []
+    for device in devices:
+        twin = next((m for m in merged if m.signature() == device.signature()), None)
+        if twin is None:
+            merged.append(DeviceMemory(list(device.gpus), device.processes))
+        else:
+            twin.gpus += device.gpus
+    return merged
+
+
+def _notes(c: GRPOSettings, shape: ModelShape, mb: MicroBatch) -> list[str]:
+    how = (f"token budget {c.max_tokens_per_micro_batch}" if c.micro_batches_by_tokens
+           else f"{mb.trajectories} trajectories per micro-batch")
+    return [
+        f"micro-batch at full length ({c.max_prompt_length} + {c.max_response_length} "
+        f"tokens): {how}: {mb.trajectories} trajectories, {mb.slots} tokens computed, "
+        f"{mb.logit_rows} response logits; {mb.per_minibatch} micro-batch(es) per mini-batch",
+        f"token_stats={c.learner_token_stats!r} ({resolved_token_stats(c)}), gradient "
+        f"checkpointing {'on' if c.checkpoints_activations else 'off'}, compute "
+        f"{c.compute_dtype} over {c.master_weights_dtype} master weights"
+        + (f", FSDP2 over {fsdp_shards(c)} learners" if fsdp_shards(c) > 1 else ""),
+    ]
+
+
+# --------------------------------------------------------------------------- errors
+# The settings that shrink each row, largest effect first.
+ROW_FIXES = {
+    "activations": ("gradient_checkpointing=True", "a smaller max_tokens_per_micro_batch "
+                    "(use_dynamic_bsz=True: a token budget per micro-batch)"),
+    "backward temporaries": ("a smaller max_tokens_per_micro_batch (use_dynamic_bsz=True)",),
+    "logits": ("token_stats='auto' (chunked log-softmax and entropy, no full float32 copy "
+               "of the logits)", "a smaller max_tokens_per_micro_batch"),
+    "weights": ("more GPUs (FSDP2 shards weights, gradients and AdamW 1/N: num_learners, "
+                "GRPOConfig.colocate)", "fsdp_cpu_offload=True"),
+    "gradients": ("more GPUs (num_learners, GRPOConfig.colocate)", "fsdp_cpu_offload=True"),
+    "AdamW": ("optimizer_offload=True", "more GPUs (num_learners, GRPOConfig.colocate)"),
+    "reference": ("ref_param_offload=True",),
+    "reference visiting": ("more GPUs (the reference is sharded 1/N)",),
+    "gathered (compute dtype)": ("more GPUs (FSDP2 gathers one layer at a time instead of "
+                                 "autocast's cast copy of every weight)",),
+    "loading (one full tensor)": ("more GPUs",),
+    "vLLM weights": ("a larger tensor_parallel_size (sampler_config)",),
+    "KV cache, CUDA graphs, activations": (
+        "a lower gpu_memory_utilization (sampler_memory_fraction)",),
+    "sampler weights": ("the vLLM sampler, which sleeps during the update",),
+    "KV cache": ("fewer sequences per generation (sampler_config max_batch_size)",),
+    "sync buckets": ("a smaller weight_sync_bucket_mb",),
+}
+
+
+def memory_errors(c: Any) -> list[str]:
+    """One error per GPU and phase whose processes exceed ``gpu_memory_gib``, naming the
+    largest rows and the settings that shrink them; engines whose weights do not fit their
+    share.  Nothing for CPU runs or a model whose shape is unknown (explain says why)."""
+    if not _plans_gpus(c):
+        return []
+    try:
+        plan = memory_plan(c)
+    except Exception:  # noqa: BLE001  (an unknown shape: explain prints the reason)
+        return []
+    assert plan.device_bytes is not None
+    errors = []
+    for device in plan.devices:
+        where = ", ".join(device.gpus)
+        for process in device.processes:
+            rows = process.phases[SAMPLING]
+            share = rows.get("KV cache, CUDA graphs, activations")
+            if share is not None and share <= 0:
+                errors.append(
+                    f"{where}: {process.name}'s weights ({_gib(rows['vLLM weights'])}) fill "
+                    f"its share of the GPU (gpu_memory_utilization {engine_memory_fraction(c)}"
+                    f" x {c.gpu_memory_gib:g} GiB), leaving no KV cache; raise "
+                    "sampler_memory_fraction or tensor_parallel_size (sampler_config).")
+        for phase in PHASES:
+            total = device.total(phase)
+            if total <= plan.device_bytes:
+                continue
+            rows = _rows_of(device, phase)
+            largest = sorted(rows.items(), key=lambda item: -item[1])[:3]
+            fixes = list(dict.fromkeys(fix for name, _ in largest for fix in _fixes(c, name)))
+            errors.append(
+                f"{where} run out of memory in phase {phase!r} ({PHASE_DOCS[phase]}): "
+                f"{_gib(total)} of {c.gpu_memory_gib:g} GiB (gpu_memory_gib); largest: "
+                + ", ".join(f"{name} {_gib(value)}" for name, value in largest)
+                + ". Fix: " + "; or ".join(fixes) + ".")
+            break  # one phase per GPU: the first that does not fit
+    return errors
+
+
+def _plans_gpus(c: Any) -> bool:
+    return hasattr(c, "placement_plan") and (
+        (c.num_gpus_per_learner or 0) > 0 or (c.num_gpus_per_env_runner or 0) > 0)
+
+
+def _fixes(c: GRPOSettings, row: str) -> Iterable[str]:
+    fixes = ROW_FIXES.get(row, ())
+    if row == "activations" and c.checkpoints_activations:
+        fixes = fixes[1:]
+    if row == "logits" and c.learner_token_stats != "full":
+        fixes = fixes[1:]
+    if row == "AdamW" and c.optimizer_offload:
+        fixes = fixes[1:]
+    return fixes
+
+
+def _rows_of(device: DeviceMemory, phase: str) -> dict[str, float]:
+    rows: dict[str, float] = {}
+    for process in device.processes:
+        for name, value in process.phases[phase].items():
+            rows[name] = rows.get(name, 0.0) + value
+    return rows
 
 
 # --------------------------------------------------------------------------- text
+def _gib(n: float) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
 def format_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
@@ -231,28 +675,44 @@ def format_bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
-def format_estimate(est: MemoryEstimate, c: GRPOSettings) -> list[str]:
-    """The estimate as a small table (lines)."""
-    s = est.shape
-    lora = f", LoRA r={c.lora_rank}: {s.lora_params / 1e6:.3g}M trainable" if c.lora_rank else ""
-    dtypes = c.compute_dtype if c.master_weights_dtype == c.compute_dtype or c.lora_rank else \
-        f"{c.master_weights_dtype} master / {c.compute_dtype} compute"
-    lines = [f"memory estimate: {s.num_params / 1e6:.3g}M params ({s.num_layers} layers x "
-             f"{s.hidden_size} hidden, vocab {s.vocab_size}), {dtypes}{lora}",
-             f"  per learner ({c.batch_plan().num_learners} learner(s))"]
-    lines += [f"    {name:<22}{format_bytes(value):>12}" for name, value in est.learner.items()]
-    lines.append(f"    {'total':<22}{format_bytes(est.learner_total):>12}")
-    lines.append(f"  per sampler ({c.sampler})")
-    lines += [f"    {name:<22}{format_bytes(value):>12}" for name, value in est.sampler.items()]
-    lines.append(f"    {'total':<22}{format_bytes(est.sampler_total):>12}")
-    lines += [f"  ({note})" for note in est.notes]
+def format_plan(plan: MemoryPlan, c: GRPOSettings) -> list[str]:
+    """The plan as tables: per GPU (GPUs alike share one), a row per process and tensor, a
+    column per phase, in GiB; the totals and what is left of the GPU."""
+    s = plan.shape
+    params = f"{s.num_params / 1e9:.3g}B" if s.num_params >= 1e9 else f"{s.num_params / 1e6:.3g}M"
+    lines = [f"memory plan: {params} params ({s.num_layers} layers x "
+             f"{s.hidden_size} hidden, vocab {s.vocab_size}; shape from {s.source})"
+             + (f", GPUs of {c.gpu_memory_gib:g} GiB (gpu_memory_gib)" if plan.device_bytes
+                else "")]
+    lines += [f"  ({note})" for note in plan.notes]
+    phases = PHASES if plan.device_bytes else (BUILD, NO_GRAD_PASS, UPDATE)
+    largest = max(device.total(ph) for device in plan.devices for ph in phases)
+    unit, scale = ("GiB", GIB) if plan.device_bytes or largest >= GIB else ("MiB", 2**20)
+    width = 36
+    for device in plan.devices:
+        lines.append(f"  {', '.join(device.gpus)}: {unit} by phase")
+        lines.append("    " + " " * width + "".join(f"{ph:>9}" for ph in phases))
+        for process in device.processes:
+            lines.append(f"    {process.name}")
+            names = list(dict.fromkeys(n for ph in phases for n in process.phases[ph]))
+            for name in names:
+                values = [process.phases[ph].get(name, 0.0) for ph in phases]
+                if not any(values):
+                    continue
+                lines.append(f"      {name:<{width - 2}}" + "".join(
+                    f"{v / scale:>9.2f}" if v else f"{'-':>9}" for v in values))
+        lines.append(f"    {'total':<{width}}" + "".join(
+            f"{device.total(ph) / scale:>9.2f}" for ph in phases))
+        if plan.device_bytes:
+            lines.append(f"    {'free':<{width}}" + "".join(
+                f"{(plan.device_bytes - device.total(ph)) / scale:>9.2f}" for ph in phases))
     return lines
 
 
-def memory_lines(c: GRPOSettings) -> list[str]:
-    """`format_estimate` for `explain`, or one line saying why there is none."""
+def memory_lines(c: Any) -> list[str]:
+    """`format_plan` for `explain`, or one line saying why there is none."""
     try:
-        return format_estimate(estimate_memory(c), c)
+        return format_plan(memory_plan(c), c)
     except Exception as error:  # noqa: BLE001  (explain must not fail on a missing model)
-        reason = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
-        return [f"memory estimate: unavailable ({type(error).__name__}: {reason})"]
+        reason = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
+        return [f"memory plan: unavailable ({type(error).__name__}: {reason})"]
