@@ -58,6 +58,7 @@ from rllib_grpo.algos import logprobs_from_logits
 from rllib_grpo.algos.token_stats import DEFAULT_CHUNK_TOKENS
 from rllib_grpo.models.lm_head import FUSED_HEAD_MODEL_TYPES
 from rllib_grpo.models.shapes import ModelShape, model_shape
+from rllib_grpo.rllib.config.layout import tensor_parallel_size
 from rllib_grpo.rllib.config.settings import GRPOSettings
 
 GIB = 2**30
@@ -91,14 +92,20 @@ PHASE_DOCS = {
 @dataclasses.dataclass(frozen=True)
 class MicroBatch:
     """One learner micro-batch at full length: its trajectories, the token slots its
-    forward computes (packed real tokens, a shared prompt counted once), the response
-    tokens whose logits it keeps, and how many micro-batches make a mini-batch."""
+    forward computes (packed rows: a shared prompt once, rows' unused tails included), the
+    response tokens whose logits it keeps, how many micro-batches make a mini-batch, and
+    the dense attention mask's bytes where the rows carry one (None: no mask)."""
 
     trajectories: int
     slots: int
     logit_rows: int
     per_minibatch: int
-    masked_attention: bool  # a dense attention mask (packed rows of several sequences)
+    mask_bytes: int | None = None
+
+    @property
+    def masked_attention(self) -> bool:
+        """A dense mask keeps sdpa off its grouped-query path: keys and values repeated."""
+        return self.mask_bytes is not None
 
 
 def dense_mask_attention(c: GRPOSettings) -> bool:
@@ -108,7 +115,13 @@ def dense_mask_attention(c: GRPOSettings) -> bool:
 
 
 def micro_batch(c: GRPOSettings, shape: ModelShape) -> MicroBatch:
-    """The learner's micro-batch when every sequence runs to its length limits."""
+    """The learner's micro-batch when every sequence runs to its length limits, laid out by
+    the package's own packing (`rllib_grpo.models.packing.pack_rows`, and
+    `rllib_grpo.models.shared_prefix.build_units` where a group's responses share one copy
+    of their prompt)."""
+    from rllib_grpo.models.packing import pack_rows
+    from rllib_grpo.models.shared_prefix import build_units
+
     prompt, response = c.max_prompt_length, c.max_response_length
     length = prompt + response
     per_learner = max(1, c.batch_plan().trajectories_per_minibatch_per_learner)
@@ -118,18 +131,20 @@ def micro_batch(c: GRPOSettings, shape: ModelShape) -> MicroBatch:
         size = min(per_learner, c.batch_plan().micro_batch_size_per_learner or per_learner)
     per_minibatch = -(-per_learner // size)
     if not c.use_remove_padding:  # padded rows: every row computes the prompt and response
-        return MicroBatch(size, size * length, size * length, per_minibatch, True)
+        return MicroBatch(size, size * length, size * length, per_minibatch)
     dense = dense_mask_attention(c)
     if not (dense and c.share_prompt_prefix and c.group_size > 1):
-        return MicroBatch(size, size * length, size * response, per_minibatch, False)
-    # `rllib_grpo.models.shared_prefix`: a group's responses share one prompt copy per unit
-    # of at most max(longest sequence, hidden size) tokens.
-    capacity = max(length, shape.hidden_size)
-    per_unit = max(1, (capacity - prompt) // max(response, 1))
-    groups, rest = divmod(size, c.group_size)
-    units = groups * -(-c.group_size // per_unit) + -(-rest // per_unit)
-    return MicroBatch(size, units * prompt + size * response, size * response, per_minibatch,
-                      masked_attention=per_unit > 1)
+        # Varlen kernels take one row of all tokens; a dense mask rows of the longest.
+        return MicroBatch(size, size * length, size * response, per_minibatch)
+    groups = [list(range(start, min(start + c.group_size, size)))
+              for start in range(0, size, c.group_size)]
+    units = build_units([prompt] * size, [response] * size, groups,
+                        max(length, shape.hidden_size))
+    unit_lengths = [prompt + response * len(unit) for unit in units]
+    rows = pack_rows(unit_lengths, max(unit_lengths))
+    row_len = max(sum(unit_lengths[u] for u in row) for row in rows)
+    return MicroBatch(size, len(rows) * row_len, size * response, per_minibatch,
+                      mask_bytes=len(rows) * row_len * row_len)
 
 
 # --------------------------------------------------------------------------- activations
@@ -192,7 +207,7 @@ def activation_bytes(c: GRPOSettings, shape: ModelShape, mb: MicroBatch,
     per_token = (shape.num_layers * p.stream * shape.hidden_size + layer if checkpointing
                  else shape.num_layers * layer)
     final_norm = (FP32 + p.stream + p.norm_out) * shape.hidden_size
-    return float(mb.slots * (per_token + final_norm))
+    return float(mb.slots * (per_token + final_norm) + (mb.mask_bytes or 0))
 
 
 def backward_temporaries(shape: ModelShape, p: Precision, slots: int) -> float:
@@ -264,12 +279,15 @@ def fsdp_shards(c: GRPOSettings) -> int:
 
 
 def activations_dominate(c: GRPOSettings, shape: ModelShape) -> bool:
-    """Whether one micro-batch's activations without checkpointing outweigh the learner's
-    model states (weights, gradients and AdamW states on the device): where gradient
-    checkpointing pays for its recompute."""
+    """Whether one micro-batch's activations without checkpointing are the largest item of
+    the learner's update (larger than its weights, gradients, AdamW states, reference,
+    compute copy and logits, each): where gradient checkpointing pays for its recompute."""
+    mb = micro_batch(c, shape)
     states = learner_states(c, shape)
-    resident = states["weights"] + states["gradients"] + states["AdamW"]
-    return activation_bytes(c, shape, micro_batch(c, shape), checkpointing=False) > resident
+    others = [states["weights"], states["gradients"], states["AdamW on step"],
+              states["reference"], gathered_bytes(c, shape, with_grads=True),
+              logits_bytes(c, shape, mb.logit_rows, training=True, with_entropy=True)]
+    return activation_bytes(c, shape, mb, checkpointing=False) > max(others)
 
 
 def learner_states(c: GRPOSettings, shape: ModelShape) -> dict[str, float]:
@@ -300,17 +318,18 @@ def learner_states(c: GRPOSettings, shape: ModelShape) -> dict[str, float]:
     }
 
 
-def gathered_bytes(c: GRPOSettings, shape: ModelShape) -> float:
-    """The compute copy of the weights during a forward and backward: with bf16 compute
+def gathered_bytes(c: GRPOSettings, shape: ModelShape, *, with_grads: bool) -> float:
+    """The compute copy of the weights during a forward (and backward): with bf16 compute
     over fp32 master weights on one learner autocast's cache of every cast weight; under
-    FSDP2 the all-gathered root and ~2 decoder layers in the compute dtype, and the
-    unsharded gradients of the root and one layer."""
+    FSDP2 the all-gathered root (embeddings, final norm, head: gathered for the whole pass)
+    and ~2 decoder layers in the compute dtype, and in backward the unsharded gradients of
+    the root and one layer."""
     compute, master = DTYPE_BYTES[c.compute_dtype], DTYPE_BYTES[c.master_weights_dtype]
     shards = fsdp_shards(c)
     root = shape.num_params - shape.num_layers * shape.layer_params
     if shards > 1:
-        return float((root + 2 * shape.layer_params) * compute
-                     + (root + shape.layer_params) * compute)
+        grads = (root + shape.layer_params) * compute if with_grads else 0.0
+        return float((root + 2 * shape.layer_params) * compute + grads)
     if c.lora_rank > 0 or compute >= master:
         return 0.0
     return float(shape.num_params * compute)
@@ -339,8 +358,7 @@ def learner_phases(c: GRPOSettings, shape: ModelShape, *, on_gpu: bool
     from rllib_grpo.rllib.config.staleness import old_log_probs_from_update
 
     old_pass = not old_log_probs_from_update(c)
-    reference_gathered = ((shape.num_params - shape.num_layers * shape.layer_params
-                           + 2 * shape.layer_params) * compute if shards > 1 else 0.0)
+    reference_gathered = gathered_bytes(c, shape, with_grads=False) if shards > 1 else 0.0
     passes = []
     if c.needs_reference and c.lora_rank <= 0:
         passes.append({"reference visiting": states["reference visiting"],
@@ -348,12 +366,12 @@ def learner_phases(c: GRPOSettings, shape: ModelShape, *, on_gpu: bool
                        "logits": logits_bytes(c, shape, mb.logit_rows, training=False,
                                               with_entropy=False)})
     if old_pass or c.lora_rank > 0:
-        passes.append({"gathered (compute dtype)": gathered_bytes(c, shape),
+        passes.append({"gathered (compute dtype)": gathered_bytes(c, shape, with_grads=False),
                        "logits": logits_bytes(c, shape, mb.logit_rows, training=False,
                                               with_entropy=old_pass)})
     no_grad = max(passes, key=lambda rows: sum(rows.values()), default={})
-    no_grad_pass = {**context, **resident, **no_grad,
-                    "activations": no_grad_forward_bytes(shape, p, mb.slots) if no_grad else 0.0}
+    no_grad_pass = {**context, **resident, **no_grad, "forward temporaries":
+                    no_grad_forward_bytes(shape, p, mb.slots) if no_grad else 0.0}
     # The update, at the larger of three moments: the logits' peak (the forward's end or
     # the head's backward), a decoder layer's backward, and AdamW's step.  Gradients exist
     # from the first micro-batch's backward on (several micro-batches), else only the LM
@@ -363,7 +381,7 @@ def learner_phases(c: GRPOSettings, shape: ModelShape, *, on_gpu: bool
     training = {**context, **resident,
                 "gradients": states["gradients"] if mb.per_minibatch > 1
                 else min(head_grads, states["gradients"]),
-                "gathered (compute dtype)": gathered_bytes(c, shape),
+                "gathered (compute dtype)": gathered_bytes(c, shape, with_grads=True),
                 "activations": activation_bytes(c, shape, mb, checkpointing)}
     logits_peak = {**training, "logits": logits_bytes(c, shape, mb.logit_rows, training=True,
                                                        with_entropy=with_entropy)}
@@ -450,9 +468,11 @@ def sampler_rows(c: GRPOSettings, shape: ModelShape, device_bytes: float, tp: in
 # --------------------------------------------------------------------------- the plan
 @dataclasses.dataclass
 class ProcessMemory:
-    """One process on a GPU (or a CPU learner): its name and its bytes by phase and row."""
+    """One process on a GPU (or a CPU learner): its name, its role (the name where GPUs
+    alike share a table) and its bytes by phase and row."""
 
     name: str
+    role: str
     phases: dict[str, dict[str, float]]
 
     def total(self, phase: str) -> float:
@@ -471,8 +491,8 @@ class DeviceMemory:
         return sum(p.total(phase) for p in self.processes)
 
     def signature(self) -> tuple:
-        return tuple((p.name.split(" ")[0], tuple(tuple(sorted(p.phases[ph].items()))
-                                                   for ph in PHASES)) for p in self.processes)
+        return tuple((p.role, tuple(tuple(sorted(p.phases[ph].items())) for ph in PHASES))
+                     for p in self.processes)
 
 
 @dataclasses.dataclass
@@ -504,9 +524,10 @@ def memory_plan(c: Any, shape: ModelShape | None = None) -> MemoryPlan:
     mb = micro_batch(c, shape)
     notes = _notes(c, shape, mb)
     if not plan.uses_gpus:
-        cpu = ProcessMemory("learner" if c.num_learners else "main process (learner)",
-                            learner_phases(c, shape, on_gpu=False))
+        name = "learner" if c.num_learners else "main process (learner)"
+        cpu = ProcessMemory(name, name, learner_phases(c, shape, on_gpu=False))
         return MemoryPlan(shape, mb, [DeviceMemory(["CPU (host memory)"], [cpu])], None, notes)
+    sampler = "vLLM engine" if c.sampler != "hf" else "transformers sampler"
     devices: list[DeviceMemory] = []
     for index, bundle in enumerate(plan.bundles):
         if not bundle.gpus:
@@ -515,19 +536,22 @@ def memory_plan(c: Any, shape: ModelShape | None = None) -> MemoryPlan:
         label = f"node {where[0]} GPU {where[1]}" if where else "the main process's GPU"
         processes = []
         for seat in (s for s in plan.seats if s.bundle == index and s.gpus):
-            if seat.role == LEARNER or (seat.role == MAIN and c.num_learners == 0):
-                name = f"learner rank {seat.index}" if seat.role == LEARNER else \
-                    "main process: learner"
-                phases = learner
-                if seat.role == MAIN and c.num_env_runners == 0:  # local mode: one process
+            if seat.role == LEARNER:
+                processes.append(ProcessMemory(f"learner rank {seat.index}", "learner (a rank)",
+                                               learner))
+            elif seat.role == MAIN and c.num_learners == 0:
+                if c.num_env_runners == 0:  # local mode: the learner and sampler, one process
+                    name = f"main process: learner + {sampler}"
                     phases = _one_process(learner, sampler_rows(c, shape, device, 1))
-                    name += " + sampler"
-                processes.append(ProcessMemory(name, phases))
+                else:
+                    name, phases = "main process: learner", learner
+                processes.append(ProcessMemory(name, name, phases))
             elif seat.role in (ENV_RUNNER, ENGINE_SHARD):
                 tp = plan.engine_tp if seat.role == ENGINE_SHARD else 1
-                name = (f"engine {seat.engine} shard {seat.index}" if seat.role == ENGINE_SHARD
-                        else f"env runner {seat.index} ({'vLLM' if c.sampler != 'hf' else 'transformers'})")
-                processes.append(ProcessMemory(name, sampler_rows(c, shape, device, tp)))
+                name, role = ((f"engine {seat.engine} shard {seat.index}",
+                               f"{sampler} shard (TP {tp})") if seat.role == ENGINE_SHARD
+                              else (f"env runner {seat.index}: {sampler}", sampler))
+                processes.append(ProcessMemory(name, role, sampler_rows(c, shape, device, tp)))
             else:
                 notes.append(f"{seat.name} on {label}: not planned (its own model)")
         devices.append(DeviceMemory([label], processes))
@@ -574,22 +598,26 @@ def _notes(c: GRPOSettings, shape: ModelShape, mb: MicroBatch) -> list[str]:
 
 
 # --------------------------------------------------------------------------- errors
-# The settings that shrink each row, largest effect first.
-ROW_FIXES = {
-    "activations": ("gradient_checkpointing=True", "a smaller max_tokens_per_micro_batch "
-                    "(use_dynamic_bsz=True: a token budget per micro-batch)"),
-    "backward temporaries": ("a smaller max_tokens_per_micro_batch (use_dynamic_bsz=True)",),
+def _budget_fix(c: GRPOSettings) -> str:
+    return ("a smaller max_tokens_per_micro_batch" if c.micro_batches_by_tokens else
+            "use_dynamic_bsz=True with max_tokens_per_micro_batch (a token budget per "
+            "micro-batch)")
+
+
+MORE_GPUS = "more GPUs (FSDP2 shards weights, gradients, AdamW and the reference 1/N: " \
+            "num_learners, GRPOConfig.colocate)"
+# The settings that shrink each row, largest effect first (`_fixes` adds the token budget's).
+ROW_FIXES: dict[str, tuple[str, ...]] = {
+    "activations": ("gradient_checkpointing=True",),
     "logits": ("token_stats='auto' (chunked log-softmax and entropy, no full float32 copy "
-               "of the logits)", "a smaller max_tokens_per_micro_batch"),
-    "weights": ("more GPUs (FSDP2 shards weights, gradients and AdamW 1/N: num_learners, "
-                "GRPOConfig.colocate)", "fsdp_cpu_offload=True"),
-    "gradients": ("more GPUs (num_learners, GRPOConfig.colocate)", "fsdp_cpu_offload=True"),
-    "AdamW": ("optimizer_offload=True", "more GPUs (num_learners, GRPOConfig.colocate)"),
-    "reference": ("ref_param_offload=True",),
-    "reference visiting": ("more GPUs (the reference is sharded 1/N)",),
-    "gathered (compute dtype)": ("more GPUs (FSDP2 gathers one layer at a time instead of "
-                                 "autocast's cast copy of every weight)",),
-    "loading (one full tensor)": ("more GPUs",),
+               "of the logits)",),
+    "weights": (MORE_GPUS, "fsdp_cpu_offload=True"),
+    "gradients": (MORE_GPUS, "fsdp_cpu_offload=True"),
+    "AdamW": ("optimizer_offload=True", MORE_GPUS),
+    "reference": ("ref_param_offload=True", MORE_GPUS),
+    "reference visiting": (MORE_GPUS,),
+    "gathered (compute dtype)": (MORE_GPUS,),
+    "loading (one full tensor)": (MORE_GPUS,),
     "vLLM weights": ("a larger tensor_parallel_size (sampler_config)",),
     "KV cache, CUDA graphs, activations": (
         "a lower gpu_memory_utilization (sampler_memory_fraction)",),
@@ -597,12 +625,15 @@ ROW_FIXES = {
     "KV cache": ("fewer sequences per generation (sampler_config max_batch_size)",),
     "sync buckets": ("a smaller weight_sync_bucket_mb",),
 }
+# Rows that scale with the micro-batch's tokens.
+PER_TOKEN_ROWS = ("activations", "logits", "backward temporaries", "forward temporaries")
 
 
 def memory_errors(c: Any) -> list[str]:
-    """One error per GPU and phase whose processes exceed ``gpu_memory_gib``, naming the
-    largest rows and the settings that shrink them; engines whose weights do not fit their
-    share.  Nothing for CPU runs or a model whose shape is unknown (explain says why)."""
+    """One error per GPU (GPUs alike: one) and phase whose processes exceed
+    ``gpu_memory_gib``: the phase's largest rows and the settings that shrink them; and
+    engines whose weights fill their share.  Nothing for CPU runs or a model whose shape is unknown (explain says
+    why)."""
     if not _plans_gpus(c):
         return []
     try:
@@ -612,7 +643,7 @@ def memory_errors(c: Any) -> list[str]:
     assert plan.device_bytes is not None
     errors = []
     for device in plan.devices:
-        where = ", ".join(device.gpus)
+        where = gpu_list(device.gpus)
         for process in device.processes:
             rows = process.phases[SAMPLING]
             share = rows.get("KV cache, CUDA graphs, activations")
@@ -628,13 +659,16 @@ def memory_errors(c: Any) -> list[str]:
                 continue
             rows = _rows_of(device, phase)
             largest = sorted(rows.items(), key=lambda item: -item[1])[:3]
-            fixes = list(dict.fromkeys(fix for name, _ in largest for fix in _fixes(c, name)))
+            # The fixes of the rows that make a tenth of the phase or more (the largest always).
+            weighty = [name for name, value in largest
+                       if value >= 0.1 * total or name == largest[0][0]]
+            fixes = list(dict.fromkeys(fix for name in weighty for fix in _fixes(c, name)))
             errors.append(
-                f"{where} run out of memory in phase {phase!r} ({PHASE_DOCS[phase]}): "
+                f"{where} runs out of memory in phase {phase!r} ({PHASE_DOCS[phase]}): "
                 f"{_gib(total)} of {c.gpu_memory_gib:g} GiB (gpu_memory_gib); largest: "
-                + ", ".join(f"{name} {_gib(value)}" for name, value in largest)
-                + ". Fix: " + "; or ".join(fixes) + ".")
-            break  # one phase per GPU: the first that does not fit
+                + ", ".join(f"{row_label(c, plan.shape, name)} {_gib(value)}"
+                            for name, value in largest)
+                + ". Fix: " + "; or ".join(fixes) + " (rllib-grpo explain prints the plan).")
     return errors
 
 
@@ -643,14 +677,18 @@ def _plans_gpus(c: Any) -> bool:
         (c.num_gpus_per_learner or 0) > 0 or (c.num_gpus_per_env_runner or 0) > 0)
 
 
-def _fixes(c: GRPOSettings, row: str) -> Iterable[str]:
+def _fixes(c: GRPOSettings, row: str) -> tuple[str, ...]:
     fixes = ROW_FIXES.get(row, ())
     if row == "activations" and c.checkpoints_activations:
-        fixes = fixes[1:]
+        fixes = ()
     if row == "logits" and c.learner_token_stats != "full":
-        fixes = fixes[1:]
+        fixes = ()
     if row == "AdamW" and c.optimizer_offload:
         fixes = fixes[1:]
+    if row == "reference" and c.ref_param_offload:
+        fixes = fixes[1:]
+    if row in PER_TOKEN_ROWS:
+        fixes += (_budget_fix(c),)
     return fixes
 
 
@@ -690,16 +728,19 @@ def format_plan(plan: MemoryPlan, c: GRPOSettings) -> list[str]:
     unit, scale = ("GiB", GIB) if plan.device_bytes or largest >= GIB else ("MiB", 2**20)
     width = 36
     for device in plan.devices:
-        lines.append(f"  {', '.join(device.gpus)}: {unit} by phase")
+        alike = len(device.gpus) > 1
+        lines.append(f"  {gpu_list(device.gpus)}" + (" (alike)" if alike else "")
+                     + f": {unit} by phase")
         lines.append("    " + " " * width + "".join(f"{ph:>9}" for ph in phases))
         for process in device.processes:
-            lines.append(f"    {process.name}")
+            lines.append(f"    {process.role if alike else process.name}")
             names = list(dict.fromkeys(n for ph in phases for n in process.phases[ph]))
             for name in names:
                 values = [process.phases[ph].get(name, 0.0) for ph in phases]
                 if not any(values):
                     continue
-                lines.append(f"      {name:<{width - 2}}" + "".join(
+                label = row_label(c, plan.shape, name)
+                lines.append(f"      {label:<{width - 2}}" + "".join(
                     f"{v / scale:>9.2f}" if v else f"{'-':>9}" for v in values))
         lines.append(f"    {'total':<{width}}" + "".join(
             f"{device.total(ph) / scale:>9.2f}" for ph in phases))
@@ -707,6 +748,61 @@ def format_plan(plan: MemoryPlan, c: GRPOSettings) -> list[str]:
             lines.append(f"    {'free':<{width}}" + "".join(
                 f"{(plan.device_bytes - device.total(ph)) / scale:>9.2f}" for ph in phases))
     return lines
+
+
+def gpu_list(labels: list[str]) -> str:
+    """``["node 0 GPU 0", ..., "node 0 GPU 7"]`` -> ``"node 0 GPUs 0-7"``."""
+    by_node: dict[str, list[int]] = {}
+    others = []
+    for label in labels:
+        node, _, gpu = label.rpartition(" GPU ")
+        if node and gpu.isdigit():
+            by_node.setdefault(node, []).append(int(gpu))
+        else:
+            others.append(label)
+    parts = []
+    for node, gpus in by_node.items():
+        runs: list[list[int]] = []
+        for gpu in sorted(gpus):
+            if runs and gpu == runs[-1][-1] + 1:
+                runs[-1].append(gpu)
+            else:
+                runs.append([gpu])
+        text = ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+        parts.append(f"{node} GPU{'s' if len(gpus) > 1 else ''} {text}")
+    return "; ".join(parts + others)
+
+
+def row_label(c: GRPOSettings, shape: ModelShape, row: str) -> str:
+    """A row's name with the dtype and share it is counted in."""
+    shards = fsdp_shards(c)
+    share = f", 1/{shards}" if shards > 1 else ""
+    master, compute = _short(c.master_weights_dtype), _short(c.compute_dtype)
+    tp = tensor_parallel_size(c)
+    tp_share = f", 1/{tp}" if tp > 1 else ""
+    if c.lora_rank > 0 and row in ("weights", "gradients", "AdamW"):
+        return {"weights": f"weights ({compute} base + fp32 adapter)",
+                "gradients": "gradients (fp32 adapter)", "AdamW": "AdamW (fp32 adapter)"}[row]
+    labels = {
+        "weights": f"weights ({master}{share})", "gradients": f"gradients ({master}{share})",
+        "AdamW": f"AdamW states ({master}{share})",
+        "reference": f"reference ({compute}{share})",
+        "reference visiting": f"reference from host ({compute}{share})",
+        "gathered (compute dtype)": (f"FSDP2 gathered ({compute})" if shards > 1
+                                     else f"autocast weight copy ({compute})"),
+        "loading (one full tensor)": f"loading: one full tensor ({master})",
+        "logits": f"logits (token_stats {resolved_token_stats(c)})",
+        "activations": ("activations (checkpointed)" if c.checkpoints_activations
+                        else "activations"),
+        "vLLM weights": f"vLLM weights ({_short(c.sampler_dtype)}{tp_share})",
+        "sampler weights": f"sampler weights ({_short(c.sampler_dtype)})",
+        "sync buckets": f"sync buckets ({_short(c.sampler_dtype)})",
+    }
+    return labels.get(row, row)
+
+
+def _short(dtype: str) -> str:
+    return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype)
 
 
 def memory_lines(c: Any) -> list[str]:

@@ -458,6 +458,20 @@ RLlib's `create_local_env_runner` is, unless set, True only with `num_env_runner
 samples and validates on the remote env runners wherever there are any, so the driver holds
 no sampler (a model copy, a vLLM engine) beside them.
 
+**CPU and GPU defaults.** Four settings default to a value that depends on where the
+learners run, decided in one place (`GRPOSettings.learners_on_gpus`: `num_gpus_per_learner
+> 0`) and printed by `rllib-grpo explain` ("learner memory settings"):
+
+| setting | GPU learners | CPU learners |
+|---|---|---|
+| `model_dtype` (`auto`) | bfloat16 compute over fp32 master weights | float32 |
+| `use_dynamic_bsz` (`None`) | a token budget per micro-batch (`max_tokens_per_micro_batch`), unless `micro_batch_size_per_learner` is set | whole mini-batches |
+| `token_stats` (`None`) | `'auto'`: chunked (or fused) log-softmax and entropy, no full float32 copy of the logits | `'full'` |
+| `gradient_checkpointing` (`None`) | on where the memory plan's activations of one micro-batch outweigh the learner's weights, gradients and AdamW states | off |
+
+A value set explicitly is kept.  On GPUs the memory plan (`rllib_grpo.rllib.config.memory`,
+docs/gpus.md) checks every GPU against `gpu_memory_gib` before Ray starts.
+
 """
 
 
