@@ -89,7 +89,8 @@ def measure(name: str, allocator: str) -> dict[str, Any]:
     from ray.rllib.core import DEFAULT_MODULE_ID
 
     from rllib_grpo.rllib.config.grpo_config import TEXT_SPACE
-    from rllib_grpo.rllib.config.memory import config_shape, learner_phases, learner_peak
+    from rllib_grpo.rllib.config.learner_memory import config_shape
+    from rllib_grpo.rllib.config.memory import learner_peak, learner_phases
 
     torch.set_num_threads(1)
     config = config_of(name)

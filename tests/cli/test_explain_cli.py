@@ -23,12 +23,12 @@ def no_model_builds(monkeypatch):
     seconds for smollm2-135m on a fresh cache); the plans and pitfalls tested here do not
     depend on it, so it reports "unavailable" instead (tests/rllib/config/test_memory_plan.py
     tests the plan)."""
-    from rllib_grpo.rllib.config import memory
+    from rllib_grpo.rllib.config import learner_memory
 
     def unavailable(*args, **kwargs):
         raise RuntimeError("model shape not read in these tests")
 
-    monkeypatch.setattr(memory, "config_shape", unavailable)
+    monkeypatch.setattr(learner_memory, "config_shape", unavailable)
 
 
 def _explain(argv: list[str], capsys) -> tuple[int, str, str]:

@@ -16,12 +16,12 @@ from tests.helpers.verl_scripts import FAKE_HOME, script_overrides
 def no_model_builds(monkeypatch):
     """The plans and key mappings tested here do not depend on the memory plan, which
     tests/rllib/config/test_memory_plan.py tests (verl's Qwen3-8B line's included)."""
-    from rllib_grpo.rllib.config import memory
+    from rllib_grpo.rllib.config import learner_memory
 
     def unavailable(*args, **kwargs):
         raise RuntimeError("model shape not read in these tests")
 
-    monkeypatch.setattr(memory, "config_shape", unavailable)
+    monkeypatch.setattr(learner_memory, "config_shape", unavailable)
 
 
 @pytest.fixture(autouse=True)

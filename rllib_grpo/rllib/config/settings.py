@@ -271,13 +271,13 @@ class GRPOSettings(RewardSettings):
     def checkpoints_activations(self) -> bool:
         """``gradient_checkpointing`` resolved: None is on for GPU learners where the memory
         plan's activations of one micro-batch outweigh the learner's weights, gradients and
-        AdamW states (`rllib_grpo.rllib.config.memory.activations_dominate`; on where the
+        AdamW states (`rllib_grpo.rllib.config.learner_memory.activations_dominate`; on where the
         model's shape is unknown), off on CPUs."""
         if self.gradient_checkpointing is not None:
             return bool(self.gradient_checkpointing)
         if not self.learners_on_gpus:
             return False
-        from rllib_grpo.rllib.config.memory import activations_dominate, config_shape
+        from rllib_grpo.rllib.config.learner_memory import activations_dominate, config_shape
 
         try:
             shape = config_shape(self)

@@ -4,6 +4,8 @@ run out of memory, and verl's Qwen3-8B line planned offline."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -136,13 +138,30 @@ def test_a_gpus_rows_match_a_hand_computation():
     assert device.total("sample") == sum(resident.values()) + share + context
 
 
+def _saved_bytes(lm: torch.nn.Module, forward) -> int:
+    """Bytes of the floating-point tensors ``forward()`` saves for backward, other than
+    ``lm``'s parameters (each storage once)."""
+    params = {p.untyped_storage().data_ptr() for p in lm.parameters()}
+    saved: dict[int, int] = {}
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params and t.is_floating_point():
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        forward()
+    return sum(saved.values())
+
+
 def test_activations_are_what_autograd_saves():
     """The activation row against the bytes a real forward's graph keeps (CPU, fp32),
     one sequence per row and shared prompts (a dense mask: keys and values repeated)."""
     from rllib_grpo.models import load_causal_lm, resolve_model
     from rllib_grpo.models.packing import packed_response_log_probs
     from rllib_grpo.models.shared_prefix import shared_prefix_layout
-    from rllib_grpo.rllib.config.memory import (
+    from rllib_grpo.rllib.config.learner_memory import (
         activation_bytes,
         config_shape,
         micro_batch,
@@ -161,21 +180,12 @@ def test_activations_are_what_autograd_saves():
                  "response_ids": torch.randint(4, VOCAB, (8 * group, response),
                                                generator=generator),
                  "response_mask": torch.ones(8 * group, response)}
-        params = {p.untyped_storage().data_ptr() for p in lm.parameters()}
-        saved: dict[int, int] = {}
-
-        def keep(t: torch.Tensor) -> torch.Tensor:
-            storage = t.untyped_storage()
-            if storage.data_ptr() not in params and t.is_floating_point():
-                saved[storage.data_ptr()] = storage.nbytes()
-            return t
-
         layout = shared_prefix_layout(lm, batch) if group > 1 else None
-        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
-            packed_response_log_probs(lm, batch, 1.0, layout=layout)
+        saved = _saved_bytes(lm, functools.partial(packed_response_log_probs, lm, batch,
+                                                   1.0, layout=layout))
         logits = mb.logit_rows * VOCAB * 4  # the float32 response logits the loss keeps
         rotary = 2 * mb.slots * HEAD_DIM * 4  # cos and sin, shared by the layers
-        measured = sum(saved.values()) - logits - rotary
+        measured = saved - logits - rotary
         predicted = activation_bytes(config, shape, mb, checkpointing=False)
         assert mb.masked_attention == (group > 1)
         assert abs(predicted - measured) <= 0.03 * measured, (group, predicted, measured)
