@@ -32,7 +32,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 WORKLOADS: dict[str, tuple[str, dict[str, Any]]] = {
     "tiny": ("builtin:tiny", {"prompts_per_step": 16, "group_size": 8,
                               "max_prompt_length": 32, "max_response_length": 96}),
-    "10m": ("builtin:10m", {"prompts_per_step": 4, "group_size": 4,
+    "10m": ("builtin:10m", {"prompts_per_step": 2, "group_size": 4,
                             "max_prompt_length": 64, "max_response_length": 192}),
     "smollm2": ("smollm2-135m", {"prompts_per_step": 2, "group_size": 4,
                                  "max_prompt_length": 32, "max_response_length": 96}),

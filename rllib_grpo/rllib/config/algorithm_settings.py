@@ -112,9 +112,9 @@ class AlgorithmSettings:
     gradient_checkpointing: bool | None = knob(
         None, "flag", "Keep one hidden state per decoder layer and recompute the rest in "
         "backward (memory for ~a third more compute). None = on where the learners hold "
-        "GPUs and the memory plan's activations of one micro-batch outweigh the learner's "
-        "weights, gradients and AdamW states (GRPOSettings.checkpoints_activations); off "
-        "on CPUs.", "actor_rollout_ref.model.enable_gradient_checkpointing")
+        "GPUs and the memory plan's activations of one micro-batch are the update's largest "
+        "item (GRPOSettings.checkpoints_activations); off on CPUs.",
+        "actor_rollout_ref.model.enable_gradient_checkpointing")
     model_override_config: dict = knob(
         {}, "dict", "Entries overriding the model's HF config (e.g. max_position_embeddings) "
         "in the learner, the reference and the samplers (vLLM hf_overrides); verl's "

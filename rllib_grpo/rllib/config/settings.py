@@ -270,9 +270,9 @@ class GRPOSettings(RewardSettings):
     @property
     def checkpoints_activations(self) -> bool:
         """``gradient_checkpointing`` resolved: None is on for GPU learners where the memory
-        plan's activations of one micro-batch outweigh the learner's weights, gradients and
-        AdamW states (`rllib_grpo.rllib.config.learner_memory.activations_dominate`; on where the
-        model's shape is unknown), off on CPUs."""
+        plan's activations of one micro-batch are the update's largest item
+        (`rllib_grpo.rllib.config.learner_memory.activations_dominate`; on where the model's
+        shape is unknown), off on CPUs."""
         if self.gradient_checkpointing is not None:
             return bool(self.gradient_checkpointing)
         if not self.learners_on_gpus:
@@ -467,7 +467,7 @@ learners run, decided in one place (`GRPOSettings.learners_on_gpus`: `num_gpus_p
 | `model_dtype` (`auto`) | bfloat16 compute over fp32 master weights | float32 |
 | `use_dynamic_bsz` (`None`) | a token budget per micro-batch (`max_tokens_per_micro_batch`), unless `micro_batch_size_per_learner` is set | whole mini-batches |
 | `token_stats` (`None`) | `'auto'`: chunked (or fused) log-softmax and entropy, no full float32 copy of the logits | `'full'` |
-| `gradient_checkpointing` (`None`) | on where the memory plan's activations of one micro-batch outweigh the learner's weights, gradients and AdamW states | off |
+| `gradient_checkpointing` (`None`) | on where the memory plan's activations of one micro-batch are the update's largest item (above the weights, gradients, AdamW states, reference and logits each) | off |
 
 A value set explicitly is kept.  On GPUs the memory plan (`rllib_grpo.rllib.config.memory`,
 docs/gpus.md) checks every GPU against `gpu_memory_gib` before Ray starts.

@@ -73,6 +73,14 @@ def test_a_folders_config_json_comes_before_the_table(tmp_path):
     assert shape.source == "Qwen3-8B/config.json"
 
 
+def test_explain_prints_a_cpu_learners_plan_or_why_there_is_none():
+    text = tiny_config().explain()
+    assert "memory plan: 0.0752M params (2 layers x 64 hidden, vocab 18; shape from tiny-" in text
+    assert "CPU (host memory): MiB by phase" in text and "main process (learner)" in text
+    assert "memory plan: unavailable (ValueError: no shape for 'nobody/no-such-model-here'" \
+        in tiny_config(model_path="nobody/no-such-model-here").explain()
+
+
 # --------------------------------------------------------------------------- the rows
 def _tiny_on_two_gpus():
     """builtin:tiny in verl's colocated layout on 2 GPUs of 16 GiB: two FSDP2 ranks, each
