@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from rllib_grpo.cli.experiment import ConfigError
+from rllib_grpo.logs import quiet_console
 
 if TYPE_CHECKING:
     from rllib_grpo.rllib.algorithm.placement_group import RunPlacement
@@ -106,8 +107,9 @@ class StandIn:
 def place_stand_ins(config: GRPOConfig, timeout_s: float = 120.0,
                     learners_first: bool = False) -> tuple[RunPlacement, list[Placed]]:
     """Reserve ``config``'s placement group on the connected cluster and seat a stand-in
-    in every seat (``learners_first``: the learners before the rest, to show the order
-    does not matter); each process as it landed, nodes numbered as ``ray.nodes()``."""
+    in every seat, in the run's order (``learners_first``: the learners before the rest,
+    which a colocated layout does not mind); each process as it landed, nodes numbered as
+    ``ray.nodes()``."""
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -119,22 +121,34 @@ def place_stand_ins(config: GRPOConfig, timeout_s: float = 120.0,
         return _cpu_only(config), []
     remote = ray.remote(StandIn)
     seats = [s for s in placement.plan.seats if s.role not in (MAIN, ENGINE_SHARD)]
-    seats.sort(key=lambda s: (s.role != LEARNER) if learners_first else (s.role == LEARNER))
+    # RLlib's order: the env runners (with their engines' workers) and the reward workers
+    # are up before the learners are created; colocated, the order does not matter.
+    waves = [[s for s in seats if s.role != LEARNER], [s for s in seats if s.role == LEARNER]]
+    if learners_first:
+        waves.reverse()
+    reports_by_seat: dict[str, dict[str, Any]] = {}
     actors = []
-    for seat in seats:
-        if seat.role == LEARNER:  # as Ray Train places its workers: any bundle with room
-            options = {"num_cpus": seat.cpus, "num_gpus": seat.gpus,
-                       "scheduling_strategy": PlacementGroupSchedulingStrategy(placement.group)}
-        else:
-            environment = placement.engine_environment(seat.index) \
-                if seat.role == ENV_RUNNER else {}
-            options = placement.options(seat, environment)
-        actors.append(remote.options(**options).remote(timeout_s))
-    reports = wait_started([a.report.remote() for a in actors], "stand-ins", timeout_s)
+    for wave in waves:
+        started = []
+        for seat in wave:
+            if seat.role == LEARNER:  # as Ray Train places its workers: any bundle with room
+                options = {"num_cpus": seat.cpus, "num_gpus": seat.gpus,
+                           "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                               placement.group)}
+            else:
+                environment = placement.engine_environment(seat.index) \
+                    if seat.role == ENV_RUNNER else {}
+                options = placement.options(seat, environment)
+            started.append(remote.options(**options).remote(timeout_s))
+        reports = wait_started([a.report.remote() for a in started], "stand-ins", timeout_s)
+        reports_by_seat.update({seat.name: report for seat, report in zip(wave, reports,
+                                                                          strict=True)})
+        actors += started
     nodes = {node["NodeID"]: i for i, node in enumerate(ray.nodes())}
     placed: list[Placed] = []
     learner_places = []
-    for seat, report in zip(seats, reports, strict=True):
+    for seat in seats:
+        report = reports_by_seat[seat.name]
         where = _placed(seat.name, seat.role, report["self"], nodes,
                         engine=seat.index if seat.role == ENV_RUNNER else None)
         if seat.role == LEARNER:
@@ -208,7 +222,7 @@ def check_places(config: GRPOConfig, placed: list[Placed]) -> list[str]:
 def placed_map_lines(placed: list[Placed], transports: dict[int, str] | None) -> list[str]:
     """One row per GPU the processes landed on: node, GPU id, learner, engine/TP shard,
     other; then the processes without a GPU and each env runner's weight transport."""
-    from rllib_grpo.rllib.config.layout import ENGINE_SHARD, ENV_RUNNER, LEARNER
+    from rllib_grpo.rllib.config.layout import ENGINE_SHARD, ENV_RUNNER, LEARNER, map_table_lines
 
     rows: dict[tuple[int, int], dict[str, list[str]]] = {}
     for p in placed:
@@ -222,18 +236,9 @@ def placed_map_lines(placed: list[Placed], transports: dict[int, str] | None) ->
                                      else f"engine {p.engine} ({p.name})")
             else:
                 row["other"].append(p.name)
-    lines = [f"{'node':>6} {'GPU':>4}  {'learner':<10} {'engine / TP shard':<28} other"]
-    for (node, gpu), row in sorted(rows.items()):
-        lines.append(f"{node:>6} {gpu:>4}  {', '.join(row['learner']) or '-':<10} "
-                     f"{', '.join(row['engine']) or '-':<28} {', '.join(row['other']) or '-'}")
-    off = [p.name for p in placed if not p.gpu_ids]
-    if off:
-        lines.append("without a GPU: " + ", ".join(off))
-    if transports:
-        lines.append("weight sync: " + ", ".join(
-            f"env runner {k} <- {t}" if k else f"the local env runner <- {t}"
-            for k, t in sorted(transports.items())))
-    return lines
+    table = [(node, gpu, ", ".join(row["learner"]) or "-", ", ".join(row["engine"]) or "-",
+              ", ".join(row["other"]) or "-") for (node, gpu), row in sorted(rows.items())]
+    return map_table_lines(table, [p.name for p in placed if not p.gpu_ids], transports)
 
 
 def tiny_step_config(config: GRPOConfig) -> GRPOConfig:
@@ -330,6 +335,7 @@ def run_dry_run(config: GRPOConfig, args: argparse.Namespace) -> int:
     out_of_memory = memory_errors(config)
     for error in out_of_memory:
         print(f"PROBLEM: {error}")
+    quiet_console()  # before Ray starts: its workers inherit the console settings
     start = time.perf_counter()
     with fake_gpu_cluster(args.nodes, args.gpus_per_node, args.cpus_per_node):
         placement, placed = place_stand_ins(config)

@@ -109,16 +109,23 @@ def torch_dtype(dtype: str | torch.dtype) -> torch.dtype | str:
 
 def load_causal_lm(
     path: str, *, dtype: str | torch.dtype = "float32", gradient_checkpointing: bool = False,
-    config_overrides: dict | None = None,
+    config_overrides: dict | None = None, on_meta: bool = False,
 ) -> PreTrainedModel:
 
     """Load a causal LM from a folder (or hub id) in ``dtype``, in eval mode.
 
     ``config_overrides`` replace entries of the model's config (verl
-    ``model.override_config``, e.g. ``max_position_embeddings``).
+    ``model.override_config``, e.g. ``max_position_embeddings``).  ``on_meta``: the
+    model's structure alone, on the meta device (no weight is read or allocated): an FSDP
+    rank whose shards are filled from another rank's weights (`rllib_grpo.rllib.learner.fsdp`).
     """
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype),
-                                                 **dict(config_overrides or {}))
+    if on_meta:
+        config = AutoConfig.from_pretrained(path, **dict(config_overrides or {}))
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(dtype))
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype),
+                                                     **dict(config_overrides or {}))
     if gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False  # the KV cache is useless while checkpointing

@@ -155,11 +155,12 @@ def _config_of(name_or_path: str) -> tuple[Any, str]:
 
     from rllib_grpo.models.registry import builtin_model_names, resolve_model
 
-    if name_or_path in builtin_model_names() or (Path(name_or_path).expanduser() / "config.json"
-                                                 ).is_file():
-        folder = resolve_model(name_or_path)
-        return AutoConfig.from_pretrained(folder, local_files_only=True), \
-            f"{Path(folder).name}/config.json"
+    folder = Path(name_or_path).expanduser()
+    if not (folder / "config.json").is_file() and name_or_path in builtin_model_names():
+        folder = Path(resolve_model(name_or_path))
+    if (folder / "config.json").is_file():
+        return AutoConfig.from_pretrained(str(folder), local_files_only=True), \
+            f"{folder.name}/config.json"
     try:
         return AutoConfig.from_pretrained(name_or_path, local_files_only=True), \
             f"{name_or_path}'s config.json in the local Hugging Face cache"

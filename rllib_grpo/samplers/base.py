@@ -83,12 +83,14 @@ class Sampler(WeightReceiver, Protocol):
         """Replace the weights (HF parameter names); return ``{"bytes", "seconds"}``."""
         ...
 
-    def sleep(self) -> None:
-        """Free accelerator memory between sampling phases (a no-op where unsupported)."""
+    def sleep(self, level: int = 1) -> None:
+        """Free accelerator memory between sampling phases (a no-op where unsupported):
+        level 1 keeps the weights in host memory, level 2 discards them."""
         ...
 
-    def wake_up(self) -> None:
-        """Undo ``sleep``."""
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Undo ``sleep`` for the memory of ``tags`` (vLLM's ``"weights"``,
+        ``"kv_cache"``; None: all)."""
         ...
 
     def close(self) -> None:

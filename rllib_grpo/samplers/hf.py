@@ -105,10 +105,10 @@ class HFSampler(HFWeightTransfer):
         self._copy_into_model(state_dict.items())
         return {"bytes": state_dict_bytes(state_dict), "seconds": time.perf_counter() - start}
 
-    def sleep(self) -> None:
+    def sleep(self, level: int = 1) -> None:
         """No-op: the transformers sampler keeps its weights where they are."""
 
-    def wake_up(self) -> None:
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
         """No-op (see ``sleep``)."""
 
     def close(self) -> None:

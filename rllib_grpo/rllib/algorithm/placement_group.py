@@ -10,8 +10,10 @@ whole CPUs has no best fit to get wrong.
 Each env runner, engine shard, evaluation env runner and reward worker is created with the
 index of its bundle (`RunPlacement.options`): RLlib's own env runner group is swapped for one
 that does so while the algorithm sets up (`RunPlacement.env_runner_groups`).  The learners
-are Ray Train workers, which Ray puts in any bundle with room; the plan leaves exactly one
-GPU bundle with room for each, and `check_learners` confirms it after they start.
+are Ray Train workers, which Ray puts in any bundle with room; created after the reward
+workers, the env runners and their engines' workers (RLlib's order), they find exactly one
+GPU bundle with room each (colocated, one learner fills a GPU bundle whatever the order),
+and `check_learners` confirms it after they start.
 """
 
 from __future__ import annotations

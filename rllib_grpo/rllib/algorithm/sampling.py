@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from rllib_grpo.data.recipes import GroupFilterStats, filter_groups, first_groups
 from rllib_grpo.data.rollout import RolloutBatch, concat_rollouts
+from rllib_grpo.rllib.choreography import EngineHandOver
 
 if TYPE_CHECKING:  # (annotations only: the strategies' unit tests run without Ray)
     from ray.rllib.core.learner.learner_group import LearnerGroup
@@ -115,14 +116,16 @@ class SamplingStrategy(ABC):
 class SynchronousSampling(SamplingStrategy):
     """``max_staleness`` = 0: sample with the current weights, update, then sync.
 
-    ``sleep_samplers`` (an engine sharing the learner's GPU, ``config.sampler_sleeps``): the
-    samplers sleep during the update, giving their KV cache and weights' memory to the
-    learner, and wake before the new weights arrive.
+    ``sleep_level`` (engines that share the learners' GPUs, ``config.sampler_sleeps``; None:
+    they do not sleep): the engines sleep at that level during the update, giving their
+    memory to the learners, and wake as `rllib_grpo.rllib.choreography` orders it: the
+    learners free their cache, the engines wake their weights, the sync, the KV cache last.
     """
 
-    def __init__(self, services: SamplingServices, sleep_samplers: bool = False) -> None:
+    def __init__(self, services: SamplingServices, sleep_level: int | None = None) -> None:
         self.services = services
-        self.sleep_samplers = sleep_samplers
+        self.hand_over = None if sleep_level is None else EngineHandOver(
+            services.env_runner_group, services.learner_group, sleep_level)
         self._asleep = False
 
     def fill(self, num_prompts: int) -> RolloutBatch:
@@ -132,35 +135,35 @@ class SynchronousSampling(SamplingStrategy):
         return self.services.sample_groups(num_prompts)
 
     def before_update(self, rollout: RolloutBatch, next_prompts: int) -> None:
-        """The env runners wait for the new weights (their samplers asleep, if they sleep)."""
-        if self.sleep_samplers:
-            self._set_samplers_awake(False)
+        """The env runners wait for the new weights (their engines asleep, if they sleep)."""
+        if self.hand_over is not None and not self._asleep:
+            self.hand_over.sleep()
+            self._asleep = True
 
     def after_update(self) -> None:
-        """Sync the new weights (to woken samplers), so that the next step samples with them."""
+        """Sync the new weights (into woken engines), so that the next step samples with them."""
         t0 = time.perf_counter()
-        self._set_samplers_awake(True)
-        self.services.sync_weights()
+        if self.hand_over is not None and self._asleep:
+            self.hand_over.wake_for_sync(self.services.sync_weights)
+            self._asleep = False
+        else:
+            self.services.sync_weights()
         self.services.log_value("timing_s/update_weights", time.perf_counter() - t0)
 
     def settle(self) -> None:
         """Nothing: the env runners are idle and hold the newest weights after each step."""
 
     def reset(self) -> None:
-        """No sample outlives its step; samplers left asleep by a failed update wake."""
-        self._set_samplers_awake(True)
+        """No sample outlives its step; engines left asleep by a failed update wake (the
+        restore that follows syncs its weights into them)."""
+        if self.hand_over is not None and self._asleep:
+            self.hand_over.wake()
+            self._asleep = False
 
     @property
     def in_flight_prompts(self) -> int:
         return 0
 
-    def _set_samplers_awake(self, awake: bool) -> None:
-        if self._asleep != awake:
-            return
-        self.services.env_runner_group.foreach_env_runner(
-            (lambda runner: runner.sampler.wake_up()) if awake
-            else (lambda runner: runner.sampler.sleep()), local_env_runner=True)
-        self._asleep = not awake
 
 def dynamic_sampling(draw: Callable[[int], RolloutBatch],
                      config: GRPOConfig) -> tuple[RolloutBatch, dict[str, float]]:

@@ -531,18 +531,24 @@ def gpu_rows(plan: PlacementPlan) -> list[tuple[int, int, str, str, str]]:
 
 
 def gpu_map_lines(plan: PlacementPlan, transports: dict[int, str] | None = None) -> list[str]:
-    """The plan as a table, one row per GPU (``explain``, ``rllib-grpo dry-run``), then the
-    processes that hold no GPU and, with ``transports`` (env runner -> transport), how each
-    env runner's weight sync travels."""
-    rows = gpu_rows(plan)
+    """The plan as a table, one row per GPU (``explain``; ``rllib-grpo dry-run`` prints the
+    same table of where the processes landed), then the processes that hold no GPU and,
+    with ``transports`` (env runner -> transport), how each env runner's weights travel."""
+    off_gpu = [_cpu_label(s) for s in plan.seats if not s.gpus and s.role != MAIN]
+    return map_table_lines(gpu_rows(plan), off_gpu, transports)
+
+
+def map_table_lines(rows: Sequence[tuple[int, int, str, str, str]], off_gpu: Sequence[str],
+                    transports: dict[int, str] | None) -> list[str]:
+    """``(node, GPU, learner, engine, other)`` rows as a table, the processes without a GPU
+    and each env runner's weight transport."""
     lines = []
     if rows:
         lines.append(f"{'node':>6} {'GPU':>4}  {'learner':<10} {'engine / TP shard':<28} other")
         lines += [f"{node:>6} {gpu:>4}  {learner:<10} {engine:<28} {other}"
                   for node, gpu, learner, engine, other in rows]
-    off_gpu = [s for s in plan.seats if not s.gpus and s.role != MAIN]
     if off_gpu:
-        lines.append("without a GPU: " + ", ".join(_cpu_label(s) for s in off_gpu))
+        lines.append("without a GPU: " + ", ".join(off_gpu))
     if transports:
         lines.append("weight sync: " + ", ".join(
             f"env runner {k} <- {t}" if k else f"the local env runner <- {t}"

@@ -266,7 +266,8 @@ def learner_states(c: MemorySettings, shape: ModelShape) -> dict[str, float]:
     """Bytes of the learner's persistent tensors on its device: ``weights``, ``gradients``,
     ``AdamW`` (zero where offloaded), ``AdamW on step`` (what the step brings to the
     device), ``reference`` (where it lives on the device) and ``reference visiting`` (what a
-    host-offloaded reference brings for its pass)."""
+    host-offloaded reference brings for its pass: all of it on one learner; under FSDP2 its
+    shards stay in host memory and each unit visits as the gathered units do)."""
     shards = fsdp_shards(c)
     host = shards > 1 and c.fsdp_cpu_offload
     compute, master = DTYPE_BYTES[c.compute_dtype], DTYPE_BYTES[c.master_weights_dtype]
@@ -286,7 +287,7 @@ def learner_states(c: MemorySettings, shape: ModelShape) -> dict[str, float]:
         "AdamW": 0.0 if host or c.optimizer_offload else adam,
         "AdamW on step": 0.0 if host else adam,
         "reference": reference if on_device else 0.0,
-        "reference visiting": 0.0 if on_device else reference,
+        "reference visiting": 0.0 if on_device or shards > 1 else reference,
     }
 
 

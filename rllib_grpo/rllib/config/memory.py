@@ -12,7 +12,8 @@ Levers (settings block "LoRA and memory", and the batch plan):
 * ``lora_rank``: only the adapter has gradients and AdamW states, and the reference is
   the policy with the adapter disabled (no copy);
 * ``ref_param_offload``: the reference lives in host memory and visits the learner's
-  device for the reference pass (a no-op on CPU);
+  device for the reference pass (a no-op on CPU); under FSDP each learner keeps its shard
+  in host memory and each layer visits for its forward;
 * ``optimizer_offload``: AdamW states in host memory except during the optimizer step;
 * ``fsdp`` with >= 2 learners shards weights, gradients, AdamW states and the reference
   1/N (``fsdp_cpu_offload`` moves the shards to host memory);
@@ -25,9 +26,12 @@ placement plan (`GRPOConfig.placement_plan`: which learner rank and which engine
 on each GPU), and models what the code allocates (the learner's tensors:
 `rllib_grpo.rllib.config.learner_memory`):
 
-* a learner: its master weights, gradients (kept from one step's backward to the next
-  step's ``zero_grad``) and two AdamW states in ``master_weights_dtype``, 1/N under FSDP2;
-  the reference in the compute dtype, 1/N; with bf16 compute over fp32 master weights the
+* a learner: its master weights, gradients (from the update's backward until the learner
+  drops them before sleeping engines wake, `rllib_grpo.rllib.choreography`, else until the
+  next step's ``zero_grad``) and two AdamW states in ``master_weights_dtype``, 1/N under
+  FSDP2; the reference in the compute dtype, 1/N (offloaded: in host memory, visiting the
+  device whole on one learner, unit by unit under FSDP2); at build, under FSDP2, rank 0's
+  rows of one tensor on their way to a rank; with bf16 compute over fp32 master weights the
   compute copy (autocast caches every cast weight on one learner; FSDP2 holds the
   all-gathered root and ~2 decoder layers, and the root's and one layer's unsharded
   gradients); the activations one micro-batch saves for backward (per token and layer,
@@ -102,14 +106,18 @@ def learner_phases(c: GRPOSettings, shape: ModelShape, *, on_gpu: bool
     p = learner_precision(c)
     shards = fsdp_shards(c)
     checkpointing = c.checkpoints_activations
-    resident = {"weights": states["weights"], "gradients": states["gradients"],
+    # Between steps: the gradients stay until the next zero_grad, unless the engines sleep
+    # beside the learner (`rllib_grpo.rllib.choreography`: the learner drops them and
+    # returns its cache before they wake).
+    resident = {"weights": states["weights"],
+                "gradients": 0.0 if c.sampler_sleeps else states["gradients"],
                 "AdamW": states["AdamW"], "reference": states["reference"]}
     context = {"CUDA context": float(CUDA_CONTEXT_BYTES)} if on_gpu else {}
-    # Build: each rank materialises its shard (and, under FSDP2, one full tensor at a time
-    # while rank 0's weights are scattered into the shards).
-    scatter = shape.largest_tensor * p.master if shards > 1 else 0.0
+    # Build: each rank materialises its shard; under FSDP2 rank 0 sends every other rank
+    # its rows of each tensor through its device, one rank's rows at a time.
+    rows_in_flight = shape.largest_tensor * p.master / shards if shards > 1 else 0.0
     build = {**context, "weights": states["weights"], "reference": states["reference"],
-             "loading (one full tensor)": scatter}
+             "loading (one rank's rows)": rows_in_flight}
     # The no-grad passes: the reference's (visiting from the host where offloaded) and,
     # unless the update's forward gives them, the old log-probs'.
     from rllib_grpo.rllib.config.staleness import old_log_probs_from_update
@@ -144,7 +152,8 @@ def learner_phases(c: GRPOSettings, shape: ModelShape, *, on_gpu: bool
                                                        with_entropy=with_entropy)}
     layer_backward = {**training,
                       "backward temporaries": backward_temporaries(shape, p, mb.slots)}
-    step = {**context, **resident, "AdamW": states["AdamW on step"]}
+    step = {**context, **resident, "gradients": states["gradients"],
+            "AdamW": states["AdamW on step"]}
     update = max((logits_peak, layer_backward, step), key=lambda rows: sum(rows.values()))
     sync = {**context, **resident, "sync buckets": sync_bucket_bytes(c, shape)}
     return {SAMPLING: {**context, **resident}, BUILD: build, NO_GRAD_PASS: no_grad_pass,
@@ -370,7 +379,7 @@ ROW_FIXES: dict[str, tuple[str, ...]] = {
     "reference": ("ref_param_offload=True", MORE_GPUS),
     "reference visiting": (MORE_GPUS,),
     "gathered (compute dtype)": (MORE_GPUS,),
-    "loading (one full tensor)": (MORE_GPUS,),
+    "loading (one rank's rows)": (MORE_GPUS,),
     "vLLM weights": ("a larger tensor_parallel_size (sampler_config)",),
     "KV cache, CUDA graphs, activations": (
         "a lower gpu_memory_utilization (sampler_memory_fraction)",),
@@ -532,10 +541,10 @@ def row_label(c: GRPOSettings, shape: ModelShape, row: str) -> str:
         "weights": f"weights ({master}{share})", "gradients": f"gradients ({master}{share})",
         "AdamW": f"AdamW states ({master}{share})",
         "reference": f"reference ({compute}{share})",
-        "reference visiting": f"reference from host ({compute}{share})",
+        "reference visiting": f"reference from host ({compute})",
         "gathered (compute dtype)": (f"FSDP2 gathered ({compute})" if shards > 1
                                      else f"autocast weight copy ({compute})"),
-        "loading (one full tensor)": f"loading: one full tensor ({master})",
+        "loading (one rank's rows)": f"loading: a rank's rows ({master})",
         "logits": f"logits (token_stats {resolved_token_stats(c, shape.model_type)})",
         "activations": ("activations (checkpointed)" if c.checkpoints_activations
                         else "activations"),

@@ -83,7 +83,8 @@ class GRPOSettings(RewardSettings):
     ref_param_offload: bool = knob(
         False, "flag", "Keep the reference model in host memory (pinned on GPU machines) and "
         "move it to the learner's device once per reference pass (a no-op on CPU learners and "
-        "with LoRA).",
+        "with LoRA); under FSDP each learner keeps only its shard, and each layer visits the "
+        "device for its forward.",
         "actor_rollout_ref.ref.fsdp_config.param_offload")
     optimizer_offload: bool = knob(
         False, "flag", "Keep AdamW's states in host memory between optimizer steps "

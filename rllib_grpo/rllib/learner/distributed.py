@@ -25,6 +25,7 @@ from torch.distributed.fsdp import (
     OffloadPolicy,
     fully_shard,
 )
+from torch.distributed.tensor import DTensor
 
 from rllib_grpo.models.precision import as_torch_tensors, optimizer_state_for_load, tensors_to_cpu
 
@@ -115,6 +116,75 @@ def shard_causal_lm(lm: torch.nn.Module, mesh: DeviceMesh, mp_policy: MixedPreci
     for layer in decoder_layers(lm):
         fully_shard(layer, **kwargs)
     fully_shard(lm, **kwargs)
+
+
+def take_host_weights(lm: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Rank 0's loaded weights, before sharding: every parameter and buffer of ``lm`` by
+    name (the host copy the shards are filled from, `fill_shards_from_rank0`), and ``lm``
+    left on the meta device like the other ranks' (its tensors now only in the result)."""
+    weights = {name: t.detach() for name, t in
+               (*lm.named_parameters(remove_duplicate=False),
+                *lm.named_buffers(remove_duplicate=False))}
+    # Tensor by tensor, one meta tensor per host one: tied parameters stay tied
+    # (``lm.to("meta")`` would give each module a parameter of its own).
+    params: dict[int, torch.nn.Parameter] = {}
+    buffers: dict[int, torch.Tensor] = {}
+    for module in lm.modules():
+        for key, param in module._parameters.items():
+            if param is not None:
+                module._parameters[key] = params.setdefault(id(param), torch.nn.Parameter(
+                    torch.empty_like(param, device="meta"), requires_grad=param.requires_grad))
+        for key, buffer in module._buffers.items():
+            if buffer is not None:
+                module._buffers[key] = buffers.setdefault(
+                    id(buffer), torch.empty_like(buffer, device="meta"))
+    return weights
+
+
+def shard_rows(num_rows: int, num_shards: int) -> list[tuple[int, int]]:
+    """``(first row, row count)`` of each rank's shard of a tensor of ``num_rows`` rows:
+    FSDP2's ``Shard(0)`` layout (``torch.chunk``'s chunks, trailing ranks empty)."""
+    chunk = -(-num_rows // num_shards)
+    return [(min(r * chunk, num_rows), max(0, min(chunk, num_rows - r * chunk)))
+            for r in range(num_shards)]
+
+
+@torch.no_grad()
+def fill_shards_from_rank0(lm: torch.nn.Module, weights: dict[str, torch.Tensor] | None,
+                           device: torch.device) -> None:
+    """Materialise ``lm`` (`shard_causal_lm` on the meta device) on this rank: its shards
+    allocated on ``device`` (the host where the shards are offloaded), then filled with rank
+    0's ``weights`` (`take_host_weights`; None on the other ranks).  Rank 0 sends each rank
+    only its rows of each parameter, one shard at a time, so no rank but 0 ever holds a
+    full tensor and no device a full parameter (torch's ``broadcast_from_rank0`` would put
+    each full tensor on every rank's device).  Buffers are not sharded: rank 0 broadcasts
+    them whole (rotary tables, not in the state dict).  Collective."""
+    lm.to_empty(device=device)  # FSDP2 re-registers (and pins, if asked) each local shard
+    me, ranks = rank(), world_size()
+    whole: list[tuple[str, torch.Tensor]] = list(lm.named_buffers())
+    for name, param in lm.named_parameters():
+        if not isinstance(param, DTensor):  # not sharded: sent whole, as the buffers
+            whole.append((name, param))
+            continue
+        local, rows = param.to_local(), shard_rows(param.shape[0], ranks)
+        if tuple(local.shape) != (rows[me][1], *param.shape[1:]):
+            raise RuntimeError(f"FSDP's shard of {name} on rank {me} has shape "
+                               f"{tuple(local.shape)}, not the rows {rows[me]} expected")
+        if me == 0:
+            assert weights is not None
+            for dst, (first, count) in enumerate(rows):
+                part = weights[name].narrow(0, first, count)
+                if dst == 0:
+                    local.copy_(part)
+                elif count:
+                    dist.send(part.to(local.device, local.dtype).contiguous(), dst=dst)
+        elif rows[me][1]:
+            dist.recv(local, src=0)
+    for name, tensor in whole:
+        if me == 0:
+            assert weights is not None
+            tensor.copy_(weights[name])
+        dist.broadcast(tensor, src=0)
 
 
 def is_sharded(lm: torch.nn.Module) -> bool:

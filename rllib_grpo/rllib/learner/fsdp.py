@@ -4,8 +4,11 @@ With ``num_learners >= 2`` RLlib starts the learners as Ray Train workers in one
 torch process group (gloo on CPU, NCCL on GPU).  Here:
 
 * `FSDPGRPOLearner` shards each causal LM (every decoder layer, then the HF
-  model as root; the frozen reference model the same way) inside `_make_module`,
-  before the optimizers see the parameters, and skips RLlib's DDP wrapping.
+  model as root; the frozen reference model the same way, its shards in host memory
+  with ``ref_param_offload``) inside `_make_module`, before the optimizers see the
+  parameters, and skips RLlib's DDP wrapping.  Nothing is moved to the device whole:
+  rank 0 loads the weights in host memory, the other ranks build on the meta device,
+  and each rank's device receives its shards only (`rllib_grpo.rllib.choreography`).
   FSDP2 averages gradients over ranks and `agg_loss` multiplies by ``dp_size``
   (the world size) with globally all-reduced token/sequence counts, so one
   update equals the single-learner update.  Gradient clipping uses the global
@@ -28,6 +31,7 @@ LoRA runs keep DDP (`GRPOConfig.get_default_learner_class`).
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any
 
@@ -35,6 +39,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from ray.rllib.core.learner.learner_group import LearnerGroup
+from ray.rllib.core.rl_module.multi_rl_module import MultiRLModuleSpec
 from ray.rllib.utils.annotations import override
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
@@ -43,15 +48,20 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy
 from torch.distributed.tensor import DTensor
 
+from rllib_grpo.rllib.choreography import free_device_memory
 from rllib_grpo.rllib.learner.distributed import (
     all_reduce,
+    fill_shards_from_rank0,
     full_optimizer_state,
     load_full_optimizer_state,
     mixed_precision_policy,
     offload_policy,
+    rank,
     shard_causal_lm,
+    take_host_weights,
     world_size,
 )
 from rllib_grpo.rllib.learner.learner import GRPOLearner
@@ -110,19 +120,57 @@ class FSDPGRPOLearner(GRPOLearner):
 
     @override(GRPOLearner)
     def _make_module(self):
-        module = super()._make_module()  # already on self._device
-        if self.sharded:
-            self._shard(module)
+        """Shard before anything moves to the device (verl's ``fsdp2_load_full_state_dict``):
+        rank 0 loads the weights in host memory, the other ranks build the models on the
+        meta device (`CausalLMRLModule`'s ``on_meta``); every rank shards its models, and
+        rank 0 sends each rank its shards (`fill_shards_from_rank0`).  The host holds one
+        copy of the weights (rank 0's, until the shards are filled), each device its shards."""
+        if not self.sharded:
+            return super()._make_module()
+        spec, self._module_spec = self._module_spec, self._sharded_build_spec()
+        try:
+            module = super()._make_module()  # nothing moves: `_map_module_to_device`
+        finally:
+            self._module_spec = spec
+        self._shard(module)
         return module
+
+    def _sharded_build_spec(self) -> Any:
+        """The module spec this rank builds from: every model config marked ``sharded``,
+        and ``on_meta`` except on rank 0."""
+        spec = copy.deepcopy(self._module_spec or self.config.get_multi_rl_module_spec())
+        specs = spec.rl_module_specs if isinstance(spec, MultiRLModuleSpec) else spec
+        for one in specs.values() if isinstance(specs, dict) else [specs]:
+            one.model_config = {**(one.model_config or {}), "sharded": True,
+                                "on_meta": rank() != 0}
+        return spec
+
+    @override(GRPOLearner)
+    def _map_module_to_device(self, module: Any) -> None:
+        """Sharded: nothing moves whole; `_shard` puts each rank's shards on its device."""
+        if not self.sharded:
+            super()._map_module_to_device(module)
 
     def _shard(self, module: Any) -> None:
         mesh = init_device_mesh(self._device.type, (world_size(),))
         mp_policy = mixed_precision_policy(self.config, self._device)
         offload = offload_policy(self.config)
+        # ref_param_offload: the reference's shards live in host memory, and each FSDP unit
+        # visits the device for its forward (verl's ref param_offload under FSDP2).
+        ref_offload = (CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+                       if self.config.ref_param_offload else offload)
         for rl_module in module.values():
-            for lm in (getattr(rl_module, "lm", None), getattr(rl_module, "ref_lm", None)):
-                if lm is not None:
-                    shard_causal_lm(lm, mesh, mp_policy, offload)
+            for lm, policy in ((getattr(rl_module, "lm", None), offload),
+                               (getattr(rl_module, "ref_lm", None), ref_offload)):
+                if lm is None:
+                    continue
+                weights = take_host_weights(lm) if rank() == 0 else None
+                shard_causal_lm(lm, mesh, mp_policy, policy)
+                on_host = isinstance(policy, CPUOffloadPolicy)
+                fill_shards_from_rank0(lm, weights, torch.device("cpu") if on_host
+                                       else self._device)
+                del weights
+        free_device_memory()  # the transfers' buffers, before the engines beside us need it
 
     @override(GRPOLearner)
     def _make_modules_ddp_if_necessary(self) -> None:

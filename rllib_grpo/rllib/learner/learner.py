@@ -45,6 +45,7 @@ from rllib_grpo.models.attention import prefer_matmul_attention
 from rllib_grpo.models.host_memory import keep_freed_host_memory
 from rllib_grpo.models.offload import offload_optimizer_states
 from rllib_grpo.models.packing import prefer_varlen_attention
+from rllib_grpo.rllib.choreography import free_device_memory
 from rllib_grpo.rllib.learner.advantage_step import step_advantages
 from rllib_grpo.rllib.learner.distributed import (
     all_reduce,
@@ -379,6 +380,14 @@ class GRPOLearner(TorchLearner):
     def _clip_grad_norm(self, params: list[torch.Tensor], max_norm: float) -> float:
         """Clip to ``max_norm`` in place; the norm before clipping (sharded learners override)."""
         return torch.nn.utils.clip_grad_norm_(params, max_norm).item()
+
+    def release_memory(self) -> None:
+        """Before an engine that shares this learner's GPU wakes (`rllib_grpo.rllib.
+        choreography`): drop the gradients (the next mini-batch sets them anew) and return
+        the cached GPU memory to the driver."""
+        for optim in self._optimizer_parameters:
+            optim.zero_grad(set_to_none=True)
+        free_device_memory()
 
     # ------------------------------------------------------------------ metrics, state
     def _log(self, key: str, value: float) -> None:

@@ -114,13 +114,25 @@ def reference_copy(policy: torch.nn.Module, ref_dtype: str) -> torch.nn.Module |
     return copy.deepcopy(policy)
 
 
+@contextlib.contextmanager
+def _resharded_after(lm: FSDPModule) -> Any:
+    try:
+        yield
+    finally:
+        lm.reshard()
+
+
 class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
     """RLModule around a Hugging Face causal LM (policy + optional frozen reference).
 
     ``model_config`` keys: ``model`` (path / id / builtin name), ``dtype``,
     ``gradient_checkpointing``, ``temperature``, ``use_reference``, ``lora_*`` (LoRA
     through peft, `rllib_grpo.models.lora`: the reference is then the policy with its adapter
-    disabled) and ``ref_param_offload`` (the reference kept in host memory).
+    disabled) and ``ref_param_offload`` (the reference kept in host memory).  An FSDP
+    learner (`rllib_grpo.rllib.learner.fsdp`) adds ``sharded`` (every rank: a host-offloaded
+    reference stays a submodule, which FSDP shards into host memory) and ``on_meta`` (every
+    rank but 0: the models' structure only, on the meta device; rank 0's weights fill the
+    shards).
     """
 
     @override(TorchRLModule)
@@ -137,11 +149,12 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
         # Trained weights in the master dtype; a LoRA base is frozen (its adapter stays in
         # fp32, peft's default) and a sampler-side module never trains: both compute dtype.
         trains_full = self.lora is None and not self.inference_only
+        on_meta = bool(cfg.get("on_meta", False))
         self.lm = load_causal_lm(
             path, dtype=cfg.get("master_weights_dtype", "float32") if trains_full
             else self.compute_dtype,
             gradient_checkpointing=cfg.get("gradient_checkpointing", False),
-            config_overrides=overrides,
+            config_overrides=overrides, on_meta=on_meta,
         )
         self._lora_synced = False  # the first sync of a LoRA policy sends the base weights too
         if self.lora is not None:
@@ -150,12 +163,13 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
         self._host_ref: HostOffloaded | None = None  # not a submodule: .to(device) skips it
         if cfg.get("use_reference") and not self.inference_only and self.lora is None:
             ref_lm = reference_copy(self.lm, cfg.get("dtype", "float32")) or load_causal_lm(
-                path, dtype=cfg.get("dtype", "float32"), config_overrides=overrides)
+                path, dtype=cfg.get("dtype", "float32"), config_overrides=overrides,
+                on_meta=on_meta)
             ref_lm.requires_grad_(False)
             ref_lm.eval()
-            if cfg.get("ref_param_offload"):
+            if cfg.get("ref_param_offload") and not cfg.get("sharded"):
                 self._host_ref = HostOffloaded(ref_lm)
-            else:
+            else:  # sharded and offloaded: FSDP keeps this rank's shard in host memory
                 self.ref_lm = ref_lm
 
     @override(InferenceOnlyAPI)
@@ -200,9 +214,15 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
 
     def reference_on(self, device: torch.device) -> contextlib.AbstractContextManager[Any]:
         """Hold a host-offloaded reference (``ref_param_offload``) on ``device`` for a whole
-        pass: one move in and one out for all its micro-batches' `reference_log_probs`
-        (nothing to do for a reference that lives on the device or in the policy)."""
-        return self._host_ref.on(device) if self._host_ref is not None else contextlib.nullcontext()
+        pass: one move in and one out for all its micro-batches' `reference_log_probs`.
+        A sharded reference visits the device one FSDP unit at a time; after the pass its
+        root unit (embeddings, head), which FSDP2 keeps gathered after a forward, is
+        resharded.  Nothing to do for a reference that lives on the device or in the policy."""
+        if self._host_ref is not None:
+            return self._host_ref.on(device)
+        if isinstance(self.ref_lm, FSDPModule):
+            return _resharded_after(self.ref_lm)
+        return contextlib.nullcontext()
 
     @torch.no_grad()
     def reference_log_probs(self, batch: dict[str, Any], packed: bool | None = None

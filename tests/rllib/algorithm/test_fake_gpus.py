@@ -165,3 +165,26 @@ def test_rllibs_fractional_bundles_of_verls_layout_never_place_but_the_plans_do(
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["fractional", "False", "plan", "True"], proc.stdout
+
+
+@pytest.mark.slow
+def test_verls_dapo_7b_line_dry_runs_on_two_nodes_of_eight(tmp_path):
+    """verl's DAPO-7B math line (rollout TP 4; its 8 nodes given as 2 here): 16 learners and
+    4 engines of TP 4, every TP group inside one node."""
+    from tests.helpers.verl_scripts import script_overrides
+
+    _, overrides = script_overrides("test_dapo_7b_math.sh", tmp_path, {"NNODES": "2"})
+    overrides = [o for o in overrides if "ulysses_sequence_parallel_size" not in o]
+    proc = subprocess.run(
+        [sys.executable, "-m", "rllib_grpo.cli.main", "dry-run", *overrides, "--nodes", "2",
+         "--gpus-per-node", "8", "--step", "no"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "PROBLEM" not in proc.stdout
+    rows = [line.split() for line in proc.stdout.splitlines()
+            if line.strip()[:1].isdigit() and "engine" in line]
+    assert len(rows) == 16
+    nodes_of_engine: dict[str, set[str]] = {}
+    for row in rows:
+        nodes_of_engine.setdefault(row[5], set()).add(row[0])
+    assert len(nodes_of_engine) == 4 and all(len(n) == 1 for n in nodes_of_engine.values())

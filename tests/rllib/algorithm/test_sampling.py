@@ -181,24 +181,39 @@ class _SleepingRunners:
         self.driver = driver
         self.runner = type("Runner", (), {})()
         self.runner.sampler = type("Sampler", (), {
-            "sleep": lambda _: driver.calls.append("sleep"),
-            "wake_up": lambda _: driver.calls.append("wake_up")})()
+            "sleep": lambda _, level: driver.calls.append(f"sleep({level})"),
+            "wake_up": lambda _, tags: driver.calls.append(f"wake_up({tags})")})()
 
     def foreach_env_runner(self, func, local_env_runner):
         assert local_env_runner
         return [func(self.runner)]
 
 
-def test_colocated_samplers_sleep_through_the_update_and_wake_before_the_sync():
+class _ReleasingLearners:
+    """A local learner group whose learner records `release_memory`."""
+
+    def __init__(self, driver: _Driver) -> None:
+        self.learner = type("Learner", (), {
+            "release_memory": lambda _: driver.calls.append("release")})()
+
+    def foreach_learner(self, func):
+        return [func(self.learner)]
+
+    def _get_results(self, results):
+        return results
+
+
+def test_colocated_samplers_sleep_through_the_update_and_wake_weights_before_the_sync():
     from rllib_grpo.rllib.algorithm.sampling import SynchronousSampling
 
     driver = _Driver(versions=[0])
-    strategy = SynchronousSampling(driver.services(_SleepingRunners(driver)),
-                                   sleep_samplers=True)
+    strategy = SynchronousSampling(driver.services(_SleepingRunners(driver),
+                                                   _ReleasingLearners(driver)), sleep_level=2)
     strategy.before_update(strategy.fill(4), next_prompts=4)
     strategy.after_update()
     strategy.reset()  # awake already: nothing to do
-    assert driver.calls == ["sample_groups(4)", "sleep", "wake_up", "sync_weights"]
+    assert driver.calls == ["sample_groups(4)", "sleep(2)", "release", "wake_up(['weights'])",
+                            "sync_weights", "release", "wake_up(['kv_cache'])"]
     strategy.before_update(strategy.fill(4), next_prompts=4)
     strategy.reset()  # an update that failed: the samplers wake for the next step
-    assert driver.calls[-2:] == ["sleep", "wake_up"]
+    assert driver.calls[-3:] == ["sleep(2)", "release", "wake_up(None)"]
