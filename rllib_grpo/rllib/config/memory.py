@@ -59,7 +59,16 @@ from typing import Any
 
 from rllib_grpo.models.shapes import ModelShape
 from rllib_grpo.rllib.config import learner_memory
-from rllib_grpo.rllib.config.layout import tensor_parallel_size
+from rllib_grpo.rllib.config.layout import (
+    COLOCATED_MEMORY_FRACTION,
+    ENGINE_SHARD,
+    ENV_RUNNER,
+    FRACTIONAL_GPU_SAFETY,
+    LEARNER,
+    MAIN,
+    gpu_of,
+    tensor_parallel_size,
+)
 from rllib_grpo.rllib.config.learner_memory import (
     DTYPE_BYTES,
     MicroBatch,
@@ -191,17 +200,16 @@ def sequences_at_once(c: GRPOSettings) -> int:
 
 
 def engine_memory_fraction(c: GRPOSettings) -> float:
-    """The share of a GPU a vLLM engine takes awake (`rllib_grpo.rllib.env_runner.engine.
-    engine_options` sets it the same way)."""
-    from rllib_grpo.rllib.config.layout import COLOCATED_MEMORY_FRACTION
-
+    """The share of a GPU a vLLM engine takes awake: the ``gpu_memory_utilization``
+    `rllib_grpo.rllib.env_runner.engine.engine_options` gives it, else vLLM's default."""
     fraction = c.sampler_memory_fraction or dict(c.sampler_config).get("gpu_memory_utilization")
     if fraction:
         return float(fraction)
     if c.sampler_sleeps:
         return COLOCATED_MEMORY_FRACTION
     gpus = c.num_gpus_per_env_runner or 0
-    return round(0.9 * gpus, 3) if 0 < gpus < 1 else VLLM_DEFAULT_MEMORY_FRACTION
+    return round(FRACTIONAL_GPU_SAFETY * gpus, 3) if 0 < gpus < 1 \
+        else VLLM_DEFAULT_MEMORY_FRACTION
 
 
 def sampler_rows(c: GRPOSettings, shape: ModelShape, device_bytes: float, tp: int
@@ -267,7 +275,6 @@ class MemoryPlan:
     ``device_bytes`` (None on CPU: host memory is not planned against a limit)."""
 
     shape: ModelShape
-    micro: MicroBatch
     devices: list[DeviceMemory]
     device_bytes: float | None
     notes: list[str]
@@ -276,8 +283,6 @@ class MemoryPlan:
 def memory_plan(c: Any, shape: ModelShape | None = None) -> MemoryPlan:
     """The plan of a GRPO config (a `GRPOConfig`: its placement plan places the processes;
     its model's shape is read unless given)."""
-    from rllib_grpo.rllib.config.layout import ENGINE_SHARD, ENV_RUNNER, LEARNER, MAIN, gpu_of
-
     shape = shape or learner_memory.config_shape(c)
     device = c.gpu_memory_gib * GIB
     plan = c.placement_plan()
@@ -287,7 +292,7 @@ def memory_plan(c: Any, shape: ModelShape | None = None) -> MemoryPlan:
     if not plan.uses_gpus:
         name = "learner" if c.num_learners else "main process (learner)"
         cpu = ProcessMemory(name, name, learner_phases(c, shape, on_gpu=False))
-        return MemoryPlan(shape, mb, [DeviceMemory(["CPU (host memory)"], [cpu])], None, notes)
+        return MemoryPlan(shape, [DeviceMemory(["CPU (host memory)"], [cpu])], None, notes)
     sampler = "vLLM engine" if c.sampler != "hf" else "transformers sampler"
     devices: list[DeviceMemory] = []
     for index, bundle in enumerate(plan.bundles):
@@ -316,7 +321,7 @@ def memory_plan(c: Any, shape: ModelShape | None = None) -> MemoryPlan:
             else:
                 notes.append(f"{seat.name} on {label}: not planned (its own model)")
         devices.append(DeviceMemory([label], processes))
-    return MemoryPlan(shape, mb, _merge_alike(devices), device, notes)
+    return MemoryPlan(shape, _merge_alike(devices), device, notes)
 
 
 def _one_process(learner: dict[str, dict[str, float]], sampler: dict[str, dict[str, float]]

@@ -202,6 +202,23 @@ def test_activations_are_what_autograd_saves():
         assert abs(predicted - measured) <= 0.03 * measured, (group, predicted, measured)
 
 
+def test_the_engines_share_is_the_one_their_options_give_vllm():
+    from rllib_grpo.rllib.config.memory import VLLM_DEFAULT_MEMORY_FRACTION, engine_memory_fraction
+    from rllib_grpo.rllib.env_runner.engine import engine_options
+
+    colocated = tiny_config(sampler="vllm").colocate(2)
+    fractional = tiny_config(sampler="vllm").learners(num_learners=1, num_gpus_per_learner=1)
+    fractional.env_runners(num_env_runners=2, num_gpus_per_env_runner=0.4)
+    own_gpus = tiny_config(sampler="vllm").learners(num_learners=1, num_gpus_per_learner=1)
+    own_gpus.env_runners(num_env_runners=1, num_gpus_per_env_runner=1)
+    asked = tiny_config(sampler="vllm", sampler_memory_fraction=0.7).colocate(2)
+    for config, share in ((colocated, 0.5), (fractional, 0.36), (asked, 0.7)):
+        assert engine_memory_fraction(config) == share
+        assert engine_options(config)["gpu_memory_utilization"] == share
+    assert "gpu_memory_utilization" not in engine_options(own_gpus)  # vLLM's own default
+    assert engine_memory_fraction(own_gpus) == VLLM_DEFAULT_MEMORY_FRACTION
+
+
 # --------------------------------------------------------------------------- GPU defaults
 def test_the_old_gpu_defaults_run_qwen05b_out_of_memory_and_are_refused_with_the_knobs():
     from rllib_grpo.rllib.config.checks import find_errors
