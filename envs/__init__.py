@@ -20,6 +20,8 @@ BUILTIN_ENV_IDS: dict[str, str] = {
     "rllib_grpo/Prompts-v0": "rllib_grpo.envs._file_env:PromptFileEnv",
     "rllib_grpo/ToolArithmetic-v0": "rllib_grpo.envs.tool_arithmetic:ToolArithmeticEnv",
     "rllib_grpo/GuessNumber-v0": "rllib_grpo.envs.guess_number:GuessNumberEnv",
+    "rllib_grpo/ShapeCount-v0": "rllib_grpo.envs.shapes:ShapeCountEnv",
+    "rllib_grpo/Geo3K-v0": "rllib_grpo.envs.geo3k:Geo3KEnv",
 }
 
 _LAZY_CLASSES = {entry.rpartition(":")[2]: entry for entry in BUILTIN_ENV_IDS.values()}

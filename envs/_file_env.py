@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 
 from rllib_grpo.data.datasets import PromptDataset, load_prompts
 from rllib_grpo.data.env import TextEnv
+from rllib_grpo.data.images import DEFAULT_IMAGE_KEY
 
 
 def fixture_path(file_name: str) -> Path:
@@ -41,6 +42,7 @@ class FilePromptEnv(TextEnv):
 
     Rows without a ``data_source`` get :attr:`DATA_SOURCE`. With ``path=None`` the
     shipped :attr:`FIXTURE` is used (a few dozen rows, for smoke tests and demos).
+    ``image_key``: the column of a row's images (verl's ``data.image_key``).
     """
 
     FIXTURE: ClassVar[str | None]
@@ -54,6 +56,7 @@ class FilePromptEnv(TextEnv):
         answer_key: str = "answer",
         data_source: str | None = None,
         strict: bool = False,
+        image_key: str = DEFAULT_IMAGE_KEY,
         **env_kwargs: Any,
     ) -> None:
         if path is None:
@@ -67,6 +70,7 @@ class FilePromptEnv(TextEnv):
             answer_key=answer_key,
             data_source=data_source or self.DATA_SOURCE,
             strict=strict,
+            image_key=image_key,
         )
         super().__init__(dataset, **env_kwargs)
 

@@ -271,11 +271,16 @@ def resolve_stop(exp: Experiment, config: GRPOConfig) -> dict[str, Any]:
 
 
 def count_prompts(config: GRPOConfig) -> int:
-    """How many prompts the config's env serves (it is built without a tokenizer)."""
+    """How many prompts the config's env serves (it is built without a tokenizer; with a
+    vision-language model's processor, which prompts with images need)."""
     import gymnasium as gym
+
+    from rllib_grpo.rllib.config.vision_plan import processor_for
 
     try:
         kwargs = {**dict(config.env_config), "seed": 0}
+        if (processor := processor_for(config.model_path)) is not None:
+            kwargs["processor"] = processor
         env = gym.make(config.env, disable_env_checker=True, **kwargs).unwrapped
         return int(env.num_prompts)
     except Exception as err:  # any failure to build the env: say which

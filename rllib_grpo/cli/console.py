@@ -7,7 +7,10 @@ function's ``acc``), mean response length, KL loss, step time and tokens/s:
 
 `Progress` prints these lines when the output is a file or a pipe, and draws a `tqdm`
 bar (same numbers after it, an ETA before) when it is a terminal.  `rllib train` prints
-the same line from its Tune callback (`rllib_grpo.cli.tune.ProgressPrinter`).
+the same line from its Tune callback (`rllib_grpo.cli.tune.ProgressPrinter`), and, while a
+step waits longer than usual, what it waits on (`waiting_line`):
+
+    waiting on env runner 2 (sampling) 45 s
 """
 
 from __future__ import annotations
@@ -80,6 +83,12 @@ def progress_line(result: Mapping[str, Any], *, total: int | None = None,
         f"{prefix}iter {iteration}"
     text = metrics_text(result)
     return f"{head}  {text}" if text else head
+
+
+def waiting_line(waiting_on: str, seconds: float, *, prefix: str = "") -> str:
+    """``waiting on env runner 2 (sampling) 45 s``: a wait of the run that lasts longer
+    than usual, shown before it becomes a hang (`rllib_grpo.rllib.algorithm.deadlines`)."""
+    return f"{prefix}waiting on {waiting_on} {seconds:.0f} s"
 
 
 def startup_line(result: Mapping[str, Any]) -> str | None:

@@ -33,12 +33,18 @@ def run_tune(exp: Experiment, config: GRPOConfig, stop: dict[str, Any],
     from rllib_grpo.cli.tune import (
         CompletionsTBXCallback,
         ProgressPrinter,
+        TrialStartDeadline,
         install_completions,
         logger_callbacks,
     )
+    from rllib_grpo.rllib.config.settings import defaults
 
-    callbacks: list[Any] = [ProgressPrinter(), ContinueTrialResults(), *logger_callbacks(
-        getattr(config, "loggers", ()), exp.name)]
+    # (Another algorithm's config has no setting of its own: GRPO's default.)
+    startup_timeout_s = float(getattr(config, "startup_timeout_s", None)
+                              or defaults()["startup_timeout_s"])
+    callbacks: list[Any] = [ProgressPrinter(), ContinueTrialResults(),
+                            TrialStartDeadline(startup_timeout_s), *logger_callbacks(
+                                getattr(config, "loggers", ()), exp.name)]
     if getattr(config, "log_completions_every", 0):
         install_completions(config)
         callbacks.append(CompletionsTBXCallback())
@@ -74,10 +80,14 @@ def _fit(tuner: Any) -> int:
         interrupted,
         restore_default_handlers,
     )
+    from rllib_grpo.rllib.algorithm.deadlines import HangError
 
     install_interrupt_handlers()
     try:
         grid = tuner.fit()
+    except HangError as error:  # a trial Tune could not start (TrialStartDeadline)
+        print(f"rllib: error: {error}", file=sys.stderr)
+        return 1
     finally:
         restore_default_handlers()
     code = report_results(grid)

@@ -17,13 +17,17 @@ to ``tune.RunConfig(callbacks=[...])``.  `rllib train` does both.
 from __future__ import annotations
 
 import os
+import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ray import tune
 
-from rllib_grpo.cli.console import progress_line, startup_line
+from rllib_grpo.cli.console import progress_line, startup_line, waiting_line
 from rllib_grpo.cli.tensorboard import completions_table
+from rllib_grpo.rllib.algorithm.deadlines import HangError, read_waiting
 from rllib_grpo.rllib.config.door_checks import allow_file_store, mlflow_tracking_uri
+from rllib_grpo.rllib.config.layout import PlacementPlan, unplaceable
 
 if TYPE_CHECKING:  # annotations only
     from rllib_grpo.rllib.config.grpo_config import GRPOConfig
@@ -31,14 +35,40 @@ if TYPE_CHECKING:  # annotations only
 COMPLETIONS_KEY = "completions"
 COMPLETIONS_TAG = "completions"
 COMPLETIONS_ROWS = 16
+WAITING_POLL_S = 2.0  # how often the progress printer asks what the trials wait on
+WAITING_REPEAT_S = 30.0  # a wait still going is shown again this often
 
 
 class ProgressPrinter(tune.Callback):
     """Prints `rllib_grpo.cli.console.progress_line` for every result (the same line as the
-    demo; trial names only with several trials), and each trial's start-up time once."""
+    demo; trial names only with several trials), each trial's start-up time once, and,
+    while a running trial waits longer than usual, what it waits on
+    (`rllib_grpo.cli.console.waiting_line`, every `WAITING_REPEAT_S` while it lasts)."""
 
     def __init__(self) -> None:
         self._startup_shown: set[str] = set()
+        self._next_poll = 0.0
+        self._waiting_shown: dict[str, tuple[str, float]] = {}  # trial -> (wait, when shown)
+
+    def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+        now = time.monotonic()
+        if now < self._next_poll:
+            return
+        self._next_poll = now + WAITING_POLL_S
+        for trial in trials:
+            if trial.status != "RUNNING":
+                continue
+            waiting = read_waiting(trial.trial_id)
+            if waiting is None:
+                self._waiting_shown.pop(trial.trial_id, None)
+                continue
+            what, since = waiting
+            shown = self._waiting_shown.get(trial.trial_id)
+            if shown is not None and shown[0] == what and now - shown[1] < WAITING_REPEAT_S:
+                continue
+            self._waiting_shown[trial.trial_id] = (what, now)
+            name = f"{trial}: " if len(trials) > 1 else ""
+            print(waiting_line(what, time.time() - since, prefix=name), flush=True)
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,
                         **info: Any) -> None:
@@ -48,6 +78,70 @@ class ProgressPrinter(tune.Callback):
             self._startup_shown.add(str(trial))
             print(f"{name + ': ' if name else ''}{startup}", flush=True)
         print(progress_line(result, prefix=name + " " if name else ""), flush=True)
+
+
+class TrialStartDeadline(tune.Callback):
+    """Tune's start of a trial has a deadline (``startup_timeout_s``): a trial still
+    waiting for its placement group that long, while no trial runs (none will free
+    resources), stops the run with `HangError` naming what the group asks for and what the
+    cluster has free, the Tune driver's stacks written to the experiment folder."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = float(timeout_s)
+        self._pending_since: dict[str, float] = {}
+
+    def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+        now = time.monotonic()
+        if any(trial.status == "RUNNING" for trial in trials):
+            self._pending_since.clear()  # the others wait for its resources
+            return
+        for trial in trials:
+            if trial.status != "PENDING":
+                self._pending_since.pop(trial.trial_id, None)
+                continue
+            since = self._pending_since.setdefault(trial.trial_id, now)
+            if now - since > self.timeout_s:
+                raise HangError(self._report(trial))
+
+    def _report(self, trial: Any) -> str:
+        from rllib_grpo.rllib import stacks
+
+        factory = trial.placement_group_factory
+        why = unplaceable(_trial_plan(trial), stacks.free_per_node()) or (
+            "it fits the cluster's free resources now, yet Ray has not placed it")
+        bundles = ", ".join("{" + ", ".join(f"{k}: {v:g}" for k, v in b.items()) + "}"
+                            for b in factory.bundles)
+        message = (f"trial {trial} did not start within {self.timeout_s:g} s "
+                   f"(startup_timeout_s): its placement group ({bundles}) is not placed: "
+                   f"{why}. Free those resources, grow the cluster, or make the trial "
+                   "smaller (num_env_runners, num_learners, num_reward_workers, their "
+                   "GPUs and custom resources)")
+        run_id = f"tune-{trial.trial_id}"
+        stacks.enable_stack_dumps(run_id, "rllib train (the Tune driver)")
+        # The experiment's folder where it is local (the trial's own is not made yet).
+        folder = Path(trial.path).parent if trial.path and "://" not in trial.path \
+            else Path(trial.local_experiment_path)
+        try:
+            path = stacks.dump_stacks(run_id, folder / stacks.stack_file_name(), message)
+        except OSError as error:
+            return f"{message}; the stack file could not be written: {error}"
+        finally:
+            stacks.forget_run(run_id)
+        return f"{message}. Python stacks of the Tune driver: {path}"
+
+
+def _trial_plan(trial: Any) -> PlacementPlan:
+    """The placement plan of ``trial``: GRPO's own (its processes named) where the trial's
+    algorithm has one, else its placement group's plain bundles."""
+    from ray.tune.registry import get_trainable_cls
+
+    try:
+        config = get_trainable_cls(trial.trainable_name).get_default_config() \
+            .update_from_dict(trial.config)
+        return config.placement_plan()
+    except Exception:  # noqa: BLE001  (not GRPO, or not a config it can read)
+        factory = trial.placement_group_factory
+        return PlacementPlan.of_bundles(factory.bundles, factory.strategy)
 
 
 def add_completions(*, algorithm: Any, result: dict, **kwargs: Any) -> None:

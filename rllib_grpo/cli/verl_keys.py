@@ -64,6 +64,10 @@ VERL_IGNORED: dict[str, str] = {
                                                           "always recorded in each sample's info",
     _AR + "actor.optim.total_training_steps": "verl overwrites it with the run's length "
                                               "(total_training_steps here)",
+    _AR + "rollout.engine_kwargs.vllm.disable_mm_preprocessor_cache":
+        "vLLM's cache of processed images (a memory/speed detail: samples do not change); "
+        "vLLM >= 0.11 calls it mm_processor_cache_gb: sampler_config.mm_processor_cache_gb=0 "
+        "disables it",
 }
 # Key prefixes accepted at any value: prefix -> why.
 VERL_IGNORED_PREFIXES: dict[str, str] = {
@@ -126,6 +130,7 @@ VERL_TO_SUB_KEY: dict[str, tuple[str, str]] = {
     "data.train_files": ("env_config", "path"),
     "data.val_files": ("val_env_config", "path"),
     "data.prompt_key": ("env_config", "prompt_key"),
+    "data.image_key": ("env_config", "image_key"),  # the column of a row's images
     _AR + "rollout.enforce_eager": ("sampler_config", "enforce_eager"),
     _AR + "rollout.dtype": ("sampler_config", "dtype"),  # the samplers' weight dtype
     _AR + "rollout.tensor_model_parallel_size": ("sampler_config", "tensor_parallel_size"),

@@ -7,6 +7,9 @@ Row formats (detected per row):
 * plain: ``{"prompt": "question text", "answer": ..., "data_source"?: ...}``
   (field names set by ``prompt_key``/``answer_key``; other fields go to ``extra_info``).
 
+Either may carry images (verl's ``data.image_key`` column, ``images`` by default, with
+``<image>`` placeholders in the prompt): decoded once here (`rllib_grpo.data.images`).
+
 Malformed rows (invalid JSON, non-UTF-8 bytes, missing fields, ...) are skipped and
 counted per kind (``dataset.skipped``, ``dataset.report()``, ``dataset.skipped_metrics()``),
 or raise with ``strict=True`` naming the file and line. No Ray, no torch.
@@ -23,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rllib_grpo.data.images import DEFAULT_IMAGE_KEY, check_placeholders, decode_row_images
 from rllib_grpo.data.prompt_files import RowError, is_jsonl, read_rows
 
 logger = logging.getLogger(__name__)
@@ -39,7 +43,8 @@ class PromptRecord:
 
     ``index`` is the record's position in its :class:`PromptDataset`; a verl
     row's own ``extra_info["index"]`` is kept in ``extra_info``.  ``origin`` says where
-    the row came from (``"train.jsonl line 18"``), for error messages.
+    the row came from (``"train.jsonl line 18"``), for error messages.  ``images``: the
+    row's decoded RGB images (PIL), in the order of the prompt's ``<image>`` placeholders.
     """
 
     prompt: Prompt
@@ -48,6 +53,7 @@ class PromptRecord:
     extra_info: dict = dataclasses.field(default_factory=dict)
     index: int = 0
     origin: str = dataclasses.field(default="", compare=False)
+    images: tuple = ()
 
     def where(self) -> str:
         """Where the record came from, or its index."""
@@ -107,6 +113,11 @@ class PromptDataset(Sequence[PromptRecord]):
         else:
             logger.info("%s", self.report())
 
+    @property
+    def has_images(self) -> bool:
+        """Whether any prompt carries images."""
+        return any(record.images for record in self.records)
+
     def filter(self, keep: Callable[[PromptRecord], bool], kind: str, reason: str) -> PromptDataset:
         """A new dataset without the records ``keep`` rejects, counted under ``kind``."""
         kept = [record for record in self.records if keep(record)]
@@ -117,13 +128,16 @@ class PromptDataset(Sequence[PromptRecord]):
             reasons.setdefault(kind, reason)
         return PromptDataset(kept, skipped=skipped, skip_reasons=reasons, name=self.name)
 
-    def filter_overlong(self, tokenizer: Any, max_prompt_length: int) -> PromptDataset:
+    def filter_overlong(self, tokenizer: Any, max_prompt_length: int,
+                        lengths: Sequence[int] | None = None) -> PromptDataset:
         """Drop prompts whose rendered token count exceeds ``max_prompt_length`` (verl's
-        ``filter_overlong_prompts``)."""
-        lengths = dict(zip(map(id, self.records), prompt_token_lengths(
-            [record.prompt for record in self.records], tokenizer), strict=True))
+        ``filter_overlong_prompts``); ``lengths``: every prompt's count where the caller
+        measured them (image tokens included), else the tokenizer's."""
+        if lengths is None:
+            lengths = prompt_token_lengths([record.prompt for record in self.records], tokenizer)
+        by_record = dict(zip(map(id, self.records), lengths, strict=True))
         return self.filter(
-            lambda record: lengths[id(record)] <= max_prompt_length,
+            lambda record: by_record[id(record)] <= max_prompt_length,
             f"prompt longer than max_prompt_length={max_prompt_length} tokens",
             "dropped by filter_overlong_prompts; raise max_prompt_length to keep them",
         )
@@ -142,6 +156,7 @@ def load_prompts(
     answer_key: str = "answer",
     data_source: str | None = None,
     strict: bool = False,
+    image_key: str = DEFAULT_IMAGE_KEY,
 ) -> PromptDataset:
     """Load prompts from a file, a list of dict rows or a Hugging Face-like dataset.
 
@@ -157,10 +172,13 @@ def load_prompts(
         strict: raise ValueError on the first malformed row (naming the file, the
             line (row for other formats), the field and the fix) instead of skipping
             and counting it.
+        image_key: the field holding a row's images (verl's ``data.image_key``); a row
+            whose image does not decode is malformed (`rllib_grpo.data.images`).
     """
     if isinstance(source, PromptDataset):
         return source
     name, rows = read_rows(source, fmt)
+    base_dir = Path(source).parent if isinstance(source, str | os.PathLike) else None
     unit = "line" if isinstance(source, str | os.PathLike) and is_jsonl(Path(source), fmt) else (
         "row")
     records: list[PromptRecord] = []
@@ -169,7 +187,8 @@ def load_prompts(
     for row_number, row in rows:
         where = f"{name} {unit} {row_number}"
         try:
-            record = _record_from_row(row, prompt_key, answer_key, data_source)
+            record = _record_from_row(row, prompt_key, answer_key, data_source, image_key,
+                                      base_dir)
             records.append(record if record.origin else dataclasses.replace(record, origin=where))
         except RowError as err:
             if strict:
@@ -180,7 +199,8 @@ def load_prompts(
 
 
 def _record_from_row(
-    row: Any, prompt_key: str, answer_key: str, default_data_source: str | None
+    row: Any, prompt_key: str, answer_key: str, default_data_source: str | None,
+    image_key: str = DEFAULT_IMAGE_KEY, base_dir: Path | None = None,
 ) -> PromptRecord:
     if isinstance(row, RowError):
         raise row
@@ -198,9 +218,13 @@ def _record_from_row(
     extra_info = row.get("extra_info") or {}
     if not isinstance(extra_info, Mapping):
         raise RowError("'extra_info' is not an object", "make 'extra_info' a dict or drop it")
-    consumed = {prompt_key, answer_key, "data_source", "reward_model", "extra_info"}
+    images = decode_row_images(row.get(image_key), base_dir)
+    if images:
+        check_placeholders(prompt, len(images))
+    consumed = {prompt_key, answer_key, "data_source", "reward_model", "extra_info", image_key}
     leftovers = {key: value for key, value in row.items() if key not in consumed}
-    return PromptRecord(prompt, ground_truth, data_source, {**leftovers, **extra_info})
+    return PromptRecord(prompt, ground_truth, data_source, {**leftovers, **extra_info},
+                        images=images)
 
 
 def _prompt_from_row(row: Mapping, prompt_key: str) -> Prompt:

@@ -10,6 +10,13 @@ Multi-turn: ``step`` asks :meth:`TextEnv._next_turn` for a follow-up
 observation; the default returns None (single turn, ``terminated=True``). A
 multi-turn env overrides it to return the next user turn (e.g. tool output) and
 ends the episode by returning None.
+
+Images: a dataset whose prompts carry images (`rllib_grpo.data.images`) needs the
+vision-language model's ``processor`` (`rllib_grpo.models.vision.ImagePromptProcessor`).
+Its observations are ``{"text": rendered prompt, "images": (PIL images, ...)}``, every turn
+of an episode keeping its images; ``info["prompt_token_ids"]`` has every image's tokens
+expanded and ``info["multi_modal_inputs"]`` the processor's vision inputs (what the
+learner's forward takes).
 """
 
 from __future__ import annotations
@@ -41,6 +48,19 @@ MAX_OBSERVATION_CHARS = 1 << 20
 SAMPLE_CHARSET = string.digits + string.ascii_letters + string.punctuation + " \n−×÷°√π"
 
 
+class ImageList(gymnasium.spaces.Space):
+    """A tuple of RGB PIL images of any size (the images of one prompt)."""
+
+    def __init__(self) -> None:
+        super().__init__(shape=None, dtype=None)
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, tuple) and all(getattr(image, "mode", None) == "RGB" for image in x)
+
+    def sample(self, mask: Any = None, probability: Any = None) -> tuple:
+        return ()
+
+
 class UnicodeText(gymnasium.spaces.Text):
     """A ``Text`` space holding any ``str`` of at most ``max_length`` characters.
 
@@ -66,6 +86,8 @@ class TextEnv(gymnasium.Env):
             dispatches on each record's ``data_source``.
         tokenizer: renders chat prompts with its chat template and produces
             ``info["prompt_token_ids"]``; needed for ``max_prompt_length``.
+        processor: renders prompts with images (a vision-language model's; module
+            docstring); required when any prompt has images.
         max_prompt_length: token limit, enforced with ``truncation`` (verl's
             ``error``/``left``/``right``/``middle``). A truncated prompt's
             observation is the decoded kept tokens.
@@ -91,6 +113,7 @@ class TextEnv(gymnasium.Env):
         *,
         reward_fn: RewardFn | str | None = None,
         tokenizer: Any = None,
+        processor: Any = None,
         max_prompt_length: int | None = None,
         truncation: str = "error",
         filter_overlong_prompts: bool = False,
@@ -106,16 +129,23 @@ class TextEnv(gymnasium.Env):
     ) -> None:
         _check_length_options(tokenizer, max_prompt_length, truncation, filter_overlong_prompts)
         dataset = load_prompts(dataset)
+        if dataset.has_images and processor is None:
+            raise ValueError(
+                f"{dataset.name}: the prompts carry images but the model has no image "
+                "processor (a text-only model); use a vision-language model (e.g. "
+                "model_path='builtin:demo-vlm' or a Qwen2.5-VL folder) or load the data "
+                "without its images column")
+        self.tokenizer, self.processor = tokenizer, processor
         if filter_overlong_prompts:
             assert max_prompt_length is not None  # _check_length_options requires it
-            dataset = dataset.filter_overlong(tokenizer, max_prompt_length)
+            dataset = dataset.filter_overlong(tokenizer, max_prompt_length,
+                                              self.prompt_lengths(dataset))
         if len(dataset) == 0:
             raise ValueError(f"TextEnv needs at least one prompt.\n{dataset.report()}")
         dataset.log_report()
-        if truncation == "error" and max_prompt_length is not None:
-            _check_prompt_lengths(dataset, tokenizer, max_prompt_length)
+        if (truncation == "error" or dataset.has_images) and max_prompt_length is not None:
+            _check_prompt_lengths(dataset, self.prompt_lengths(dataset), max_prompt_length)
         self.dataset = dataset
-        self.tokenizer = tokenizer
         self.max_prompt_length = max_prompt_length
         self.truncation = truncation
         self.shuffle = shuffle
@@ -129,7 +159,10 @@ class TextEnv(gymnasium.Env):
             workers=reward_workers,
             isolation=reward_isolation,
         )
-        self.observation_space = UnicodeText(MAX_OBSERVATION_CHARS)
+        self.observation_space: gymnasium.Space = UnicodeText(MAX_OBSERVATION_CHARS)
+        if dataset.has_images:
+            self.observation_space = gymnasium.spaces.Dict(
+                {"text": self.observation_space, "images": ImageList()})
         self.action_space = UnicodeText(max_response_chars)
         entropy = np.random.SeedSequence().entropy
         self._seed = seed if seed is not None else int(entropy) % 2**63  # type: ignore[arg-type]
@@ -144,7 +177,15 @@ class TextEnv(gymnasium.Env):
         """Number of prompts (after filtering)."""
         return len(self.dataset)
 
-    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
+    def prompt_lengths(self, dataset: PromptDataset) -> list[int]:
+        """Every prompt's token count as the model sees it (image tokens included)."""
+        lengths = prompt_token_lengths([record.prompt for record in dataset], self.tokenizer)
+        for i, record in enumerate(dataset):
+            if record.images:
+                lengths[i] = self.processor.num_prompt_tokens(record.prompt, record.images)
+        return lengths
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
         """Serve the next prompt, or ``options["index"]`` without advancing the order.
 
         A ``seed`` restarts the order from epoch 0 under that seed.
@@ -158,7 +199,7 @@ class TextEnv(gymnasium.Env):
         else:
             index, epoch = self._advance()
         self._current, self._current_epoch = self.dataset[index], epoch
-        observation, token_ids = self._render(self._current)
+        observation, token_ids, vision = self._render(self._current)
         info = {
             "index": index,
             "epoch": epoch,
@@ -169,9 +210,12 @@ class TextEnv(gymnasium.Env):
         }
         if token_ids is not None:
             info["prompt_token_ids"] = token_ids
+        if self.dataset.has_images:
+            info["multi_modal_inputs"] = vision
+            return {"text": observation, "images": self._current.images}, info
         return observation, info
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+    def step(self, action: str) -> tuple[Any, float, bool, bool, dict]:
         """Score the response ``action``; returns ``("", reward, True, False, info)``."""
         record = self._current
         if record is None:
@@ -192,7 +236,10 @@ class TextEnv(gymnasium.Env):
         if terminated:
             self._current = None
         info = self._step_info(record, result, self._current_epoch, clipped)
-        return next_observation or "", float(result["score"]), terminated, False, info
+        observation: Any = next_observation or ""
+        if self.dataset.has_images:  # the episode's images stay with every turn
+            observation = {"text": observation, "images": record.images}
+        return observation, float(result["score"]), terminated, False, info
 
     def score_many(self, responses: list[tuple[int, str]]) -> list[dict]:
         """Score ``(prompt index, response)`` pairs in parallel (the scorer's pool), each
@@ -284,14 +331,18 @@ class TextEnv(gymnasium.Env):
             raise IndexError(f"options['index']={index} is outside 0..{self.num_prompts - 1}")
         return int(index)
 
-    def _render(self, record: PromptRecord) -> tuple[str, list[int] | None]:
+    def _render(self, record: PromptRecord) -> tuple[str, list[int] | None, Any]:
+        """Observation text, token ids and (prompts with images) vision inputs."""
+        if record.images:
+            # Lengths were checked at construction: image prompts are never truncated.
+            return self.processor.encode(record.prompt, record.images)
         if self.tokenizer is None:
-            return render_prompt(record.prompt), None
+            return render_prompt(record.prompt), None, None
         text, token_ids = render_and_encode(record.prompt, self.tokenizer)
         kept = apply_length_limit(token_ids, self.max_prompt_length, self.truncation)
         if len(kept) < len(token_ids):
             text = self.tokenizer.decode(kept)
-        return text, kept
+        return text, kept, None
 
 
 def env_options(env_cls: type) -> tuple[set[str], bool]:
@@ -313,10 +364,11 @@ def env_options(env_cls: type) -> tuple[set[str], bool]:
     return names, not issubclass(env_cls, TextEnv)
 
 
-def _check_prompt_lengths(dataset: PromptDataset, tokenizer: Any, max_prompt_length: int) -> None:
-    """``truncation="error"``: refuse an over-long prompt when the data loads, not when it
-    is first drawn mid-training."""
-    lengths = prompt_token_lengths([record.prompt for record in dataset], tokenizer)
+def _check_prompt_lengths(dataset: PromptDataset, lengths: list[int],
+                          max_prompt_length: int) -> None:
+    """``truncation="error"`` (and any prompt with images, whose image tokens cannot be
+    cut): refuse an over-long prompt when the data loads, not when it is first drawn
+    mid-training."""
     overlong = [(record, n) for record, n in zip(dataset, lengths, strict=True)
                 if n > max_prompt_length]
     if overlong:

@@ -11,6 +11,10 @@ the columns.
 Multi-turn episodes (`rllib_grpo.data.trajectory`) put the environment's tokens in
 the response too, with ``response_mask`` 1 (they are attended to) and the optional
 ``loss_mask`` 0 (they are not trained on); single-turn batches have no ``loss_mask``.
+
+Prompts with images: ``multi_modal_inputs`` (verl's name) holds per trajectory its
+prompt's `rllib_grpo.data.images.VisionInputs` (None for a row without images), a numpy
+object column whose rows of one group share one object; text-only batches have none.
 """
 
 from __future__ import annotations
@@ -55,6 +59,8 @@ class RolloutBatch:
     # (continuous rollouts, whose responses may span a weight update); None = one version
     # per trajectory (``weights_version``), the synchronous and one-step-off paths.
     token_versions: np.ndarray | None = None
+    # (trajectories,) objects: each row's VisionInputs (None: no images); None: no row has any.
+    multi_modal_inputs: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.scores)
@@ -69,8 +75,9 @@ class RolloutBatch:
         columns = {name: getattr(self, name)[rows] for name in ARRAY_FIELDS}
         loss_mask = None if self.loss_mask is None else self.loss_mask[rows]
         versions = None if self.token_versions is None else self.token_versions[rows]
+        vision = None if self.multi_modal_inputs is None else self.multi_modal_inputs[rows]
         return RolloutBatch(**columns, infos=[self.infos[i] for i in rows], loss_mask=loss_mask,
-                            token_versions=versions)
+                            token_versions=versions, multi_modal_inputs=vision)
 
     def per_token_versions(self) -> np.ndarray:
         """(trajectories, response tokens): each token's weights version (``weights_version``
@@ -98,10 +105,13 @@ class RolloutBatch:
         return np.asarray([float(info[name]) for info in self.infos])
 
     def train_columns(self) -> dict[str, np.ndarray]:
-        """The numeric columns the learner consumes (and ``loss_mask`` when there is one)."""
+        """The numeric columns the learner consumes (and ``loss_mask`` and
+        ``multi_modal_inputs`` when there are)."""
         columns = {k: getattr(self, k) for k in ARRAY_FIELDS}
         if self.loss_mask is not None:
             columns["loss_mask"] = self.loss_mask
+        if self.multi_modal_inputs is not None:
+            columns["multi_modal_inputs"] = self.multi_modal_inputs
         return columns
 
 
@@ -129,10 +139,13 @@ def build_rollout_batch(
     pad_token_id: int,
     reward_baselines: Sequence[float] | None = None,
     loss_masks: Sequence[Sequence[float]] | None = None,
+    multi_modal_inputs: Sequence[Any] | None = None,
 ) -> RolloutBatch:
     """Pad per-trajectory lists into a `RolloutBatch` (prompts left-, responses right-padded).
 
     ``loss_masks`` (multi-turn): per response token, 1 where the model's own tokens are.
+    ``multi_modal_inputs``: per trajectory its prompt's vision inputs or None (a batch
+    where every row has None carries no column).
     """
     prompt_width = max((len(p) for p in prompt_ids), default=1)
     response_width = max((len(r) for r in response_ids), default=1)
@@ -157,7 +170,17 @@ def build_rollout_batch(
         weights_version=np.zeros(len(scores), dtype=np.int64),
         infos=infos,
         loss_mask=loss_mask,
+        multi_modal_inputs=vision_column(multi_modal_inputs),
     )
+
+
+def vision_column(rows: Sequence[Any] | None) -> np.ndarray | None:
+    """Per-row vision inputs as a numpy object column; None where no row has any."""
+    if rows is None or all(row is None for row in rows):
+        return None
+    column = np.empty(len(rows), dtype=object)
+    column[:] = list(rows)
+    return column
 
 
 def _repad(array: np.ndarray, width: int, value: float, left: bool) -> np.ndarray:
@@ -199,7 +222,12 @@ def concat_rollouts(batches: Sequence[RolloutBatch], *, pad_token_id: int) -> Ro
     if any(b.token_versions is not None for b in batches):
         versions = np.concatenate([_repad(b.per_token_versions(), response_width, 0, left=False)
                                    for b in batches])
-    return RolloutBatch(**columns, infos=infos, loss_mask=loss_mask, token_versions=versions)
+    vision = None
+    if any(b.multi_modal_inputs is not None for b in batches):
+        vision = vision_column([row for b in batches for row in (
+            b.multi_modal_inputs if b.multi_modal_inputs is not None else [None] * len(b))])
+    return RolloutBatch(**columns, infos=infos, loss_mask=loss_mask, token_versions=versions,
+                        multi_modal_inputs=vision)
 
 
 def data_metrics(batch: RolloutBatch, max_response_length: int) -> dict[str, float]:

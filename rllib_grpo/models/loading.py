@@ -5,11 +5,13 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
+    AutoModelForImageTextToText,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
@@ -26,7 +28,10 @@ logger = logging.getLogger(__name__)
 VLLM_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-ModelAndTokenizer = tuple[PreTrainedModel, PreTrainedTokenizerBase]
+# A built-in model's parts: the model, its tokenizer and, for a vision-language model, its
+# image processor (saved beside them: `save_model_dir`).
+ModelAndTokenizer = tuple[PreTrainedModel, PreTrainedTokenizerBase] | tuple[
+    PreTrainedModel, PreTrainedTokenizerBase, Any]
 BuiltinBuilder = Callable[..., ModelAndTokenizer]
 
 
@@ -76,9 +81,11 @@ def build_tiny_causal_lm(
 
 
 def save_model_dir(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | os.PathLike
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | os.PathLike,
+    image_processor: Any = None,
 ) -> str:
-    """Write ``model`` and ``tokenizer`` to ``path`` for transformers and vLLM.
+    """Write ``model`` and ``tokenizer`` (and a vision-language model's ``image_processor``)
+    to ``path`` for transformers and vLLM.
 
     Raises if the tokenizer has more tokens than the model's embedding rows.
     Warns when ``AutoTokenizer.from_pretrained(path)`` would not give back the
@@ -91,6 +98,8 @@ def save_model_dir(
     os.makedirs(path, exist_ok=True)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
+    if image_processor is not None:
+        image_processor.save_pretrained(path)
     _name_generic_tokenizer_class(path)
     _warn_if_auto_tokenizer_differs(tokenizer, path)
     return path
@@ -112,20 +121,24 @@ def load_causal_lm(
     config_overrides: dict | None = None, on_meta: bool = False,
 ) -> PreTrainedModel:
 
-    """Load a causal LM from a folder (or hub id) in ``dtype``, in eval mode.
+    """Load a causal LM from a folder (or hub id) in ``dtype``, in eval mode: a
+    vision-language model (its config has a ``vision_config``) as transformers' image-text
+    model, whose forward also takes the images.
 
     ``config_overrides`` replace entries of the model's config (verl
     ``model.override_config``, e.g. ``max_position_embeddings``).  ``on_meta``: the
     model's structure alone, on the meta device (no weight is read or allocated): an FSDP
     rank whose shards are filled from another rank's weights (`rllib_grpo.rllib.learner.fsdp`).
     """
+    config = AutoConfig.from_pretrained(path, **dict(config_overrides or {}))
+    vision = getattr(config, "vision_config", None) is not None
+    auto_class = AutoModelForImageTextToText if vision else AutoModelForCausalLM
     if on_meta:
-        config = AutoConfig.from_pretrained(path, **dict(config_overrides or {}))
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(dtype))
+            model = auto_class.from_config(config, dtype=torch_dtype(dtype))
     else:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype),
-                                                     **dict(config_overrides or {}))
+        model = auto_class.from_pretrained(path, dtype=torch_dtype(dtype),
+                                           **dict(config_overrides or {}))
     if gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False  # the KV cache is useless while checkpointing

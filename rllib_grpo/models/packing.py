@@ -90,6 +90,11 @@ class PackedMicroBatch:
         attention_mask: ``(rows, 1, row_len, row_len)`` bool (True: attend) where the
             layout needs one beyond what the position ids say (shared prompts:
             `rllib_grpo.models.shared_prefix`); None: built from the position ids.
+        source_index, packed_index: for each real token, its flat index in the padded
+            ``(B, P + R)`` rows and its slot in the flat packed rows (`pack_micro_batch`'s
+            layout; None where a layout has no such one-to-one map).
+        model_inputs: more inputs of the model's forward (a vision-language model's
+            images: `rllib_grpo.models.vision_forward`).
     """
 
     input_ids: torch.Tensor
@@ -100,6 +105,9 @@ class PackedMicroBatch:
     response_mask: torch.Tensor
     num_real_tokens: int
     attention_mask: torch.Tensor | None = None
+    source_index: np.ndarray | None = None
+    packed_index: np.ndarray | None = None
+    model_inputs: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
     @property
     def num_slots(self) -> int:
@@ -107,9 +115,11 @@ class PackedMicroBatch:
         return self.input_ids.numel()
 
 
-def mask_kwargs(packed: PackedMicroBatch) -> dict[str, torch.Tensor]:
-    """The forward's ``attention_mask`` argument where the layout carries its own mask."""
-    return {} if packed.attention_mask is None else {"attention_mask": packed.attention_mask}
+def forward_kwargs(packed: PackedMicroBatch) -> dict[str, torch.Tensor]:
+    """The forward's ``attention_mask`` argument where the layout carries its own mask, and
+    the layout's other model inputs."""
+    mask = {} if packed.attention_mask is None else {"attention_mask": packed.attention_mask}
+    return {**mask, **packed.model_inputs}
 
 
 def pack_micro_batch(batch: dict[str, torch.Tensor], varlen: bool) -> PackedMicroBatch:
@@ -170,6 +180,8 @@ def pack_micro_batch(batch: dict[str, torch.Tensor], varlen: bool) -> PackedMicr
         target_ids=flat_ids[source_t[torch.from_numpy(targets).to(device)]],
         response_mask=batch["response_mask"].bool(),
         num_real_tokens=total,
+        source_index=source,
+        packed_index=destination,
     )
 
 
@@ -206,7 +218,7 @@ def packed_response_log_probs(
         keep, keep_index = torch.unique(cols, return_inverse=True)
         logits = lm(
             input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
-            logits_to_keep=keep, **mask_kwargs(packed),
+            logits_to_keep=keep, **forward_kwargs(packed),
         ).logits
         response_logits = logits[rows, keep_index].float() / temperature
         values = {"log_probs": logprobs_from_logits(response_logits, packed.target_ids)
@@ -240,7 +252,7 @@ def _chunked_values(lm: torch.nn.Module, packed: PackedMicroBatch, rows: torch.T
     if fused:
         decoder, weight = fused_head(lm)  # type: ignore[misc]
         hidden = decoder(input_ids=packed.input_ids, position_ids=packed.position_ids,
-                         use_cache=False, **mask_kwargs(packed)).last_hidden_state
+                         use_cache=False, **forward_kwargs(packed)).last_hidden_state
         inputs = hidden[rows, cols]
         device = inputs.device.type
         if torch.is_autocast_enabled(device):  # the head in the compute dtype, as autocast
@@ -251,7 +263,7 @@ def _chunked_values(lm: torch.nn.Module, packed: PackedMicroBatch, rows: torch.T
     else:
         keep, keep_index = torch.unique(cols, return_inverse=True)
         logits = lm(input_ids=packed.input_ids, position_ids=packed.position_ids,
-                    use_cache=False, logits_to_keep=keep, **mask_kwargs(packed)).logits
+                    use_cache=False, logits_to_keep=keep, **forward_kwargs(packed)).logits
         inputs = logits[rows, keep_index]
     log_probs, entropy = chunked_token_stats(inputs[:n], packed.target_ids, temperature,
                                              weight=weight, with_entropy=with_entropy,

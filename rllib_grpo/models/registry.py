@@ -25,7 +25,8 @@ from rllib_grpo.startup import startup_part
 
 # Modules whose import registers built-in models; imported by name on first use.
 BUILTIN_MODULES = ("rllib_grpo.models.builtins", "rllib_grpo.models.demo",
-                   "rllib_grpo.models.demo_agents", "rllib_grpo.models.reward_models")
+                   "rllib_grpo.models.demo_agents", "rllib_grpo.models.reward_models",
+                   "rllib_grpo.models.demo_vlm")
 
 _BUILTINS: dict[str, tuple[BuiltinBuilder, dict[str, Any]]] = {}
 _loaded_builtin_modules = False
@@ -166,8 +167,8 @@ def _build_atomically(builder_fn: BuiltinBuilder, params: dict[str, Any], folder
     folder.parent.mkdir(parents=True, exist_ok=True)
     scratch = tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent)
     try:
-        model, tokenizer = builder_fn(**params)
-        save_model_dir(model, tokenizer, scratch)
+        model, tokenizer, *image_processor = builder_fn(**params)
+        save_model_dir(model, tokenizer, scratch, *image_processor)
         os.rename(scratch, folder)
     except OSError:
         if not folder.is_dir():  # a lost race leaves the winner's folder: fine
@@ -178,7 +179,9 @@ def _build_atomically(builder_fn: BuiltinBuilder, params: dict[str, Any], folder
 
 
 # Model families by a part of their name, for a hub id whose config.json is not at hand.
-_FAMILIES = (("qwen3", "qwen3"), ("qwen2", "qwen2"), ("qwen", "qwen2"), ("llama", "llama"),
+_FAMILIES = (("qwen2.5-vl", "qwen2_5_vl"), ("qwen2_5_vl", "qwen2_5_vl"),
+             ("qwen2-vl", "qwen2_vl"), ("qwen2_vl", "qwen2_vl"), ("qwen3", "qwen3"),
+             ("qwen2", "qwen2"), ("qwen", "qwen2"), ("llama", "llama"),
              ("mistral", "mistral"), ("smollm", "llama"))
 
 

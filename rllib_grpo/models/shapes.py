@@ -180,13 +180,16 @@ def _config_of(name_or_path: str) -> tuple[Any, str]:
 
 def _shape_of(config: Any, source: str, lora_rank: int, targets: str | tuple[str, ...]
               ) -> ModelShape:
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     text = config.get_text_config()
+    vision = getattr(config, "vision_config", None) is not None  # its tower counts too
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_config(
+            config)
     named = dict(model.named_parameters())  # shared (tied) tensors once
-    in_layers = sum(p.numel() for name, p in named.items() if ".layers." in name)
+    in_layers = sum(p.numel() for name, p in named.items()
+                    if ".layers." in name and not any(v in name for v in ("visual", "vision")))
     heads = text.num_attention_heads
     qk_norm = any(name.endswith(("q_norm.weight", "k_norm.weight")) for name in named)
     return ModelShape(

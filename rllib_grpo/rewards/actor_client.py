@@ -7,9 +7,11 @@ into forward passes of ``reward_batch_size`` samples).  Faults:
 
 * the actor dies (its process killed, its node lost): Ray restarts it (``max_restarts=-1``)
   and the same batch is sent again, up to ``max_attempts`` times;
-* the call overruns ``timeout_s``: the actor is killed (Ray restarts it, so a hung model
-  does not block the calls queued behind it) and the batch raises `TimeoutError`, which the
-  mixture scores 0 and counts, as a reward function that hangs.
+* the call overruns ``timeout_s``: the actor is named (``report_stuck``: its node, pid and
+  GPU ids, and the file the stacks of the run's processes went to, taken before the kill),
+  killed (Ray restarts it, so a hung model does not block the calls queued behind it) and
+  the batch raises `TimeoutError` with that line, which the mixture scores 0 and counts,
+  as a reward function that hangs.
 
 Needs Ray; no torch.
 """
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -33,16 +35,21 @@ class ActorPoolReward:
         timeout_s: seconds one batch call may take.
         max_attempts: calls of one batch when actors die under it.
         first: index of the actor the first batch goes to (env runners start apart).
+        report_stuck: ``report_stuck(message, name, handle)`` -> the line naming a call
+            that overran ``timeout_s`` (the env runner's: the actor's whereabouts and the
+            stack file); None: ``message`` alone.
     """
 
     def __init__(self, actor_names: Sequence[str], *, timeout_s: float = 300.0,
-                 max_attempts: int = DEFAULT_MAX_ATTEMPTS, first: int = 0) -> None:
+                 max_attempts: int = DEFAULT_MAX_ATTEMPTS, first: int = 0,
+                 report_stuck: Callable[[str, str, Any], str] | None = None) -> None:
         if not actor_names:
             raise ValueError("ActorPoolReward needs at least one actor name")
         self.actor_names = list(actor_names)
         self.timeout_s = timeout_s
         self.max_attempts = max(1, max_attempts)
         self._next = first % len(self.actor_names)
+        self.report_stuck = report_stuck
         self._handles: dict[str, Any] = {}
         self.num_calls = 0
         self.num_timeouts = 0
@@ -75,10 +82,13 @@ class ActorPoolReward:
                     return ray.get(ref, timeout=self.timeout_s)
                 except GetTimeoutError as err:
                     self.num_timeouts += 1
+                    message = (f"reward actor {name} did not answer within "
+                               f"{self.timeout_s:g} s for {len(responses)} samples "
+                               "(reward_model_timeout_s): restarted, the batch scored 0")
+                    if self.report_stuck is not None:  # before the kill: its stack
+                        message = self.report_stuck(message, name, handle)
                     ray.kill(handle, no_restart=False)  # restarted: calls behind it go on
-                    raise TimeoutError(f"reward actor {name} took longer than "
-                                       f"{self.timeout_s} s for {len(responses)} samples "
-                                       "(it was restarted)") from err
+                    raise TimeoutError(message) from err
                 except (RayActorError, ActorUnavailableError) as err:
                     self.num_actor_deaths += 1
                     logger.warning("reward actor %s died during a call (attempt %d of %d); "

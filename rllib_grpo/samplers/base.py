@@ -68,7 +68,7 @@ class Sampler(WeightReceiver, Protocol):
 
     def generate(
         self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams,
-        *, seeds: Sequence[int] | None = None,
+        *, seeds: Sequence[int] | None = None, images: Sequence[Sequence[Any]] | None = None,
     ) -> list[list[Sample]]:
         """``n`` samples for each prompt: the outer list follows ``prompts``.
 
@@ -76,6 +76,9 @@ class Sampler(WeightReceiver, Protocol):
         the call's seed: multi-turn episodes keep their own seed whatever else is
         in the batch (vLLM: per request; transformers: the call is seeded from all
         of them, so the same set of episodes gives the same samples).
+        ``images`` (one sequence of PIL images per prompt, optional; a vision-language
+        model's): the prompt's images, whose tokens its ids hold expanded (one per merged
+        patch, `rllib_grpo.models.vision.ImagePromptProcessor`).
         """
         ...
 
@@ -96,6 +99,20 @@ class Sampler(WeightReceiver, Protocol):
     def close(self) -> None:
         """Release the engine and its memory."""
         ...
+
+
+def cut_before(sample: Sample, token_ids: frozenset[int]) -> Sample:
+    """``sample`` ended before the first of ``token_ids`` it holds (its tokens and
+    log-probs up to there kept, finish reason ``"length"``: a truncation).
+
+    A vision-language model's forward puts image features wherever its image placeholder
+    token stands, so a response may not contain one: the learner could not score it.  The
+    kept prefix was sampled from the policy as it is, so its log-probs stay exact."""
+    for i, token_id in enumerate(sample.token_ids):
+        if token_id in token_ids:
+            versions = None if sample.token_versions is None else sample.token_versions[:i]
+            return Sample(sample.token_ids[:i], sample.log_probs[:i], "length", versions)
+    return sample
 
 
 class CallSeeds:

@@ -1,4 +1,10 @@
-"""A sampler on transformers' ``generate``: the fallback where vLLM does not import."""
+"""A sampler on transformers' ``generate``: the fallback where vLLM does not import.
+
+A vision-language model (the Qwen2-VL family) samples with the images in its forward: the
+prompts' token ids come with every image's tokens expanded, and the sampler turns each
+prompt's images into pixel values with the model's image processor
+(`rllib_grpo.models.vision.ImagePromptProcessor`, the env's own).
+"""
 
 from __future__ import annotations
 
@@ -19,11 +25,18 @@ from transformers.generation.logits_process import (
 from rllib_grpo.models.attention import prefer_matmul_attention
 from rllib_grpo.models.loading import load_causal_lm
 from rllib_grpo.models.tokenizers import load_tokenizer
+from rllib_grpo.models.vision import (
+    ImagePromptProcessor,
+    placeholder_token_ids,
+    vision_model_type,
+)
+from rllib_grpo.models.vision_forward import stacked_vision_inputs
 from rllib_grpo.samplers.base import (
     CallSeeds,
     Sample,
     SamplingParams,
     combined_seed,
+    cut_before,
     runner_device,
     state_dict_bytes,
 )
@@ -70,27 +83,42 @@ class HFSampler(HFWeightTransfer):
         )
         self.seeds = CallSeeds(seed)
         self.max_batch_size = max_batch_size
+        self.processor = (ImagePromptProcessor.from_pretrained(tokenizer_path or model_path)
+                          if vision_model_type(model_path) else None)
+        self.placeholder_ids = placeholder_token_ids(model_path)  # never in a response
         self._init_weight_transfer()
 
     def generate(
         self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams,
-        *, seeds: Sequence[int] | None = None,
+        *, seeds: Sequence[int] | None = None, images: Sequence[Sequence[Any]] | None = None,
     ) -> list[list[Sample]]:
         """``n`` samples per prompt; reproducible for a given ``params.seed``.
 
         ``seeds`` (one per prompt): one batched ``generate`` has one RNG, so the call
         is seeded from all of them (`rllib_grpo.samplers.base.combined_seed`).
+        ``images`` (one sequence per prompt, a vision-language model's): each prompt's
+        images, whose expanded tokens its ids hold.
         """
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         rows = [list(prompt) for prompt in prompts for _ in range(n)]
+        visions: list[Any] = [None] * len(rows)
+        if images is not None and any(images):
+            if self.processor is None:
+                raise ValueError("prompts with images need a vision-language model; this "
+                                 "sampler's model is text-only")
+            per_prompt = [self.processor.vision_inputs(i) if i else None for i in images]
+            visions = [v for v in per_prompt for _ in range(n)]
         stop_ids = self.eos_token_ids | set(params.stop_token_ids or ())
         chunk = self.max_batch_size or max(len(rows), 1)
         samples: list[Sample] = []
         call_seed = combined_seed(seeds) if seeds is not None else self.seeds.next(params)
         with _seeded_rng(call_seed, self.device):
             for start in range(0, len(rows), chunk):
-                samples += self._generate_rows(rows[start : start + chunk], params, stop_ids)
+                samples += self._generate_rows(rows[start : start + chunk], params, stop_ids,
+                                               visions[start : start + chunk])
+        if self.placeholder_ids:
+            samples = [cut_before(sample, self.placeholder_ids) for sample in samples]
         return [samples[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     def load_weights(
@@ -135,14 +163,22 @@ class HFSampler(HFWeightTransfer):
 
     @torch.no_grad()
     def _generate_rows(
-        self, rows: list[list[int]], params: SamplingParams, stop_ids: set[int]
+        self, rows: list[list[int]], params: SamplingParams, stop_ids: set[int],
+        visions: Sequence[Any],
     ) -> list[Sample]:
         input_ids, attention_mask = _left_padded(rows, self.pad_token_id, self.device)
         log_probs = ChosenTokenLogProbs()
+        vision_kwargs: dict[str, Any] = {}
+        if any(v is not None for v in visions):  # the images and where their tokens are
+            assert self.processor is not None
+            vision_kwargs = stacked_vision_inputs(visions, self.device, self.model.dtype)
+            vision_kwargs["mm_token_type_ids"] = (
+                input_ids == self.processor.image_token_id).int()
         sequences = self.model.generate(
             input_ids=input_ids, attention_mask=attention_mask,
             generation_config=self._generation_config(params, stop_ids),
             logits_processor=LogitsProcessorList([*_warpers(params), log_probs]),
+            **vision_kwargs,
         )
         new_token_ids = sequences[:, input_ids.shape[1] :]
         new_token_log_probs = log_probs.finish(sequences[:, -1])[:, : new_token_ids.shape[1]]
@@ -206,7 +242,8 @@ def _warpers(params: SamplingParams) -> list[LogitsProcessor]:
 def _eos_token_ids(model: Any, tokenizer_path: str) -> set[int]:
     """EOS ids from the generation config, the model config and the tokenizer, as vLLM unites them."""
     ids: set[int] = set()
-    for source in (model.generation_config.eos_token_id, model.config.eos_token_id):
+    for source in (model.generation_config.eos_token_id,
+                   model.config.get_text_config().eos_token_id):
         ids |= {source} if isinstance(source, int) else set(source or ())
     with contextlib.suppress(OSError, ValueError):  # a weights-only folder has no tokenizer
         eos_id = load_tokenizer(tokenizer_path).eos_token_id

@@ -21,7 +21,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from rllib_grpo.samplers.base import CallSeeds, Sample, SamplingParams, state_dict_bytes
+from rllib_grpo.models.vision import placeholder_token_ids
+from rllib_grpo.samplers.base import (
+    CallSeeds,
+    Sample,
+    SamplingParams,
+    cut_before,
+    state_dict_bytes,
+)
 from rllib_grpo.samplers.vllm_engine import (
     checkpoint_keys,
     cpu_kv_cache_bytes,
@@ -32,6 +39,7 @@ from rllib_grpo.samplers.vllm_engine import (
     torch_threads_kept,
     with_version_args,
 )
+from rllib_grpo.samplers.vllm_vision import image_token_id, vision_engine_args, vllm_requests
 from rllib_grpo.samplers.vllm_weights import LM_HEAD_KEY, VLLMWeightTransfer
 from rllib_grpo.samplers.vllm_worker import register_in_this_process, require_supported_vllm
 
@@ -136,6 +144,9 @@ class VLLMSampler(VLLMWeightTransfer):
         register_in_this_process()  # the in-process worker creates its engine from the factory
 
         logging.getLogger(LAYERWISE_LOGGER).addFilter(_COMPUTED_BUFFER_NOTICE)  # idempotent
+        engine_kwargs = {**vision_engine_args(model_path), **engine_kwargs}  # images: tokenizer
+        self.image_token_id = image_token_id(model_path)
+        self.placeholder_ids = placeholder_token_ids(model_path)  # never in a response
         engine_kwargs.setdefault("skip_tokenizer_init", True)
         self.eos_token_ids: frozenset[int] = frozenset()
         if engine_kwargs["skip_tokenizer_init"]:
@@ -184,9 +195,10 @@ class VLLMSampler(VLLMWeightTransfer):
 
     def generate(
         self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams,
-        *, seeds: Sequence[int] | None = None,
+        *, seeds: Sequence[int] | None = None, images: Sequence[Sequence[Any]] | None = None,
     ) -> list[list[Sample]]:
-        """``n`` samples per prompt; reproducible for a given ``params.seed``.
+        """``n`` samples per prompt; reproducible for a given ``params.seed``; ``images``:
+        each prompt's, as vLLM's ``multi_modal_data`` (`rllib_grpo.samplers.vllm_vision`).
 
         With ``seed_requests`` (or ``params.seed``) every request is seeded (prompt ``i``
         of a call with seed ``s`` uses ``s + i*n``, or ``seeds[i]`` when given, and vLLM
@@ -205,7 +217,7 @@ class VLLMSampler(VLLMWeightTransfer):
         call_seed = self.seeds.next(params) if seeds is None and seeded else 0
         # vLLM refuses n > 1 for greedy requests: sample once, copy.
         copies, n = (n, 1) if params.temperature == 0 else (1, n)
-        requests = [{"prompt_token_ids": list(prompt)} for prompt in prompts]
+        requests = vllm_requests(prompts, images, self.image_token_id)
         per_prompt_params = [
             self._request_params(params, n, seed=None if not seeded
                                  else call_seed + i * n if seeds is None else int(seeds[i]))
@@ -216,7 +228,10 @@ class VLLMSampler(VLLMWeightTransfer):
         # Prompt tokens served from the prefix cache (e.g. a multi-turn episode's earlier turns).
         self.last_num_cached_tokens = sum(getattr(o, "num_cached_tokens", 0) or 0
                                           for o in outputs)
-        return [_samples(output, copies) for output in outputs]
+        groups = [_samples(output, copies) for output in outputs]
+        if self.placeholder_ids:
+            groups = [[cut_before(s, self.placeholder_ids) for s in group] for group in groups]
+        return groups
 
     def _eager_on_cpu(self) -> contextlib.AbstractContextManager:
         """On CPU, run vLLM's few ``torch.compile``d helpers eagerly.

@@ -83,6 +83,13 @@ SCRIPTS = {
         overlong_buffer_len=4096, overlong_penalty_factor=1.0, max_response_length=8192,
         model_override_config={"max_position_embeddings": 32768}, prompt_key="prompt",
         stop={"training_iteration": 200}, total_training_steps=200),
+    # Qwen2.5-VL on Geo3K: data.image_key=images (tests/cli/test_verl_vision.py runs it).
+    "run_qwen2_5_vl-7b.sh": dict(
+        plan=_verl_plan(512, 5, 128, 8), micro_batch_size_per_learner=10, use_kl_loss=True,
+        kl_loss_type="low_var_kl", kl_loss_coef=0.01, max_prompt_length=1024,
+        max_response_length=2048, filter_overlong_prompts=True, tensor_parallel_size=2,
+        sampler_memory_fraction=0.6, ref_param_offload=True, gradient_checkpointing=True,
+        image_key="images", enable_chunked_prefill=False),
 }
 SAMPLER_KEYS = ("tensor_parallel_size", "enable_chunked_prefill", "max_num_batched_tokens")
 # Pitfalls a verl script may show that are the same no-op in verl.
@@ -114,8 +121,9 @@ def test_verl_script_explains_with_verls_plan(name, tmp_path, capsys):
             assert config.sampler_config[key] == expected.pop(key), key
     if "train_files" in expected:
         assert config.env_config["path"] == expected.pop("train_files")
-    if "prompt_key" in expected:
-        assert config.env_config["prompt_key"] == expected.pop("prompt_key")
+    for key in ("prompt_key", "image_key"):
+        if key in expected:
+            assert config.env_config[key] == expected.pop(key)
     for key in ("recorded", "stop"):
         if key in expected:
             assert getattr(exp, key) == expected.pop(key), key

@@ -37,11 +37,28 @@ def test_arithmetic_random_agent_loop():
     assert set(rewards) <= {0.0, 1.0}
 
 
+# Envs whose prompts carry images: a vision-language model's processor renders them, and
+# their observations are {"text", "images"} (tests/envs/test_vision_envs.py).
+VISION = ("rllib_grpo/ShapeCount-v0", "rllib_grpo/Geo3K-v0")
+
+
+def _vision_kwargs(env_id, tmp_path):
+    from rllib_grpo.models import resolve_model
+    from rllib_grpo.models.vision import ImagePromptProcessor
+    from tests.data.test_images import write_geo3k_parquet
+
+    processor = ImagePromptProcessor.from_pretrained(resolve_model("builtin:tiny-vlm"))
+    if env_id == "rllib_grpo/Geo3K-v0":
+        return {"processor": processor, "path": str(write_geo3k_parquet(tmp_path / "g.parquet"))}
+    return {"processor": processor, "num_problems": 10}
+
+
 @pytest.mark.parametrize("env_id", sorted(BUILTIN_ENV_IDS))
-def test_each_builtin_id_makes_and_steps_with_the_env_checker(env_id):
+def test_each_builtin_id_makes_and_steps_with_the_env_checker(env_id, tmp_path):
+    kwargs = _vision_kwargs(env_id, tmp_path) if env_id in VISION else SMALL.get(env_id, {})
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # gymnasium's passive checker only warns
-        env = gymnasium.make(env_id, seed=0, **SMALL.get(env_id, {}))
+        env = gymnasium.make(env_id, seed=0, **kwargs)
         obs, info = env.reset()
         assert env.observation_space.contains(obs) and info["ground_truth"] is not None
         obs, reward, terminated, truncated, info = env.step("I am not sure.")
@@ -50,7 +67,8 @@ def test_each_builtin_id_makes_and_steps_with_the_env_checker(env_id):
             assert env.observation_space.contains(obs) and obs and reward == 0.0
             obs, reward, terminated, truncated, info = env.step("I am not sure.")
             turns += 1  # a multi-turn env replies until its rules or limits end the episode
-    assert (obs, reward, terminated, truncated) == ("", 0.0, True, False)
+    text = obs["text"] if env_id in VISION else obs
+    assert (text, reward, terminated, truncated) == ("", 0.0, True, False)
     assert turns <= getattr(env.unwrapped, "max_turns", 1)
 
 

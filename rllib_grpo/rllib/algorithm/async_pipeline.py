@@ -21,7 +21,9 @@ deeper pipeline would not raise the steady rate).  The old log-probs are the lea
 `PipelinedSampling` is the `rllib_grpo.rllib.algorithm.sampling.SamplingStrategy` that
 `GRPO` uses with ``max_staleness`` >= 1; it reaches the algorithm only through the
 `SamplingServices` it is given.  A lost runner's share of the background request is
-sampled again at once through `ResilientAlgorithm.sample_on_runners`.  Checkpoints hold
+sampled again at once through `ResilientAlgorithm.sample_on_runners`, and so is a stuck
+runner's once it is restarted (the request has the sampling deadline, counted from its
+launch: `rllib_grpo.rllib.algorithm.deadlines`).  Checkpoints hold
 no in-flight samples: the saved data position is where the untrained groups began, so a
 restored run samples those prompts again with its own weights.  See docs/async.md.
 """
@@ -29,6 +31,7 @@ restored run samples those prompts again with its own weights.  See docs/async.m
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from typing import Any
 
@@ -36,6 +39,7 @@ import numpy as np
 
 from rllib_grpo.data.recipes import first_groups
 from rllib_grpo.data.rollout import RolloutBatch, concat_rollouts
+from rllib_grpo.rllib.algorithm.deadlines import label_range
 from rllib_grpo.rllib.algorithm.sampling import (
     SamplingServices,
     SamplingStrategy,
@@ -65,6 +69,8 @@ class PipelinedSampling(SamplingStrategy):
         self._learner_version: int | None = None  # learner updates done (None: ask)
         self._runner_version: int | None = 0  # what the runners hold (setup pushed v0)
         self._tag: str | None = None  # the background request in flight
+        self._sent: list[int] = []  # the runners it went to, and when (monotonic)
+        self._launched = 0.0
         self._shares: dict[int, tuple[int, int]] = {}  # runner -> (start, count)
         self._ready: RolloutBatch | None = None  # taken from the runners, not yet trained
         self._ready_prompts = 0
@@ -107,18 +113,20 @@ class PipelinedSampling(SamplingStrategy):
         healthy = set(group.healthy_env_runner_ids())
         send = sorted(i for i in self._shares if i in healthy)
         self._tag = f"rllib_grpo_sample_{next(_REQUEST_IDS)}"
+        self._sent, self._launched = send, time.monotonic()
         if send:  # an unhealthy runner's share is sampled again when the request is taken
             group.foreach_env_runner_async(
                 lambda er, work=dict(self._shares): _sample_share(er, work),
                 tag=self._tag, remote_worker_ids=send)
 
     def _collect(self) -> None:
-        """Wait for the background request; a lost runner's share is sampled again."""
+        """Wait for the background request, within its deadline (from its launch); a lost
+        runner's share is sampled again, as is a stuck one's once it is restarted."""
         services, group = self.services, self.services.env_runner_group
         t0 = time.perf_counter()
         results: dict[int, tuple] = {}
         if group.num_in_flight_async_reqs(self._tag):
-            for index, out in group.fetch_ready_async_reqs(tags=self._tag, timeout_seconds=None):
+            for index, out in self._fetch(group):
                 results[index] = out
         waited = time.perf_counter() - t0
         missing = [i for i in self._shares if i not in results]
@@ -144,6 +152,29 @@ class PipelinedSampling(SamplingStrategy):
         self._ready_prompts = sum(count for _, count in self._shares.values())
         self._tag, self._shares = None, {}
         services.log_value("async/wait_sample_s", waited)
+
+    def _fetch(self, group: Any) -> list[tuple[int, Any]]:
+        """The background request's results; a runner that has not answered within the
+        sampling deadline, counted from the launch, is restarted (its share is then missing
+        and sampled again)."""
+        deadlines = self.services.deadlines
+        if deadlines is None:
+            return list(group.fetch_ready_async_reqs(tags=self._tag, timeout_seconds=None))
+        timeout, rule = deadlines.timeout_and_rule("sample")
+        sent = sorted(self._sent)
+        with deadlines.watch("sample", f"{label_range('env runner', sent)} (sampling)",
+                             timeout_s=math.inf, record=False):
+            ready = list(group.fetch_ready_async_reqs(
+                tags=self._tag, timeout_seconds=max(0.0, self._launched + timeout
+                                                    - time.monotonic())))
+        answered = {index for index, _ in ready}
+        stuck = [i for i in sent if i not in answered
+                 and group._worker_manager.is_actor_healthy(i)]
+        if stuck and self.services.restart_stuck_runners is not None:
+            self.services.restart_stuck_runners(stuck, "sampling", timeout, rule)
+        elif not stuck:
+            deadlines.record("sample", time.monotonic() - self._launched)
+        return ready
 
     def settle(self) -> None:
         """Take the background request (kept for the next step) and sync the weights, so

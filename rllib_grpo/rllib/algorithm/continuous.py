@@ -79,12 +79,31 @@ class ContinuousSampling(SamplingStrategy):
 
     # ---------------------------------------------------------------- runner calls
     def _on_runners(self, func: Callable[[Any], Any], ids: list[int] | None = None) -> list:
+        """``func`` on the runners ``ids`` (default: the healthy ones) within the deadline
+        of a runner call; a runner stuck past it is restarted (its prompts are then handed
+        out again, as a lost runner's)."""
         group = self.services.env_runner_group
         ids = sorted(group.healthy_env_runner_ids()) if ids is None else ids
         if not ids:
             return []
-        return group.foreach_env_runner(func, local_env_runner=False, remote_worker_ids=ids,
-                                        healthy_only=True)
+        deadlines = self.services.deadlines
+        if deadlines is None:
+            return group.foreach_env_runner(func, local_env_runner=False,
+                                            remote_worker_ids=ids, healthy_only=True)
+        timeout, rule = deadlines.timeout_and_rule("runner_call")
+        t0 = time.monotonic()
+        results = group.foreach_env_runner(
+            lambda er: (er.worker_index, func(er)), local_env_runner=False,
+            remote_worker_ids=ids, healthy_only=True, timeout_seconds=timeout)
+        answered = {index for index, _ in results}
+        stuck = [i for i in ids if i not in answered
+                 and group._worker_manager.is_actor_healthy(i)]
+        if stuck and self.services.restart_stuck_runners is not None:
+            self.services.restart_stuck_runners(stuck, "a continuous-rollout call", timeout,
+                                                rule)
+        elif not stuck:
+            deadlines.record("runner_call", time.monotonic() - t0)
+        return [out for _, out in results]
 
     def _healthy(self) -> list[int]:
         healthy = sorted(self.services.env_runner_group.healthy_env_runner_ids())

@@ -144,16 +144,18 @@ class EvaluatingAlgorithm(ResilientAlgorithm):
         if num_remote == 0:
             runner = group.local_env_runner
             num_prompts = evaluation_prompts(c, runner.validation_set_size())
-            samples = runner.evaluate(num_prompts, c.val_n, params, start=0)
+            with self.deadlines.watch("evaluate", "the local env runner (evaluation)",
+                                      kill=False):
+                samples = runner.evaluate(num_prompts, c.val_n, params, start=0)
         else:
             set_size = group.foreach_env_runner(lambda er: er.validation_set_size(),
                                                 local_env_runner=False)[0]
             slices = prompt_slices(0, evaluation_prompts(c, set_size), num_remote)
-            per_runner = group.foreach_env_runner(
-                lambda er, slices=slices: er.evaluate(
-                    slices[er.worker_index - 1][1], c.val_n, params,
-                    start=slices[er.worker_index - 1][0]),
-                local_env_runner=False)
+            # A runner stuck past the deadline is restarted and its slice scored again
+            # (a lost one's too), as in sampling.
+            per_runner = self.sample_on_runners(
+                lambda er, part: er.evaluate(part[1], c.val_n, params, start=part[0]),
+                slices, phase="evaluate", call="evaluation", group=group)
             samples = [s for runner_samples in per_runner for s in runner_samples]
         metrics = {**validation_metrics(samples), **pass_at_k_metrics(samples)}
         metrics["timing_s/testing"] = time.perf_counter() - t0

@@ -17,6 +17,8 @@ import contextlib
 import logging
 import math
 import time
+import uuid
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -41,6 +43,7 @@ from ray.tune.trainable import Trainable
 from rllib_grpo.data.rollout import RolloutBatch, concat_rollouts, data_metrics
 from rllib_grpo.rllib.algorithm.async_pipeline import PipelinedSampling
 from rllib_grpo.rllib.algorithm.continuous import ContinuousSampling
+from rllib_grpo.rllib.algorithm.deadlines import Deadlines
 from rllib_grpo.rllib.algorithm.evaluation import EvaluatingAlgorithm, prompt_slices
 from rllib_grpo.rllib.algorithm.no_signal import no_signal_warning
 from rllib_grpo.rllib.algorithm.placement_group import RunPlacement
@@ -55,6 +58,7 @@ from rllib_grpo.rllib.algorithm.weight_sync import WeightSync
 from rllib_grpo.rllib.choreography import sleep_level
 from rllib_grpo.rllib.config.grpo_config import RUN_PLACEMENT_GROUP, GRPOConfig
 from rllib_grpo.rllib.learner.perf import LEARNER_METRIC_NAMESPACES
+from rllib_grpo.rllib.stacks import RUN_ID_ATTRIBUTE
 from rllib_grpo.startup import STARTUP_KEY, startup_breakdown, startup_part, startup_part_key
 
 logger = logging.getLogger(__name__)
@@ -76,14 +80,32 @@ class GRPO(EvaluatingAlgorithm):
     @override(Algorithm)
     def setup(self, config: Any) -> None:
         self._startup_origin = startup_origin()
+        c = self.config
+        # Every wait has a deadline (rllib_grpo.rllib.algorithm.deadlines); every process of
+        # the run registers for stack dumps under this run id, which the config carries to
+        # the env runners and learners.
+        self.deadlines = Deadlines(
+            uuid.uuid4().hex[:12], factor=c.step_timeout_factor, floor_s=c.step_timeout_floor_s,
+            folder=self._report_folder,
+            trial_id=self._trial_info.trial_id if self._trial_info is not None else None)
+        object.__setattr__(c, RUN_ID_ATTRIBUTE, self.deadlines.run_id)
+        try:
+            self._set_up(config)
+        except BaseException:
+            self._stop_started_parts()
+            raise
+
+    def _set_up(self, config: Any) -> None:
+        """`setup`'s body, within the start-up deadline (``startup_timeout_s``)."""
         # The start-up line's "algorithm" part (its env runners' engines and its learners
         # are parts of their own, `rllib_grpo.startup`).
-        with startup_part("algorithm"):
+        with startup_part("algorithm"), self.deadlines.startup(self.config.startup_timeout_s):
             # Every process in its seat of one placement group (rllib_grpo.rllib.algorithm.
             # placement_group); none for a CPU-only run built outside Tune.
             self._placement = RunPlacement.start(self.config, self.config.startup_timeout_s)
             if self._placement is not None:
                 object.__setattr__(self.config, RUN_PLACEMENT_GROUP, self._placement.group)
+                self.deadlines.run_group = self._placement.group
             # Reward models and judges run on Ray actors of their own, started before the
             # env runners that score through them (rllib_grpo.rllib.algorithm.reward_workers).
             self._reward_actors = RewardActors.start(self.config, self._placement)
@@ -108,6 +130,26 @@ class GRPO(EvaluatingAlgorithm):
             else SynchronousSampling(services, sleep_level=sleep_level(c)
                                      if c.sampler_sleeps else None))
 
+    def _report_folder(self) -> str:
+        """Where stack files go: the Tune trial's folder where it is on this machine, else
+        the algorithm's log folder."""
+        trial_dir = getattr(getattr(self, "_storage", None), "trial_fs_path", None)
+        if trial_dir and "://" not in str(trial_dir) and Path(trial_dir).is_dir():
+            return str(trial_dir)
+        return str(self.logdir)
+
+    def _stop_started_parts(self) -> None:
+        """After a failed set-up: the reward actors, an own placement group and the
+        deadlines' watchdog go (RLlib's cleanup does not run)."""
+        reward_actors = getattr(self, "_reward_actors", None)
+        placement = getattr(self, "_placement", None)
+        with contextlib.suppress(Exception):
+            if reward_actors is not None:
+                reward_actors.stop()
+            if placement is not None:
+                placement.close()
+        self.deadlines.close()
+
     def _sampling_services(self) -> SamplingServices:
         """What the sampling strategy may use of this algorithm.  The operations look the
         methods up at each call, so that a probe or experiment that replaces one on the
@@ -125,6 +167,9 @@ class GRPO(EvaluatingAlgorithm):
                 metrics, key=ENV_RUNNER_RESULTS),
             record_runner_state=self.runner_states.__setitem__,
             restore_runners=lambda: self.restore_env_runners(self.env_runner_group),
+            deadlines=self.deadlines,
+            restart_stuck_runners=lambda runners, call, timeout_s, rule:
+                self.restart_stuck_runners(runners, call, timeout_s, rule),
         )
 
     @override(Algorithm)
@@ -150,11 +195,12 @@ class GRPO(EvaluatingAlgorithm):
         self._sampling.before_update(rollout, self._generation_batch_prompts())
 
         t0 = time.perf_counter()
-        learner_results = self.learner_group.update(
-            batch=self._to_learner_batch(rollout),
-            timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
-                (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0)},
-        )
+        with self.waiting_on_learners("update", "update"):
+            learner_results = self.learner_group.update(
+                batch=self._to_learner_batch(rollout),
+                timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
+                    (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0)},
+            )
         self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
         update_time = time.perf_counter() - t0
         self._log_value("timing_s/update_actor", update_time)
@@ -217,6 +263,9 @@ class GRPO(EvaluatingAlgorithm):
         placement = getattr(self, "_placement", None)
         if placement is not None:
             placement.close()
+        deadlines = getattr(self, "deadlines", None)
+        if deadlines is not None:
+            deadlines.close()
 
     @override(Algorithm)
     @classmethod
@@ -312,7 +361,8 @@ class GRPO(EvaluatingAlgorithm):
         slices = self._claim_prompts(num_prompts)
         if num_remote == 0:
             runner = group.local_env_runner
-            batches = [runner.sample(num_prompts=num_prompts, start=slices[0][0])]
+            with self.deadlines.watch("sample", "the local env runner (sampling)", kill=False):
+                batches = [runner.sample(num_prompts=num_prompts, start=slices[0][0])]
             metrics = [runner.get_metrics()]
         else:
             # A lost runner's slice is sampled again, at the same positions of the shared

@@ -22,18 +22,25 @@
   and its data position (recorded after its last good sample) before it samples again
   (`restore_env_runners`), so no prompt is served twice; ``fault_tolerance/*`` metrics
   count the restarts.
+* A remote env runner stuck in a call past its deadline (`rllib_grpo.rllib.algorithm.
+  deadlines`) is named, every process's stack written to the trial folder, and restarted
+  (`restart_stuck_runners`); its share is then sampled again as for a lost one
+  (``fault_tolerance/env_runner_hangs`` counts them).  A learner stuck past its deadline
+  stops the run (`HangError`).
 
 The training loop itself lives in `rllib_grpo.rllib.algorithm.grpo.GRPO`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import re
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +63,7 @@ from rllib_grpo.rllib.algorithm.checkpoints import (
     read_resume_point,
     verify_checkpoint,
 )
+from rllib_grpo.rllib.algorithm.deadlines import Deadlines, label_range
 
 logger = logging.getLogger(__name__)
 TUNE_CHECKPOINT_NAME = re.compile(r"checkpoint_\d+")
@@ -68,6 +76,8 @@ class LearnerDiedError(RuntimeError):
 class ResilientAlgorithm(Algorithm):
     """An `Algorithm` whose checkpoints are atomic, checked, and resumed from the newest."""
 
+    deadlines: Deadlines  # made by the subclass's setup, before RLlib's (which it watches)
+
     @override(Algorithm)
     def setup(self, config: Any) -> None:
         super().setup(config)
@@ -78,6 +88,7 @@ class ResilientAlgorithm(Algorithm):
         self.runner_states: dict[int, dict] = {}
         self._num_runner_restarts = 0
         self._num_resampled_shares = 0
+        self._num_runner_hangs = 0
         self._first_step_done = False
 
     @override(Algorithm)
@@ -134,12 +145,32 @@ class ResilientAlgorithm(Algorithm):
             "Python, build the algorithm again from the newest checkpoint "
             "(GRPO.from_checkpoint).")
 
+    @contextlib.contextmanager
+    def waiting_on_learners(self, phase: str, call: str) -> Iterator[None]:
+        """A wait on the learners (``phase`` sets its deadline, ``call`` names it): past
+        the deadline the run stops with `HangError`, the remote learners killed (a local
+        learner's wait, in this process, interrupted)."""
+        group = self.learner_group
+        if group.is_local:
+            with self.deadlines.watch(phase, f"the local learner ({call})", kill=False):
+                yield
+            return
+        learners = dict(group._worker_manager.actors())
+        with self.deadlines.watch(phase, f"{label_range('learner', list(learners))} ({call})",
+                                  actors={f"learner {i}": h for i, h in learners.items()},
+                                  interrupt=False):
+            yield
+
     # ------------------------------------------------------------------ env runner faults
-    def sample_on_runners(self, func: Callable[[Any, Any], Any], shares: list[Any]) -> list:
-        """``func(runner, share)`` on every remote runner, ``shares[i]`` for runner ``i + 1``;
-        the results in runner order.  A share whose runner is lost is sampled again by a
-        healthy runner, or by the restarted runner when none is healthy."""
-        group = self.env_runner_group
+    def sample_on_runners(self, func: Callable[[Any, Any], Any], shares: list[Any], *,
+                          phase: str = "sample", call: str = "sampling",
+                          group: EnvRunnerGroup | None = None) -> list:
+        """``func(runner, share)`` on every remote runner of ``group`` (default: the
+        training runners), ``shares[i]`` for runner ``i + 1``; the results in runner order.
+        A share whose runner is lost, or stuck past the deadline of ``phase``
+        (`restart_stuck_runners`), is sampled again by a healthy runner, or by the
+        restarted runner when none is healthy."""
+        group = group or self.env_runner_group
         pending = {index: share for index, share in enumerate(shares, start=1) if share}
         results: dict[int, Any] = {}
         timeout = getattr(self.config, "env_runner_restart_timeout_s", 600.0)
@@ -155,7 +186,7 @@ class ResilientAlgorithm(Algorithm):
                     assignment.setdefault(runner, []).append(index)
                 if not first_round:
                     self._num_resampled_shares += len(pending)
-                self._sample_round(func, pending, assignment, results)
+                self._sample_round(func, pending, assignment, results, group, phase, call)
             first_round = False
             if not pending:
                 break
@@ -170,15 +201,18 @@ class ResilientAlgorithm(Algorithm):
         return [results[index] for index in sorted(results)]
 
     def log_fault_counts(self) -> None:
-        """This run's env runner restarts and shares sampled again (every step's result)."""
-        self.metrics.log_value("fault_tolerance/env_runner_restarts", self._num_runner_restarts,
-                               reduce="mean", window=1)
-        self.metrics.log_value("fault_tolerance/resampled_shares", self._num_resampled_shares,
-                               reduce="mean", window=1)
+        """This run's env runner restarts, shares sampled again and env runners restarted
+        for a hang (every step's result)."""
+        for key, count in (("env_runner_restarts", self._num_runner_restarts),
+                           ("resampled_shares", self._num_resampled_shares),
+                           ("env_runner_hangs", self._num_runner_hangs)):
+            self.metrics.log_value(f"fault_tolerance/{key}", count, reduce="mean", window=1)
 
     def _sample_round(self, func: Callable[[Any, Any], Any], pending: dict[int, Any],
-                      assignment: dict[int, list[int]], results: dict[int, Any]) -> None:
-        """One ``foreach_env_runner``: each runner samples the shares assigned to it."""
+                      assignment: dict[int, list[int]], results: dict[int, Any],
+                      group: EnvRunnerGroup, phase: str, call: str) -> None:
+        """One ``foreach_env_runner``: each runner samples the shares assigned to it, within
+        the deadline of ``phase`` (per share); a runner stuck past it is restarted."""
         work = {runner: [(index, pending[index]) for index in indices]
                 for runner, indices in assignment.items()}
 
@@ -186,13 +220,49 @@ class ResilientAlgorithm(Algorithm):
             done = [(index, func(er, share)) for index, share in work[er.worker_index]]
             return [(er.worker_index, done, er.get_state())]
 
-        for runner, done, state in (item for out in self.env_runner_group.foreach_env_runner(
+        shares_per_runner = max(len(indices) for indices in work.values())
+        timeout, rule = self.deadlines.timeout_and_rule(phase)
+        timeout *= shares_per_runner
+        t0 = time.monotonic()
+        with self.deadlines.watch(phase, f"{label_range('env runner', list(work))} ({call})",
+                                  timeout_s=math.inf, record=False):
+            outs = group.foreach_env_runner(
                 sample, local_env_runner=False, remote_worker_ids=list(work),
-                healthy_only=True) for item in out):
-            self.runner_states[runner] = state
+                healthy_only=True, timeout_seconds=timeout)
+        returned = set()
+        for runner, done, state in (item for out in outs for item in out):
+            returned.add(runner)
+            if group is self.env_runner_group:
+                self.runner_states[runner] = state
             for index, result in done:
                 results[index] = result
                 pending.pop(index, None)
+        stuck = [runner for runner in work if runner not in returned
+                 and group._worker_manager.is_actor_healthy(runner)]
+        if stuck:
+            self.restart_stuck_runners(stuck, call, timeout, rule, group)
+        elif len(returned) == len(work):
+            self.deadlines.record(phase, (time.monotonic() - t0) / shares_per_runner)
+
+    def restart_stuck_runners(self, stuck: list[int], call: str, timeout_s: float, rule: str,
+                              group: EnvRunnerGroup | None = None) -> None:
+        """Remote env runners ``stuck`` in ``call`` past ``timeout_s``: named, with every
+        process's stack written to the trial folder, then restarted by Ray (killed; RLlib
+        takes them out of service until they answer again, `restore_env_runners`)."""
+        group = group or self.env_runner_group
+        actors = group._worker_manager.actors()
+        report = self.deadlines.report(
+            f"{label_range('env runner', stuck)} did not finish {call} within "
+            f"{timeout_s:.0f} s ({rule}): restarting, its share is sampled again",
+            actors={f"env runner {index}": actors[index] for index in stuck})
+        logger.warning("%s", report)
+        for index in stuck:
+            try:
+                ray.kill(actors[index], no_restart=False)
+            except Exception as error:  # noqa: BLE001  (gone already: lost, as any other)
+                logger.warning("env runner %d could not be restarted: %s", index, error)
+            group._worker_manager.set_actor_state(index, healthy=False)
+        self._num_runner_hangs += len(stuck)
 
     @override(Algorithm)
     def restore_env_runners(self, env_runner_group: EnvRunnerGroup) -> list[int]:
@@ -263,9 +333,10 @@ class ResilientAlgorithm(Algorithm):
 
         iteration = self.training_iteration if state is None else state.get(
             "training_iteration", self.training_iteration)
-        written = atomic_save(
-            target, lambda scratch: save(scratch, state=state, use_msgpack=use_msgpack),
-            components=components, iteration=iteration, run_id=self._checkpoint_run_id)
+        with self._waiting_on_checkpoint(f"checkpoint write to {target}"):
+            written = atomic_save(
+                target, lambda scratch: save(scratch, state=state, use_msgpack=use_msgpack),
+                components=components, iteration=iteration, run_id=self._checkpoint_run_id)
         prune_checkpoints(Path(written).parent, self._checkpoint_run_id,
                           getattr(self.config, "keep_checkpoints", 0))
         return written
@@ -279,10 +350,27 @@ class ResilientAlgorithm(Algorithm):
             manifest = verify_checkpoint(path, required_components=[COMPONENT_LEARNER_GROUP])
             if manifest is not None:
                 self._checkpoint_run_id = manifest["run_id"]
-        super().restore_from_path(path, *args, **kwargs)
+        with self._waiting_on_checkpoint(f"checkpoint restore from {path}"):
+            super().restore_from_path(path, *args, **kwargs)
         component = kwargs.get("component")
         if component is None or component.startswith(COMPONENT_LEARNER_GROUP):
             self.samplers_take_restored_weights()
+
+    @contextlib.contextmanager
+    def _waiting_on_checkpoint(self, what: str) -> Iterator[None]:
+        """A checkpoint's write or restore, within the deadline of the "checkpoint" phase:
+        on expiry the run stops (the learners, whose state it gathers, killed; this
+        process's own wait, on the filesystem, interrupted).  Without deadlines (a
+        checkpoint written before the set-up made them) it runs as it is."""
+        deadlines = getattr(self, "deadlines", None)
+        group = getattr(self, "learner_group", None)
+        if deadlines is None or group is None:
+            yield
+            return
+        learners = {} if group.is_local else dict(group._worker_manager.actors())
+        with deadlines.watch("checkpoint", f"the {what}",
+                             actors={f"learner {i}": h for i, h in learners.items()}):
+            yield
 
     def samplers_take_restored_weights(self) -> None:
         """After the learners were restored: every sampler (local, remote and evaluation

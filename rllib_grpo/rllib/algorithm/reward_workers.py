@@ -35,7 +35,7 @@ from rllib_grpo.rewards.judge import (
 )
 from rllib_grpo.rewards.reward_model import SequenceClassifierReward
 from rllib_grpo.rewards.specs import RewardSpec
-from rllib_grpo.rllib.algorithm.placement_group import RunPlacement, wait_started
+from rllib_grpo.rllib.algorithm.placement_group import RunPlacement
 from rllib_grpo.rllib.config.layout import REWARD_WORKER
 from rllib_grpo.rllib.config.reward_plan import (
     REWARD_ACTOR_PREFIX,
@@ -43,6 +43,7 @@ from rllib_grpo.rllib.config.reward_plan import (
     actor_specs,
     reward_dtype,
 )
+from rllib_grpo.rllib.stacks import RUN_ID_ATTRIBUTE, enable_stack_dumps
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +125,11 @@ class LocalJudge:
 class RewardWorker:
     """One reward actor: a reward model or a local judge (module docstring)."""
 
-    def __init__(self, spec: RewardSpec, *, dtype: str, batch_size: int, seed: int = 0) -> None:
+    def __init__(self, spec: RewardSpec, *, dtype: str, batch_size: int, seed: int = 0,
+                 run_id: str | None = None, index: int = 0) -> None:
+        if run_id:  # the run's deadlines can show this process's stack
+            enable_stack_dumps(run_id, f"reward worker {spec.name}[{index}] "
+                                       f"({type(self).__name__})")
         path = resolve_model(str(spec.source))
         self.kind = spec.kind
         self.core: Any
@@ -166,8 +171,10 @@ class RewardActors:
     def start(cls, config: Any, placement: RunPlacement | None = None) -> RewardActors | None:
         """Start the pools the config's rewards need, each actor in its seat of the run's
         ``placement`` (None: wherever Ray schedules it), and record their name prefix on the
-        (frozen) config for the env runners; None when no reward runs on actors.  Raises
-        RuntimeError when they do not start within ``startup_timeout_s``."""
+        (frozen) config for the env runners; None when no reward runs on actors.  Called
+        within the algorithm's start-up deadline (``startup_timeout_s``,
+        `rllib_grpo.rllib.algorithm.deadlines.Deadlines.startup`), which names a worker
+        that is never placed or never loads its model."""
         import ray
 
         specs = actor_specs(config)
@@ -188,11 +195,12 @@ class RewardActors:
                 actors[spec.name].append(worker.options(
                     name=name, max_restarts=-1, max_task_retries=0, **where).remote(
                         spec, dtype=reward_dtype(config), batch_size=config.reward_batch_size,
-                        seed=(config.seed or 0) + i))
+                        seed=(config.seed or 0) + i,
+                        run_id=getattr(config, RUN_ID_ATTRIBUTE, None), index=i))
         handles = [h for pool in actors.values() for h in pool]
-        # A model that does not load fails here.
-        wait_started([h.ready.remote() for h in handles], "reward workers",
-                     config.startup_timeout_s)
+        # A model that does not load fails here.  (No deadline of its own: the start-up's
+        # names what is missing, with the cluster's or the placement group's free room.)
+        ray.get([h.ready.remote() for h in handles])
         logger.info("started %d reward actor(s) for %s", len(handles), ", ".join(actors))
         return cls(prefix, actors)
 

@@ -65,6 +65,10 @@ class SamplingServices:
     record_runner_state: Callable[[int, dict], None]
     # `ResilientAlgorithm.restore_env_runners`: bring lost runners back (continuous mode).
     restore_runners: Callable[[], Any] | None = None
+    # The driver's `rllib_grpo.rllib.algorithm.deadlines.Deadlines` (None: no deadlines),
+    # and `ResilientAlgorithm.restart_stuck_runners`(runners, call, timeout_s, rule).
+    deadlines: Any = None
+    restart_stuck_runners: Callable[[list[int], str, float, str], None] | None = None
 
 
 def read_learner_version(learner_group: Any) -> int:

@@ -115,6 +115,11 @@ class AlgorithmSettings:
         "GPUs and the memory plan's activations of one micro-batch are the update's largest "
         "item (GRPOSettings.checkpoints_activations); off on CPUs.",
         "actor_rollout_ref.model.enable_gradient_checkpointing")
+    freeze_vision_tower: bool = knob(
+        False, "flag", "A vision-language model trains its language model only: the vision "
+        "tower (and its merger) gets no gradient and no optimizer state; the samplers keep "
+        "the tower they loaded. False = the tower trains and every weight sync carries it.",
+        _ACTOR + "freeze_vision_tower")
     model_override_config: dict = knob(
         {}, "dict", "Entries overriding the model's HF config (e.g. max_position_embeddings) "
         "in the learner, the reference and the samplers (vLLM hf_overrides); verl's "

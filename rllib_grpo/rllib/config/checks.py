@@ -28,6 +28,7 @@ from rllib_grpo.rllib.config.layout import (
 from rllib_grpo.rllib.config.settings import GRPOSettings, choice_error
 from rllib_grpo.rllib.config.staleness import async_errors, async_pitfalls
 from rllib_grpo.rllib.config.text_env import env_class
+from rllib_grpo.rllib.config.vision_plan import vision_errors
 from rllib_grpo.samplers import SAMPLER_KINDS
 from rllib_grpo.weights.plan import WEIGHT_SYNC_TRANSPORTS
 
@@ -261,7 +262,7 @@ def find_errors(c: GRPOSettings) -> list[str]:
             + _check_lora_and_memory(c) + _check_precision(c)
             + _check_lr_schedule(c)
             + _check_env_and_sampler(c) + _check_multi_turn(c) + input_errors(c)
-            + async_errors(c) + _memory_plan_errors(c))
+            + async_errors(c) + vision_errors(c) + _memory_plan_errors(c))
 
 
 def _memory_plan_errors(c: GRPOSettings) -> list[str]:

@@ -1,5 +1,5 @@
 """`explain_config`: what a GRPO configuration will actually do, as text: the resolved batch
-plan, the loss and KL set-up, the memory estimate, and every error and pitfall found."""
+plan, the loss and KL set-up, the memory plan, and every error and pitfall found."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from rllib_grpo.rllib.config.prompt_lengths import prompt_length_lines
 from rllib_grpo.rllib.config.reward_plan import reward_plan_lines
 from rllib_grpo.rllib.config.settings import GRPOSettings
 from rllib_grpo.rllib.config.staleness import async_line
+from rllib_grpo.rllib.config.vision_plan import vision_lines
 from rllib_grpo.weights.plan import ENGINE_TRANSPORTS, engine_backend, predict_transport
 
 
@@ -188,6 +189,7 @@ def explain_config(c: GRPOSettings) -> str:
         f"sequence budget:               prompt <= {c.max_prompt_length} tokens "
         f"(truncation={c.truncation}), response <= {c.max_response_length} tokens",
         *prompt_length_lines(c),
+        *vision_lines(c),
         *reward_plan_lines(c),
         *reward_fn_probe_lines(c),
         f"advantage:                     {c.adv_estimator}"

@@ -286,7 +286,9 @@ class PlacementPlan:
     def of_bundles(cls, specs: Iterable[dict[str, float]], strategy: str = "PACK",
                    ) -> PlacementPlan:
         """A plan of plain bundles (another algorithm's resource request), one process each."""
-        bundles = tuple(Bundle(cpus=spec.get("CPU", 0.0), gpus=spec.get("GPU", 0.0))
+        bundles = tuple(Bundle(cpus=spec.get("CPU", 0.0), gpus=spec.get("GPU", 0.0),
+                               custom=tuple((k, v) for k, v in spec.items()
+                                            if k not in ("CPU", "GPU")))
                         for spec in specs)
         seats = tuple(Seat(f"process in bundle {i}", i, i, b.cpus, b.gpus, label=f"bundle {i}")
                       for i, b in enumerate(bundles))

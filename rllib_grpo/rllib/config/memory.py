@@ -84,6 +84,7 @@ from rllib_grpo.rllib.config.learner_memory import (
     resolved_token_stats,
 )
 from rllib_grpo.rllib.config.settings import GRPOSettings
+from rllib_grpo.rllib.config.vision_plan import vision_memory_rows
 
 GIB = 2**30
 CUDA_CONTEXT_BYTES = GIB // 2  # a process's CUDA context and kernels (~0.5 GiB)
@@ -156,7 +157,9 @@ def learner_phases(c: GRPOSettings, shape: ModelShape, *, on_gpu: bool
                 "gradients": states["gradients"] if mb.per_minibatch > 1
                 else min(head_grads, states["gradients"]),
                 "gathered (compute dtype)": gathered_bytes(c, shape, with_grads=True),
-                "activations": activation_bytes(c, shape, mb, checkpointing)}
+                "activations": activation_bytes(c, shape, mb, checkpointing),
+                # Image prompts: the vision tower's activations too.
+                **vision_memory_rows(c, mb.trajectories, p.compute)}
     logits_peak = {**training, "logits": logits_bytes(c, shape, mb.logit_rows, training=True,
                                                        with_entropy=with_entropy)}
     layer_backward = {**training,
@@ -393,7 +396,8 @@ ROW_FIXES: dict[str, tuple[str, ...]] = {
     "sync buckets": ("a smaller weight_sync_bucket_mb",),
 }
 # Rows that scale with the micro-batch's tokens.
-PER_TOKEN_ROWS = ("activations", "logits", "backward temporaries", "forward temporaries")
+PER_TOKEN_ROWS = ("activations", "logits", "backward temporaries", "forward temporaries",
+                  "vision activations")
 
 
 def memory_errors(c: Any) -> list[str]:

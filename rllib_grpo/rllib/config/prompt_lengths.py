@@ -8,6 +8,9 @@ cut or dropped.  The env is built with `make_text_env` (the env runners' own fac
 without a length limit, and its prompts go through `prompt_token_lengths` (the env's own
 rendering: same chat template, same special tokens), so the door sees what the run sees.
 
+Prompts with images are measured with the vision-language model's processor: their lengths
+include every image's tokens, which ``image_tokens`` also holds per prompt.
+
 Measured lengths are cached per (env, its options, data files as they are on disk, model),
 so repeated `GRPOConfig.validate` calls measure once.
 """
@@ -47,6 +50,7 @@ class PromptLengths:
 
     lengths: tuple[int, ...]
     wheres: tuple[str, ...]
+    image_tokens: tuple[int, ...] = ()  # per prompt, the image tokens its length includes
 
     def overlong(self, max_prompt_length: int) -> list[int]:
         """Indices of the prompts longer than ``max_prompt_length``."""
@@ -136,6 +140,14 @@ def _measured(c: GRPOSettings) -> Iterator[tuple[_Limit, PromptLengths]]:
             yield _limit(c, field, env_config), measured
 
 
+def training_prompt_lengths(c: GRPOSettings) -> PromptLengths | None:
+    """The training env's measured prompts (None: not measured, see `_measure`)."""
+    cls = env_class(getattr(c, "env", None))
+    if cls is None or not issubclass(cls, TextEnv):
+        return None
+    return _measure(c, dict(getattr(c, "env_config", None) or {}), data_seed(c))
+
+
 def _limit(c: GRPOSettings, field: str, env_config: dict) -> _Limit:
     def setting(name: str) -> Any:
         return env_config.get(name, getattr(c, name))
@@ -168,22 +180,31 @@ def _measure(c: GRPOSettings, env_config: dict, seed: int) -> PromptLengths | No
 def _measure_env(c: GRPOSettings, env_config: dict, seed: int, folder: str
                  ) -> PromptLengths | None:
     from rllib_grpo.models.tokenizers import load_tokenizer
+    from rllib_grpo.models.vision import ImagePromptProcessor, vision_model_type
 
     # The env's own reward is not needed to measure prompts: a user's reward function is
     # imported (and called) only in the door's child process (`door_checks`).
     no_reward = {"reward_fn": None} if "reward_fn" in env_config else {}
     try:
         tokenizer = load_tokenizer(folder)
+        processor = (ImagePromptProcessor.from_pretrained(folder) if vision_model_type(folder)
+                     else None)
         env = make_text_env(c, None, seed, env_config=env_config,
-                            overrides={**_UNLIMITED, **no_reward})
+                            overrides={**_UNLIMITED, **no_reward}, processor=processor)
     except Exception as err:  # noqa: BLE001  (other checks or the run report it)
         logger.debug("prompt lengths not measured: %s: %s", type(err).__name__, err)
         return None
     try:
         dataset = list(getattr(env, "dataset", None) or [])
-        return PromptLengths(
-            tuple(prompt_token_lengths([record.prompt for record in dataset], tokenizer)),
-            tuple(record.where() for record in dataset))
+        lengths = prompt_token_lengths([record.prompt for record in dataset], tokenizer)
+        images = [0] * len(dataset)
+        for i, record in enumerate(dataset):
+            if record.images and processor is not None:
+                lengths[i] = processor.num_prompt_tokens(record.prompt, record.images)
+                images[i] = sum(processor.image_size_tokens(*image.size)
+                                for image in record.images)
+        return PromptLengths(tuple(lengths), tuple(record.where() for record in dataset),
+                             tuple(images) if any(images) else ())
     finally:
         scorer = getattr(env, "scorer", None)
         if scorer is not None:

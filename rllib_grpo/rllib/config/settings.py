@@ -126,9 +126,10 @@ class GRPOSettings(RewardSettings):
         _ROLLOUT + "gpu_memory_utilization")
 
     startup_timeout_s: float = knob(
-        900, "seconds", "How long a run waits for its processes to be placed and started "
-        "(its placement group, reward workers, an engine's TP workers) before it stops with "
-        "what is missing.")
+        1800, "seconds", "How long a run's start may take: Tune's start of the trial, the "
+        "placement group, the reward workers, the env runners with their engines and the "
+        "learners, each placed and built (a 70B model loaded), before the run stops naming "
+        "what it waits on, with every process's Python stack in a file (docs/hangs.md).")
     gpus_per_node: int = knob(
         0, "GPUs", "GPUs per node of the cluster the run is planned for (verl "
         "trainer.n_gpus_per_node): explain and dry-run print each GPU by node, and colocated "
@@ -212,6 +213,18 @@ class GRPOSettings(RewardSettings):
         10, "training steps", "Stop the run when this many training steps in a row learned "
         "nothing: every optimizer step skipped for a non-finite gradient norm, or every "
         "reward call failed (0 = never stop).")
+    step_timeout_factor: float = knob(
+        10.0, "x median", "A wait of a training step (an env runner's sampling, the learners' "
+        "update, an evaluation, a checkpoint write, a weight sync) may last this many times "
+        "the median of the same wait so far, at least step_timeout_floor_s. Past it the run "
+        "names the stuck process and writes every process's Python stack to the trial "
+        "folder; a stuck env runner is restarted and its share sampled again, anything else "
+        "stops the run (docs/hangs.md).")
+    step_timeout_floor_s: float = knob(
+        3600.0, "seconds", "The least time a wait of a training step gets before it counts "
+        "as a hang (step_timeout_factor), and the whole deadline of the first wait of each "
+        "kind, which has no median yet: long enough for a slow first step of a large "
+        "model.")
     env_runner_restart_timeout_s: float = knob(
         600.0, "seconds", "How long a training step whose remote env runners are all lost "
         "waits for Ray to restart one (restart_failed_env_runners) before it fails; with a "
@@ -370,7 +383,7 @@ def is_dtype_setting(name: str) -> bool:
 # Settings the RLModule receives in its model_config (LoRA and memory levers).
 MODULE_SETTINGS = ("lora_rank", "lora_alpha", "lora_target_modules", "lora_dropout", "lora_sync",
                    "ref_param_offload", "use_remove_padding",
-                   "share_prompt_prefix")
+                   "share_prompt_prefix", "freeze_vision_tower")
 
 SETTINGS_FIELDS: dict[str, dataclasses.Field] = {
     f.name: f for f in dataclasses.fields(GRPOSettings)

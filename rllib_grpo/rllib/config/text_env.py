@@ -26,8 +26,9 @@ def validation_env_config(config: Any) -> dict:
 
 def make_text_env(config: Any, tokenizer: Any, seed: int, *,
                   env_config: Mapping[str, Any] | None = None,
-                  overrides: Mapping[str, Any] | None = None) -> gym.Env:
-    """Build the configured text env (a gymnasium id or an env class) with the tokenizer.
+                  overrides: Mapping[str, Any] | None = None, processor: Any = None) -> gym.Env:
+    """Build the configured text env (a gymnasium id or an env class) with the tokenizer
+    (and a vision-language model's ``processor``, which renders prompts with images).
 
     ``env_config`` replaces ``config.env_config`` (the validation env's options);
     ``overrides`` win over both (the door builds the env without a length limit).
@@ -37,6 +38,8 @@ def make_text_env(config: Any, tokenizer: Any, seed: int, *,
         truncation=config.truncation, filter_overlong_prompts=config.filter_overlong_prompts,
         seed=seed,
     )
+    if processor is not None:
+        kwargs["processor"] = processor
     if not config.data_shuffle:  # verl data.shuffle=False: the file's order
         kwargs["shuffle"] = False
     kwargs.update(dict(config.env_config if env_config is None else env_config))

@@ -36,6 +36,7 @@ from rllib_grpo.data.rollout import RolloutBatch, build_rollout_batch
 from rllib_grpo.models.lora import AdapterMerger, is_lora_payload
 from rllib_grpo.models.registry import resolve_model
 from rllib_grpo.models.tokenizers import load_tokenizer
+from rllib_grpo.models.vision import ImagePromptProcessor, vision_model_type
 from rllib_grpo.rllib.config.text_env import (
     VALIDATION_SEED_OFFSET,
     data_seed,
@@ -52,9 +53,11 @@ from rllib_grpo.rllib.env_runner.multiturn import (
     check_multi_turn_config,
     episode_limits,
     is_multi_turn,
+    prompt_images,
 )
 from rllib_grpo.rllib.env_runner.rewards import install_reward_mixture, reward_metrics
 from rllib_grpo.rllib.placement import hide_unassigned_gpus, hold_engine_shards, whereabouts
+from rllib_grpo.rllib.stacks import enable_stack_dumps_for
 from rllib_grpo.samplers import SamplingParams, make_sampler
 from rllib_grpo.startup import startup_part
 
@@ -72,6 +75,14 @@ def _seek(env: gym.Env, start: int | None) -> None:
     env.seek(start)
 
 
+def runner_role(worker_index: int, evaluation: bool, class_name: str) -> str:
+    """``env runner 2 (TextEnvRunner)``, ``evaluation env runner 1 (...)`` or ``the local
+    env runner (...)``: how stack files and hang reports name an env runner."""
+    kind = "evaluation env runner" if evaluation else "env runner"
+    return (f"{kind} {worker_index}" if worker_index else f"the local {kind}") + \
+        f" ({class_name})"
+
+
 class TextEnvRunner(EnvRunner, Checkpointable):
     """Samples groups of responses per prompt with a `Sampler` and scores them in a `TextEnv`."""
 
@@ -80,12 +91,21 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         super().__init__(config=config, **kwargs)
         c = self.config
         self.worker_index = kwargs.get("worker_index", 0) or 0
+        # Before anything that may hang (the engine's start, the reward actors' look-up):
+        # the run's deadlines can then show this process's stack (rllib_grpo.rllib.stacks).
+        enable_stack_dumps_for(c, runner_role(self.worker_index, c.in_evaluation,
+                                              type(self).__name__))
+        self.log_dir: str | None = kwargs.get("log_dir")  # the algorithm's (stack files)
         seed = (c.seed or 0) + self.worker_index  # each runner samples its own responses
         model_path = resolve_model(c.model_path)
         self.tokenizer = load_tokenizer(model_path)
+        # A vision-language model's prompts with images render through its processor.
+        self.processor = (ImagePromptProcessor.from_pretrained(model_path)
+                          if vision_model_type(model_path) else None)
         # ... but all runners hold the same prompts in the same shared order.
-        self.env = make_text_env(c, self.tokenizer, data_seed(c))
-        install_reward_mixture(self.env, c, self.worker_index)  # reward_funcs, reward models
+        self.env = make_text_env(c, self.tokenizer, data_seed(c), processor=self.processor)
+        # reward_funcs, reward models
+        install_reward_mixture(self.env, c, self.worker_index, self.log_dir)
         if is_multi_turn(self.env):
             check_multi_turn_config(c)  # before the (expensive) sampler starts
         self._val_env: gym.Env | None = None
@@ -152,13 +172,13 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         t0 = time.perf_counter()
         prompts = [self._next_prompt(self.env) for _ in range(num_prompts)]
         groups = self.sampler.generate(
-            [p["prompt_token_ids"] for p in prompts], c.group_size, self.sampling_params()
-        )
+            [p["prompt_token_ids"] for p in prompts], c.group_size, self.sampling_params(),
+            **prompt_images(prompts))
         t_gen = time.perf_counter() - t0
         baselines = self._greedy_baselines(prompts) if c.adv_estimator == "remax" else None
         rows: dict[str, list] = {k: [] for k in (
             "prompt_ids", "response_ids", "log_probs", "scores", "group_index", "truncated",
-            "errors", "infos", "baselines")}
+            "errors", "infos", "baselines", "vision")}
         # Every response of the step is scored at once: reward calls run in parallel.
         scored = iter(self._score_many(self.env, [(prompt, sample.token_ids)
                                                   for prompt, group in zip(prompts, groups, strict=True)
@@ -178,10 +198,12 @@ class TextEnvRunner(EnvRunner, Checkpointable):
                 rows["errors"].append(bool(info.get("reward_error", False)))
                 rows["infos"].append(info)
                 rows["baselines"].append(baselines[i] if baselines else 0.0)
+                rows["vision"].append(prompt.get("multi_modal_inputs"))  # one per group
         batch = build_rollout_batch(
             rows["prompt_ids"], rows["response_ids"], rows["log_probs"], rows["scores"],
             rows["group_index"], rows["truncated"], rows["errors"], rows["infos"],
             pad_token_id=self.tokenizer.pad_token_id or 0, reward_baselines=rows["baselines"],
+            multi_modal_inputs=rows["vision"],
         )
         self._log_sample_metrics(len(batch), t_gen, time.perf_counter() - t0 - t_gen)
         self._log_reward_metrics(rows["infos"])
@@ -226,7 +248,8 @@ class TextEnvRunner(EnvRunner, Checkpointable):
     def _greedy_baselines(self, prompts: list[dict[str, Any]]) -> list[float]:
         """ReMax: the reward of each prompt's greedy response (verl's ``gen_max``)."""
         greedy = SamplingParams(temperature=0.0, max_tokens=self.config.max_response_length)
-        outputs = self.sampler.generate([p["prompt_token_ids"] for p in prompts], 1, greedy)
+        outputs = self.sampler.generate([p["prompt_token_ids"] for p in prompts], 1, greedy,
+                                        **prompt_images(prompts))
         scored = self._score_many(self.env, [(p, out[0].token_ids)
                                              for p, out in zip(prompts, outputs, strict=True)])
         return [float(info["reward"]) for info in scored]
@@ -240,7 +263,8 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         if self._episodes is not None:
             return self._evaluate_episodes(env, num_prompts, n, params)
         prompts = [self._next_prompt(env) for _ in range(num_prompts)]
-        outputs = self.sampler.generate([p["prompt_token_ids"] for p in prompts], n, params)
+        outputs = self.sampler.generate([p["prompt_token_ids"] for p in prompts], n, params,
+                                        **prompt_images(prompts))
         samples = []
         scored = iter(self._score_many(env, [(prompt, sample.token_ids) for prompt, group
                                              in zip(prompts, outputs, strict=True) for sample in group]))
@@ -277,13 +301,15 @@ class TextEnvRunner(EnvRunner, Checkpointable):
             # A different seed: held-out order (and, for generated tasks, problems).
             self._val_env = make_text_env(
                 self.config, self.tokenizer, data_seed(self.config) + VALIDATION_SEED_OFFSET,
-                env_config=validation_env_config(self.config))
-            install_reward_mixture(self._val_env, self.config, self.worker_index)
+                env_config=validation_env_config(self.config), processor=self.processor)
+            install_reward_mixture(self._val_env, self.config, self.worker_index, self.log_dir)
         return self._val_env
 
     @staticmethod
     def _next_prompt(env: gym.Env) -> dict[str, Any]:
         obs, info = env.reset()
+        if isinstance(obs, dict):  # a prompt with images: {"text", "images"}
+            return {**obs, **info}
         return {"text": obs, **info}
 
     def _score_many(self, env: gym.Env, items: list[tuple[dict[str, Any], list[int]]]

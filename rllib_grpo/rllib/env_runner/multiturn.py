@@ -18,6 +18,9 @@
 5. an episode ends when the environment ends it, at ``max_turns`` or when its
    token budget (``max_response_length``) is spent (both truncations).
 
+A prompt's images go with every turn's request (its conversation starts with them) and
+with its episodes' rows (``multi_modal_inputs``) to the learner.
+
 The result is a `RolloutBatch` with a ``loss_mask`` (`rllib_grpo.data.trajectory`).
 """
 
@@ -118,7 +121,8 @@ class EpisodeSampler:
         live = self.start_episodes(prompts, group_ids, group_size)
         groups = self.sampler.generate([p["prompt_token_ids"] for p in prompts], group_size,
                                        dataclasses.replace(params,
-                                                           max_tokens=self.limits.turn_tokens(0)))
+                                                           max_tokens=self.limits.turn_tokens(0)),
+                                       **prompt_images(prompts))
         samples = [s for group in groups for s in group]
         active = live
         while active:
@@ -130,7 +134,8 @@ class EpisodeSampler:
             outputs = self.sampler.generate(
                 [e.trajectory.context_ids() for e in active], 1,
                 dataclasses.replace(params, max_tokens=max(allowed)),
-                seeds=[self.turn_seed(e) for e in active])
+                seeds=[self.turn_seed(e) for e in active],
+                **prompt_images([e.prompt for e in active]))
             # One call for all: each episode keeps what its own budget allows.
             samples = [_cut(out[0], n) for out, n in zip(outputs, allowed, strict=True)]
         return live
@@ -203,7 +208,7 @@ class EpisodeSampler:
         """The episodes as a `RolloutBatch` with a loss mask (one row per episode)."""
         rows: dict[str, list] = {k: [] for k in ("prompt", "response", "log_probs", "loss_mask",
                                                  "scores", "groups", "truncated", "errors",
-                                                 "infos", "versions")}
+                                                 "infos", "versions", "vision")}
         for e in episodes:
             t, summary = e.trajectory, e.episode.summary()
             info: dict[str, Any] = {
@@ -228,10 +233,11 @@ class EpisodeSampler:
             rows["truncated"].append(t.truncated)
             rows["errors"].append(bool(info.get("reward_error", False)))
             rows["infos"].append(info)
+            rows["vision"].append(e.prompt.get("multi_modal_inputs"))
         batch = build_rollout_batch(
             rows["prompt"], rows["response"], rows["log_probs"], rows["scores"], rows["groups"],
             rows["truncated"], rows["errors"], rows["infos"], pad_token_id=pad_token_id,
-            loss_masks=rows["loss_mask"])
+            loss_masks=rows["loss_mask"], multi_modal_inputs=rows["vision"])
         if any(e.model_versions for e in episodes):  # sampled under changing weights
             versions = np.zeros(batch.response_ids.shape, dtype=np.int64)
             for row, v in enumerate(rows["versions"]):
@@ -240,6 +246,13 @@ class EpisodeSampler:
             # An episode's version is its oldest sampled token's (its staleness the largest).
             batch.weights_version[:] = [min(e.model_versions, default=0) for e in episodes]
         return batch
+
+
+def prompt_images(prompts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The sampler's ``images`` argument for requests of (or continuing) ``prompts`` (none
+    where no prompt has any)."""
+    images = [prompt.get("images", ()) for prompt in prompts]
+    return {"images": images} if any(images) else {}
 
 
 def _cut(sample: Sample, max_tokens: int) -> Sample:

@@ -10,7 +10,8 @@ actors), `RemoteReward` / `OpenAIJudge` for endpoints.  `reward_metrics` gives t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -22,9 +23,11 @@ from rllib_grpo.rewards.remote import OpenAIJudge, RemoteReward
 from rllib_grpo.rewards.scorer import RewardScorer
 from rllib_grpo.rewards.specs import RewardSpec
 from rllib_grpo.rllib.config.reward_plan import REWARD_ACTOR_PREFIX, actor_names, reward_specs
+from rllib_grpo.rllib.stacks import RUN_ID_ATTRIBUTE, report_hang
 
 
-def _component(spec: RewardSpec, config: Any, env: gym.Env, worker_index: int) -> Any:
+def _component(spec: RewardSpec, config: Any, env: gym.Env, worker_index: int,
+               log_dir: str | None) -> Any:
     base: Any = getattr(env, "scorer", None)
     if spec.kind == "function":
         if spec.source is None:
@@ -50,16 +53,34 @@ def _component(spec: RewardSpec, config: Any, env: gym.Env, worker_index: int) -
                            "algorithm starts: build the env runner through GRPOConfig."
                            "build_algo()")
     return ActorPoolReward(actor_names(prefix, spec, config.num_reward_workers),
-                           timeout_s=timeout, first=worker_index)
+                           timeout_s=timeout, first=worker_index,
+                           report_stuck=stuck_reward_reporter(config, log_dir))
 
 
-def install_reward_mixture(env: gym.Env, config: Any, worker_index: int = 0) -> None:
+def stuck_reward_reporter(config: Any, log_dir: str | None) -> Callable[[str, str, Any], str]:
+    """What names a reward actor call that overran its timeout: the actor (its role, node,
+    pid, GPU ids) and the stack file of every process of the run, written to ``log_dir``
+    (the algorithm's log folder; a temporary one for an env runner built alone)."""
+
+    def report(message: str, name: str, handle: Any) -> str:
+        run_id = getattr(config, RUN_ID_ATTRIBUTE, None)
+        if not run_id:
+            return message
+        folder = log_dir or tempfile.gettempdir()
+        return report_hang(run_id, message, folder, {f"reward actor {name}": handle})
+
+    return report
+
+
+def install_reward_mixture(env: gym.Env, config: Any, worker_index: int = 0,
+                           log_dir: str | None = None) -> None:
     """Give ``env`` the config's reward mixture (nothing when the env's reward scores
-    alone)."""
+    alone); a reward actor that hangs is reported with a stack file in ``log_dir``."""
     specs = reward_specs(config)
     if specs is None:
         return
-    components = [(spec.name, spec.weight, _component(spec, config, env, worker_index))
+    components = [(spec.name, spec.weight, _component(spec, config, env, worker_index,
+                                                      log_dir))
                   for spec in specs]
     env.unwrapped.scorer = MixedRewardScorer(components)
 

@@ -7,13 +7,20 @@ from contextlib import nullcontext
 
 import torch
 
+from rllib_grpo.models.vision_forward import VISION_COLUMN
 from rllib_grpo.rllib.config.settings import GRPOSettings
 from rllib_grpo.rllib.config.staleness import old_log_probs_from_update
 from rllib_grpo.rllib.learner.micro_batches import select_rows, sequence_lengths, step_micro_batches
 from rllib_grpo.rllib.learner.module import CausalLMRLModule, response_log_probs
 from rllib_grpo.rllib.learner.perf import PhaseTimes
 
-FORWARD_COLUMNS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
+# What a forward pass reads from the batch (``multi_modal_inputs``: rows with images only).
+FORWARD_COLUMNS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", VISION_COLUMN)
+
+
+def forward_columns(batch: dict) -> dict:
+    """The columns of ``batch`` a forward pass reads."""
+    return {k: batch[k] for k in FORWARD_COLUMNS if k in batch}
 
 
 def old_and_reference_log_probs(module: CausalLMRLModule, batch: dict[str, torch.Tensor],
@@ -38,7 +45,7 @@ def old_and_reference_log_probs(module: CausalLMRLModule, batch: dict[str, torch
     # A host-offloaded reference visits the device once for the whole pass.
     with module.reference_on(device) if ref is not None else nullcontext():
         for rows in step_micro_batches(batch, c, device):
-            micro = select_rows({k: batch[k] for k in FORWARD_COLUMNS}, rows or [0])
+            micro = select_rows(forward_columns(batch), rows or [0])
             tokens = float(lengths[rows].sum()) if rows else 0.0
             if old_pass:
                 with phase_times.phase("old_log_prob", tokens), module.autocast():

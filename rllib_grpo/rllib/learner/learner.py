@@ -45,6 +45,7 @@ from rllib_grpo.models.attention import prefer_matmul_attention
 from rllib_grpo.models.host_memory import keep_freed_host_memory
 from rllib_grpo.models.offload import offload_optimizer_states
 from rllib_grpo.models.packing import prefer_varlen_attention
+from rllib_grpo.models.vision_forward import VISION_COLUMN
 from rllib_grpo.rllib.choreography import free_device_memory
 from rllib_grpo.rllib.learner.advantage_step import step_advantages
 from rllib_grpo.rllib.learner.distributed import (
@@ -55,7 +56,7 @@ from rllib_grpo.rllib.learner.distributed import (
     rank,
     world_size,
 )
-from rllib_grpo.rllib.learner.forward_passes import FORWARD_COLUMNS, old_and_reference_log_probs
+from rllib_grpo.rllib.learner.forward_passes import forward_columns, old_and_reference_log_probs
 from rllib_grpo.rllib.learner.micro_batches import MiniBatchTotals, micro_batches, sequence_lengths
 from rllib_grpo.rllib.learner.micro_batches import select_rows as _select
 from rllib_grpo.rllib.learner.perf import (
@@ -70,6 +71,7 @@ from rllib_grpo.rllib.learner.rollout_gap import rollout_correction
 from rllib_grpo.rllib.learner.step_schedule import LRSchedule, minibatch_order
 from rllib_grpo.rllib.learner.weight_sender import WeightSender
 from rllib_grpo.rllib.placement import fake_gpus, hide_unassigned_gpus
+from rllib_grpo.rllib.stacks import enable_stack_dumps_for
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +116,10 @@ class GRPOLearner(TorchLearner):
     @override(TorchLearner)
     def build(self) -> None:
         hide_unassigned_gpus()
+        # The run's deadlines can show this process's stack (rllib_grpo.rllib.stacks).
+        name = next(c.__name__ for c in type(self).__mro__ if not c.__name__.startswith("_"))
+        enable_stack_dumps_for(self.config, f"learner {rank()} ({name})"
+                               if self.config.num_learners else f"the local learner ({name})")
         with _cpu_where_gpus_are_fake():
             super().build()
         self.step_metrics = StepMetrics()
@@ -168,10 +174,12 @@ class GRPOLearner(TorchLearner):
         training_data.validate()
         training_data.solve_refs()
         module_batch = training_data.batch.policy_batches[DEFAULT_MODULE_ID]
-        tensors = {
+        tensors: dict[str, Any] = {
             k: torch.as_tensor(np.asarray(module_batch[k])).to(self._device)
             for k in TENSOR_COLUMNS if k in module_batch
         }
+        if VISION_COLUMN in module_batch:  # per row: its prompt's images (numpy objects)
+            tensors[VISION_COLUMN] = np.asarray(module_batch[VISION_COLUMN], dtype=object)
         if "weights_version" in tensors:  # learner updates since each trajectory's weights
             tensors["staleness"] = self._weights_seq_no - tensors.pop("weights_version")
         self.phase_times.reset()
@@ -284,7 +292,7 @@ class GRPOLearner(TorchLearner):
                         micro["loss_mask"] = torch.zeros_like(micro["loss_mask"])
                 with gradient_sync(module, sync=i == len(micro_rows) - 1):  # DDP: no_sync
                     fwd = module.forward_train(
-                        {k: micro[k] for k in FORWARD_COLUMNS},
+                        forward_columns(micro),
                         with_entropy=self.config.entropy_coeff != 0 or seen is not None,
                         detach_entropy=self.config.entropy_coeff == 0,
                         packed=self.config.use_remove_padding)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -22,10 +23,12 @@ from rllib_grpo.data.batching import num_micro_batches_for_budget, split_fixed, 
 from rllib_grpo.rllib.learner.distributed import all_reduce
 
 
-def select_rows(batch: dict[str, torch.Tensor], rows: list[int] | torch.Tensor) -> dict:
-    """The rows ``rows`` of every column of ``batch``."""
+def select_rows(batch: dict[str, Any], rows: list[int] | torch.Tensor) -> dict:
+    """The rows ``rows`` of every column of ``batch`` (tensors, and the numpy object
+    column of the rows' images)."""
     idx = torch.as_tensor(rows, dtype=torch.long)
-    return {k: v.index_select(0, idx.to(v.device)) for k, v in batch.items()}
+    return {k: v[idx.cpu().numpy()] if isinstance(v, np.ndarray) else v.index_select(0, idx.to(v.device))
+            for k, v in batch.items()}
 
 
 @dataclasses.dataclass(frozen=True)

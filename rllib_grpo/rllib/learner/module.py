@@ -34,6 +34,11 @@ from rllib_grpo.models.packing import packed_response_log_probs
 from rllib_grpo.models.precision import cast_floating, compute_autocast, trained_dtype
 from rllib_grpo.models.registry import resolve_model
 from rllib_grpo.models.shared_prefix import shared_prefix_layout
+from rllib_grpo.models.vision_forward import (
+    has_vision_inputs,
+    vision_response_log_probs,
+    vision_tower,
+)
 
 
 def response_log_probs(
@@ -51,7 +56,8 @@ def response_log_probs(
 
     Args:
         batch: ``prompt_ids``/``prompt_mask`` (B, P), left-padded, and
-            ``response_ids``/``response_mask`` (B, R), right-padded.
+            ``response_ids``/``response_mask`` (B, R), right-padded; rows with images
+            also carry their ``multi_modal_inputs``.
         packed: run on packed rows without padding (`rllib_grpo.models.packing`; the
             same values to float precision), else on the padded rows with a mask.
         share_prompts: packed, the responses of one prompt share one copy of it where
@@ -64,6 +70,9 @@ def response_log_probs(
         ``{"log_probs": (B, R), "entropy": (B, R) if with_entropy}``; padding
         positions hold values that the caller masks out.
     """
+    if has_vision_inputs(batch):  # rows with images: `rllib_grpo.models.vision_forward`
+        return vision_response_log_probs(lm, batch, temperature, with_entropy, packed=packed,
+                                         detach_entropy=detach_entropy, token_stats=token_stats)
     if packed:
         layout = shared_prefix_layout(lm, batch) if share_prompts else None
         return packed_response_log_probs(lm, batch, temperature, with_entropy,
@@ -156,6 +165,8 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
             gradient_checkpointing=cfg.get("gradient_checkpointing", False),
             config_overrides=overrides, on_meta=on_meta,
         )
+        if cfg.get("freeze_vision_tower"):  # verl's: the language model trains alone
+            vision_tower(self.lm).requires_grad_(False)
         self._lora_synced = False  # the first sync of a LoRA policy sends the base weights too
         if self.lora is not None:
             self.lm = lora.wrap_with_lora(self.lm, self.lora)

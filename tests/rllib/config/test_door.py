@@ -106,8 +106,8 @@ def test_validate_explain_and_rllib_train_refuse_the_same(tmp_path, capsys):
     assert err[0] == "rllib: error: invalid config (2 problems):", err
     assert err[1:] == ["num_env_runners=-1 must be >= 0.",
                        "env='rllib_grpo/Nope-v0' is no registered gymnasium id nor env class. "
-                       "Did you mean 'rllib_grpo/Prompts-v0' or 'rllib_grpo/MATH-v0' or "
-                       "'rllib_grpo/GSM8K-v0'?"]
+                       "Did you mean 'rllib_grpo/Prompts-v0' or 'rllib_grpo/Geo3K-v0' or "
+                       "'rllib_grpo/MATH-v0'?"]
 
 
 @pytest.mark.parametrize("content, problem", [(None, "no such file"),
