@@ -9,7 +9,8 @@ package's fake-GPU switch on: `rllib_grpo.rllib.placement.fake_gpus`), reserves 
 placement group with the same code a run uses (`RunPlacement`), puts a light stand-in in
 every seat (Ray options and creation order as the run's: reward workers, env runners with
 their engines' TP workers, learners placed by Ray as Ray Train places them), asks each
-where it landed, checks the layout (`check_places`) and prints one row per GPU.  Where the
+where it landed, checks the layout (`check_places`) and prints one row per GPU, then the
+memory plan of every GPU (`rllib_grpo.rllib.config.memory`; ``--gpu-memory``).  Where the
 machine can hold it (``--step``), it then builds the real algorithm on the same cluster with
 a tiny model of the configured architecture and runs one training step.
 """
@@ -311,6 +312,22 @@ def run_one_step(config: GRPOConfig) -> dict[str, Any]:
         algo.stop()
 
 
+def add_gpu_memory_arg(p: argparse.ArgumentParser) -> None:
+    """``--gpu-memory GIB``: the GPU memory the memory plan checks against."""
+    p.add_argument("--gpu-memory", type=float, metavar="GIB",
+                   help="memory of one GPU in GiB as CUDA reports it, for the memory plan "
+                        "(gpu_memory_gib; default 79.2, an 80 GB H100 or A100)")
+
+
+def with_gpu_memory(config: GRPOConfig, args: argparse.Namespace) -> GRPOConfig:
+    """``config`` with ``--gpu-memory`` as its ``gpu_memory_gib`` where given."""
+    if getattr(args, "gpu_memory", None) is not None:
+        if not args.gpu_memory > 0:
+            raise ConfigError(f"--gpu-memory {args.gpu_memory}: GiB of one GPU, > 0")
+        config.training(gpu_memory_gib=args.gpu_memory)
+    return config
+
+
 def add_dry_run_parser(sub: Any) -> None:
     p = sub.add_parser(
         "dry-run", help="place a run's processes on a local cluster with fake GPUs",
@@ -327,11 +344,14 @@ def add_dry_run_parser(sub: Any) -> None:
     p.add_argument("--step", choices=("auto", "yes", "no"), default="auto",
                    help="run one real training step with a tiny model (auto: where the run "
                         f"has at most {MAX_PROCESSES_FOR_A_STEP} GPU processes)")
+    add_gpu_memory_arg(p)
 
 
 def run_dry_run(config: GRPOConfig, args: argparse.Namespace) -> int:
-    """``rllib-grpo dry-run``: print the placed map; 1 if the layout does not hold."""
+    """``rllib-grpo dry-run``: print the placed map and the memory plan; 1 if the layout
+    does not hold or a GPU runs out of memory in the plan."""
     from rllib_grpo.rllib.config.layout import planned_transports, unplaceable
+    from rllib_grpo.rllib.config.memory import memory_errors, memory_lines
 
     if config.gpus_per_node and config.gpus_per_node != args.gpus_per_node:
         raise ConfigError(f"the config is laid out for {config.gpus_per_node} GPUs per node "
@@ -345,6 +365,10 @@ def run_dry_run(config: GRPOConfig, args: argparse.Namespace) -> int:
         print(f"dry-run: the run does not fit {args.nodes} node(s) x {args.gpus_per_node} GPUs: "
               f"{why}")
         return 1
+    print("\n".join(memory_lines(config)))
+    out_of_memory = memory_errors(config)
+    for error in out_of_memory:
+        print(f"PROBLEM: {error}")
     quiet_console()  # before Ray starts: its workers inherit the console settings
     start = time.perf_counter()
     with fake_gpu_cluster(args.nodes, args.gpus_per_node, args.cpus_per_node):
@@ -365,4 +389,4 @@ def run_dry_run(config: GRPOConfig, args: argparse.Namespace) -> int:
         else:
             print(f"no training step: {gpu_processes} GPU processes are more than this "
                   "machine runs at once (--step yes to try)")
-    return 1 if problems else 0
+    return 1 if problems or out_of_memory else 0

@@ -25,7 +25,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rllib_grpo.cli.dry_run import add_dry_run_parser, run_dry_run
+from rllib_grpo.cli.dry_run import (
+    add_dry_run_parser,
+    add_gpu_memory_arg,
+    run_dry_run,
+    with_gpu_memory,
+)
 from rllib_grpo.cli.eval_command import add_eval_parser, run_eval
 from rllib_grpo.cli.experiment import ConfigError, Experiment
 from rllib_grpo.cli.export import add_export_parser, run_export
@@ -146,6 +151,7 @@ def build_parser(prog: str = "rllib") -> argparse.ArgumentParser:
                     "in our or verl's names) and print what one training step does, with\n"
                     "every error and pitfall found. Nothing is trained.")
     _add_source_args(explain)
+    add_gpu_memory_arg(explain)
     add_export_parser(sub)
     add_eval_parser(sub)
     add_dry_run_parser(sub)
@@ -286,7 +292,7 @@ def explain(args: argparse.Namespace, file: str | None, overrides: list[str]) ->
     print("\n".join(describe_run(exp, build_config(exp, points[0]))))
     problems = False
     for point in points:
-        config = build_config(exp, point)
+        config = with_gpu_memory(build_config(exp, point), args)
         if point:
             print(f"--- grid point {point}")
         print(config.explain())
@@ -301,7 +307,7 @@ def dry_run(args: argparse.Namespace, file: str | None, overrides: list[str]) ->
     exp = assemble_from_args(args, file, overrides)
     if exp.algo != "GRPO":
         raise ConfigError(f"dry-run covers GRPO configs; this experiment runs {exp.algo!r}")
-    return run_dry_run(build_config(exp), args)
+    return run_dry_run(with_gpu_memory(build_config(exp), args), args)
 
 
 # ----------------------------------------------------------------------------- entry points

@@ -1,7 +1,7 @@
 """Layer 4, RLlib glue, one folder per process a line runs in:
 
 * `config` (wherever a config is built: the user's process, the driver): the settings table,
-  `GRPOConfig`, its checks, `explain` and the memory estimate;
+  `GRPOConfig`, its checks, `explain` and the memory plan;
 * `learner` (each learner actor, a Ray Train worker): `GRPOLearner` and its FSDP2 variant, the
   learner group, the causal-LM RLModule, micro-batches, the sender side of a weight sync;
 * `env_runner` (each env-runner actor): `TextEnvRunner`, multi-turn sampling, the receiving

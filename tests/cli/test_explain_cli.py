@@ -19,18 +19,16 @@ BIN = Path(sys.executable).parent
 
 @pytest.fixture(autouse=True)
 def no_model_builds(monkeypatch):
-    """explain's memory estimate reads the model's shape, which builds the model (tens of
+    """explain's memory plan reads the model's shape, which builds a built-in model (tens of
     seconds for smollm2-135m on a fresh cache); the plans and pitfalls tested here do not
-    depend on it, so it reports "unavailable" instead."""
-    try:
-        from rllib_grpo.rllib.config import memory
-    except ImportError:  # no memory estimate in this version
-        return
+    depend on it, so it reports "unavailable" instead (tests/rllib/config/test_memory_plan.py
+    tests the plan)."""
+    from rllib_grpo.rllib.config import learner_memory
 
     def unavailable(*args, **kwargs):
         raise RuntimeError("model shape not read in these tests")
 
-    monkeypatch.setattr(memory, "estimate_memory", unavailable)
+    monkeypatch.setattr(learner_memory, "config_shape", unavailable)
 
 
 def _explain(argv: list[str], capsys) -> tuple[int, str, str]:

@@ -14,13 +14,14 @@ from tests.helpers.verl_scripts import FAKE_HOME, script_overrides
 
 @pytest.fixture(autouse=True)
 def no_model_builds(monkeypatch):
-    """The memory estimate would read the models' shapes from the Hub: not here."""
-    from rllib_grpo.rllib.config import memory
+    """The plans and key mappings tested here do not depend on the memory plan, which
+    tests/rllib/config/test_memory_plan.py tests (verl's Qwen3-8B line's included)."""
+    from rllib_grpo.rllib.config import learner_memory
 
     def unavailable(*args, **kwargs):
         raise RuntimeError("model shape not read in these tests")
 
-    monkeypatch.setattr(memory, "estimate_memory", unavailable)
+    monkeypatch.setattr(learner_memory, "config_shape", unavailable)
 
 
 @pytest.fixture(autouse=True)
@@ -48,16 +49,16 @@ def _verl_plan(train_batch_size, n, mini_batch_size, gpus, epochs=1):
 # script -> (the script's own values, read from it: verl's plan and settings)
 SCRIPTS = {
     "run_qwen3_8b_fsdp.sh": dict(
-        plan=_verl_plan(1024, 5, 256, 8), use_dynamic_bsz=True,
+        plan=_verl_plan(1024, 5, 256, 8), micro_batches_by_tokens=True,
         max_tokens_per_micro_batch=24576, max_prompt_length=1024, max_response_length=2048,
         use_kl_loss=True, kl_loss_type="low_var_kl", kl_loss_coef=0.001, lr=1e-6,
         val_every=5, tensor_parallel_size=2, sampler_memory_fraction=0.6,
         ref_param_offload=True, fsdp_cpu_offload=False, num_learners=8),
     "run_qwen3_4b_fsdp.sh": dict(
-        plan=_verl_plan(512, 5, 256, 8), use_dynamic_bsz=True, max_tokens_per_micro_batch=3000,
+        plan=_verl_plan(512, 5, 256, 8), micro_batches_by_tokens=True, max_tokens_per_micro_batch=3000,
         use_kl_loss=True, tensor_parallel_size=2, enable_chunked_prefill=False, val_every=5),
     "run_qwen3-8b.sh": dict(
-        plan=_verl_plan(1024, 5, 256, 8), use_dynamic_bsz=False,
+        plan=_verl_plan(1024, 5, 256, 8), micro_batches_by_tokens=False,
         micro_batch_size_per_learner=32, max_prompt_length=512, max_response_length=1024,
         use_kl_loss=True, tensor_parallel_size=2, val_every=5),
     "run_qwen2-7b_math.sh": dict(

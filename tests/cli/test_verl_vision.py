@@ -68,7 +68,7 @@ def test_explain_states_image_tokens_and_refuses_a_text_only_model(tmp_path, cap
     # Geo3K-shaped 40x30 figures, scaled to the tiny VLM's 84 x 84 pixels: 84 x 112 (x 28).
     assert ("images:                        12-12 image tokens per prompt (mean 12), inside "
             "max_prompt_length=400") in out
-    assert "vision activations" in out  # the memory estimate counts the vision tower
+    assert "vision activations" in out  # the memory plan counts the vision tower
     text_model = [a.replace("builtin:tiny-vlm", "builtin:tiny") for a in args]
     assert main(["explain", *text_model], prog="rllib-grpo") == 1
     errors = [line for line in capsys.readouterr().out.splitlines()

@@ -491,18 +491,23 @@ def one_gpu_settings(model_path: str, **overrides):
 
 
 def plan_prediction(settings, model_path: str, device_bytes: int) -> dict[str, float]:
-    """The memory plan's figures for this layout (`rllib_grpo.rllib.config.memory`), bytes:
-    the engine's share, the learner at build (weights + reference) and at its update peak."""
-    from rllib_grpo.rllib.config.layout import COLOCATED_MEMORY_FRACTION
-    from rllib_grpo.rllib.config.memory import estimate_memory, model_shape
+    """The memory plan's figures for this layout (`rllib_grpo.rllib.config.memory`), bytes
+    (the learner's tensors, as ``max_memory_allocated`` counts them: no CUDA context): the
+    engine's share, the learner at build and at the peak of its passes and update."""
+    from rllib_grpo.models.shapes import model_shape
+    from rllib_grpo.rllib.config.memory import (
+        BUILD,
+        NO_GRAD_PASS,
+        UPDATE,
+        engine_memory_fraction,
+        learner_phases,
+    )
 
-    fraction = settings.sampler_memory_fraction or dict(settings.sampler_config).get(
-        "gpu_memory_utilization") or COLOCATED_MEMORY_FRACTION
-    estimate = estimate_memory(settings, model_shape(model_path))
-    rows = estimate.learner
-    return {"engine_share": fraction * device_bytes,
-            "learner_build": rows["weights"] + rows.get("reference model", 0.0),
-            "learner_update_peak": estimate.learner_total}
+    phases = learner_phases(settings, model_shape(model_path), on_gpu=False)
+    return {"engine_share": engine_memory_fraction(settings) * device_bytes,
+            "learner_build": sum(phases[BUILD].values()),
+            "learner_update_peak": max(sum(phases[NO_GRAD_PASS].values()),
+                                       sum(phases[UPDATE].values()))}
 
 
 def _engine_stand_in(nbytes: int, commands, replies) -> None:
@@ -545,7 +550,7 @@ def build_learner(path: str, s, device: torch.device):
     from rllib_grpo.models.packing import prefer_varlen_attention
 
     lm = load_causal_lm(path, dtype=s.master_weights_dtype,
-                        gradient_checkpointing=s.gradient_checkpointing).to(device)
+                        gradient_checkpointing=s.checkpoints_activations).to(device)
     ref = None
     if s.use_kl_loss or s.use_kl_in_reward:
         ref = load_causal_lm(path, dtype=s.compute_dtype).requires_grad_(False).eval()
@@ -598,11 +603,11 @@ def one_update(lm, ref, opt, s, device: torch.device) -> dict[str, float]:
                 micro = select_rows(batch, idx)
                 if ref_model is not None:
                     ref_lp[idx] = forward(ref_model, micro, s.temperature,
-                                          token_stats=s.token_stats)["log_probs"]
+                                          token_stats=s.learner_token_stats)["log_probs"]
                 if old_pass:
                     with compute_autocast(trained_dtype(lm), s.compute_dtype, device.type):
                         old_lp[idx] = forward(lm, micro, s.temperature,
-                                              token_stats=s.token_stats)["log_probs"]
+                                              token_stats=s.learner_token_stats)["log_probs"]
     batch.update(ref_log_probs=ref_lp, old_log_probs=old_lp)
     mask = batch["response_mask"].float()
     totals = MiniBatchTotals(dp_size=1, global_num_tokens=float(mask.sum()),
@@ -613,7 +618,7 @@ def one_update(lm, ref, opt, s, device: torch.device) -> dict[str, float]:
         with compute_autocast(trained_dtype(lm), s.compute_dtype, device.type):
             out = forward(lm, micro, s.temperature,
                           with_entropy=s.entropy_coeff != 0 or not old_pass,
-                          detach_entropy=s.entropy_coeff == 0, token_stats=s.token_stats)
+                          detach_entropy=s.entropy_coeff == 0, token_stats=s.learner_token_stats)
         m = micro["response_mask"].float()
         log_prob = out["log_probs"]
         old = log_prob.detach() if not old_pass else micro["old_log_probs"]
@@ -661,10 +666,12 @@ def c12_memory_handoff(root):
     detail: dict = {"device_gib": round(device_bytes / gib, 1), "compute_dtype": s.compute_dtype,
                     "settings": {k: getattr(s, k) for k in (
                         "prompts_per_step", "group_size", "max_prompt_length",
-                        "max_response_length", "use_dynamic_bsz", "max_tokens_per_micro_batch",
-                        "gradient_checkpointing", "token_stats", "use_remove_padding",
-                        "ref_param_offload")} | {"micro_batch_size": s.batch_plan()
-                                                 .micro_batch_size_per_learner},
+                        "max_response_length", "max_tokens_per_micro_batch",
+                        "use_remove_padding", "ref_param_offload")} | {
+                        "micro_batch_size": s.batch_plan().micro_batch_size_per_learner,
+                        "use_dynamic_bsz": s.micro_batches_by_tokens,
+                        "gradient_checkpointing": s.checkpoints_activations,
+                        "token_stats": s.learner_token_stats},
                     "plan_gib": {k: round(v / gib, 2) for k, v in plan.items()}}
     ctx = mp.get_context("spawn")
     commands, replies = ctx.Queue(), ctx.Queue()

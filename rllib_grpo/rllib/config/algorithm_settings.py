@@ -47,12 +47,16 @@ class AlgorithmSettings:
         None, "trajectories",
         "Trajectories per forward/backward on one learner (gradient accumulation); "
         "None = the whole per-learner mini-batch.", _ACTOR + "ppo_micro_batch_size_per_gpu")
-    use_dynamic_bsz: bool = knob(
-        False, "flag", "Build micro-batches to a token budget instead of a fixed size.",
-        _ACTOR + "use_dynamic_bsz")
+    use_dynamic_bsz: bool | None = knob(
+        None, "flag", "Build micro-batches to a token budget (max_tokens_per_micro_batch) "
+        "instead of a fixed size. None = on where the learners hold GPUs "
+        "(num_gpus_per_learner > 0) and micro_batch_size_per_learner is unset, as verl's "
+        "examples run; off on CPUs, where whole mini-batches are faster "
+        "(GRPOSettings.micro_batches_by_tokens).", _ACTOR + "use_dynamic_bsz")
     max_tokens_per_micro_batch: int = knob(
-        16384, "tokens", "Token budget of one micro-batch when use_dynamic_bsz is on; must "
-        "be >= max_prompt_length + max_response_length.", _ACTOR + "ppo_max_token_len_per_gpu")
+        16384, "tokens", "Token budget of one micro-batch (real prompt + response tokens) "
+        "when micro-batches are built to a budget; must be >= max_prompt_length + "
+        "max_response_length.", _ACTOR + "ppo_max_token_len_per_gpu")
     use_remove_padding: bool = knob(
         True, "flag", "Run every learner forward (old log-prob, reference, update) on packed "
         "rows: the sequences' real tokens concatenated, positions restarting per sequence, "
@@ -105,8 +109,11 @@ class AlgorithmSettings:
         "states (the master weights): float32 | bfloat16. 'bfloat16' is pure-bf16 training: "
         "at lr ~1e-6 most updates round away (explain flags it).",
         _ACTOR + "fsdp_config.model_dtype")
-    gradient_checkpointing: bool = knob(
-        False, "flag", "Recompute activations in backward to save memory.",
+    gradient_checkpointing: bool | None = knob(
+        None, "flag", "Keep one hidden state per decoder layer and recompute the rest in "
+        "backward (memory for ~a third more compute). None = on where the learners hold "
+        "GPUs and the memory plan's activations of one micro-batch are the update's largest "
+        "item (GRPOSettings.checkpoints_activations); off on CPUs.",
         "actor_rollout_ref.model.enable_gradient_checkpointing")
     freeze_vision_tower: bool = knob(
         False, "flag", "A vision-language model trains its language model only: the vision "

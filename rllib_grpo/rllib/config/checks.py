@@ -89,14 +89,15 @@ def _check_sizes(c: GRPOSettings) -> list[str]:
         )
     per_learner_mb = plan.trajectories_per_minibatch_per_learner
     micro = c.micro_batch_size_per_learner
-    if not c.use_dynamic_bsz and micro is not None and (micro < 1 or per_learner_mb % micro):
+    if not c.micro_batches_by_tokens and micro is not None and (
+            micro < 1 or per_learner_mb % micro):
         errors.append(
             f"micro_batch_size_per_learner={micro} (trajectories) must divide the per-learner "
             f"mini-batch of {per_learner_mb} trajectories (prompts_per_minibatch {mb} x "
             f"group_size {c.group_size} / {learners} learners)."
         )
     longest = c.max_prompt_length + c.max_response_length
-    if c.use_dynamic_bsz and c.max_tokens_per_micro_batch < longest:
+    if c.micro_batches_by_tokens and c.max_tokens_per_micro_batch < longest:
         errors.append(
             f"max_tokens_per_micro_batch={c.max_tokens_per_micro_batch} is below the longest "
             f"sequence (max_prompt_length + max_response_length = {longest}); raise it to at "
@@ -165,13 +166,17 @@ def _check_lora_and_memory(c: GRPOSettings) -> list[str]:
             errors.append(f"lora_rank={c.lora_rank} with FSDP sharding over {c.num_learners} "
                           "learners is not supported yet; set fsdp=False (each learner holds "
                           "the frozen base and DDP averages the small adapter's gradients).")
-    if error := choice_error("token_stats", c.token_stats, TOKEN_STATS_MODES):
+    if error := choice_error("token_stats", c.learner_token_stats, TOKEN_STATS_MODES,
+                             note="; or None: 'auto' on GPU learners, 'full' on CPUs"):
         errors.append(error)
     errors += _check_weight_sync(c)
     fraction = c.sampler_memory_fraction
     if fraction is not None and not 0 < fraction <= 1:
         errors.append(f"sampler_memory_fraction={fraction} must be in (0, 1] (a share of "
                       "the GPU's memory, vLLM's gpu_memory_utilization).")
+    if not getattr(c, "gpu_memory_gib", 1) > 0:
+        errors.append(f"gpu_memory_gib={c.gpu_memory_gib} must be > 0 (GiB of one GPU, as "
+                      "CUDA reports it; explain and dry-run take --gpu-memory).")
     if c.peak_tflops is not None and not c.peak_tflops > 0:
         errors.append(f"peak_tflops={c.peak_tflops} must be > 0 (TFLOP/s of one learner "
                       "device, for perf/mfu/actor) or None (known GPUs by name).")
@@ -257,7 +262,18 @@ def find_errors(c: GRPOSettings) -> list[str]:
             + _check_lora_and_memory(c) + _check_precision(c)
             + _check_lr_schedule(c)
             + _check_env_and_sampler(c) + _check_multi_turn(c) + input_errors(c)
-            + async_errors(c) + vision_errors(c))
+            + async_errors(c) + vision_errors(c) + _memory_plan_errors(c))
+
+
+def _memory_plan_errors(c: GRPOSettings) -> list[str]:
+    """The memory plan's phases that overflow a GPU (`memory.memory_errors`), once the
+    settings it reads are valid."""
+    if _check_sizes(c) or choice_error("token_stats", c.learner_token_stats, TOKEN_STATS_MODES) \
+            or _check_precision(c):
+        return []
+    from rllib_grpo.rllib.config.memory import memory_errors
+
+    return memory_errors(c)
 
 
 def _precision_pitfalls(c: GRPOSettings) -> list[str]:
@@ -332,7 +348,7 @@ def _lora_and_memory_pitfalls(c: GRPOSettings) -> list[str]:
         why = ("the reference is the policy with its adapter disabled" if c.lora_rank > 0
                else "no KL term is on, so no reference model is loaded")
         pitfalls.append(f"ref_param_offload=True does nothing: {why}.")
-    if c.use_dynamic_bsz and not c.use_remove_padding:
+    if c.micro_batches_by_tokens and not c.use_remove_padding:
         pitfalls.append(
             f"use_dynamic_bsz with use_remove_padding=False: max_tokens_per_micro_batch="
             f"{c.max_tokens_per_micro_batch} counts real tokens, but padded rows compute rows x "

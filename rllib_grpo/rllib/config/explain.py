@@ -1,5 +1,5 @@
 """`explain_config`: what a GRPO configuration will actually do, as text: the resolved batch
-plan, the loss and KL set-up, the memory estimate, and every error and pitfall found."""
+plan, the loss and KL set-up, the memory plan, and every error and pitfall found."""
 
 from __future__ import annotations
 
@@ -37,6 +37,20 @@ def _precision_line(c: GRPOSettings) -> str:
                    f"gradients reduced in {c.fsdp_reduce_dtype})"
     return (f"precision:                     {master}; compute in {compute}; reference in "
             f"{c.compute_dtype}; samplers get {c.sampler_dtype} weights")
+def _memory_defaults_line(c: GRPOSettings) -> str:
+    """How the settings left to the device resolved (``learners_on_gpus``)."""
+    where = ("GPU learners (num_gpus_per_learner > 0)" if c.learners_on_gpus
+             else "CPU learners")
+
+    def told(field: str, value: str) -> str:
+        return f"{field}={value}" + ("" if getattr(c, field) is not None else " (default)")
+
+    return (f"learner memory settings:       {where}: "
+            + ", ".join([told("use_dynamic_bsz", str(c.micro_batches_by_tokens)),
+                         told("token_stats", repr(c.learner_token_stats)),
+                         told("gradient_checkpointing", str(c.checkpoints_activations))]))
+
+
 def _weight_sync_line(c: GRPOSettings) -> str:
     """What each env runner's weights take, as the run's planner picks it for the placement
     plan's places (`planned_transports`), and what moves on each transport."""
@@ -155,13 +169,14 @@ def explain_config(c: GRPOSettings) -> str:
         f"optimizer steps per step:      {plan.optimizer_steps_per_step} "
         f"(= {plan.minibatches_per_epoch} mini-batches x {c.num_epochs} epoch(s))",
     ]
-    if c.use_dynamic_bsz:
+    if c.micro_batches_by_tokens:
         lines.append(f"micro-batches:                 token budget {c.max_tokens_per_micro_batch} "
                      "tokens per micro-batch, same count on every learner")
     else:
         lines.append(f"micro-batches per mini-batch:  {plan.micro_batches_per_minibatch} of "
                      f"{plan.micro_batch_size_per_learner} trajectories per learner "
                      "(gradient accumulation)")
+    lines.append(_memory_defaults_line(c))
     from rllib_grpo.rllib.config.staleness import old_log_probs_from_update
 
     lines.append("learner forwards:              " + (

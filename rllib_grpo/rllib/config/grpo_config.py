@@ -253,12 +253,13 @@ class GRPOConfig(AlgorithmConfig, GRPOSettings):
             "dtype": self.compute_dtype,  # compute dtype (and the reference's weights)
             "master_weights_dtype": self.master_weights_dtype,
             "sync_dtype": self.sampler_dtype,  # weights are cast to it for the samplers
-            "gradient_checkpointing": self.gradient_checkpointing,
+            "gradient_checkpointing": self.checkpoints_activations,
             "temperature": self.temperature,
             "use_reference": self.needs_reference,
             "seed": self.seed,
             "config_overrides": dict(self.model_override_config),
             **{name: getattr(self, name) for name in MODULE_SETTINGS},  # LoRA, ref offload
+            "token_stats": self.learner_token_stats,
         }
 
     @property

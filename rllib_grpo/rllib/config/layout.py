@@ -29,6 +29,8 @@ from typing import Any, Protocol
 # vLLM's share of a GPU it shares with a learner while it samples (verl's default
 # rollout.gpu_memory_utilization=0.5); during the update it sleeps and the learner has it.
 COLOCATED_MEMORY_FRACTION = 0.5
+# Of a fractional GPU reserved from Ray, what vLLM may take (CUDA context and allocator slack).
+FRACTIONAL_GPU_SAFETY = 0.9
 # What a learner reserves from Ray of a GPU it shares with an engine: more than half, so
 # that one GPU bundle never holds two learners (two NCCL ranks); the engine reserves the
 # rest.  A scheduling token only: memory is split by gpu_memory_utilization.

@@ -99,9 +99,11 @@ class GRPOSettings(RewardSettings):
         "6.0 s); the process's resident memory then stays at its peak, and the peak grows "
         "(SmolLM2 side by side with TRL: 7.4 -> 8.8 GB). A no-op on GPU learners and "
         "where the C library is not glibc.")
-    token_stats: str = knob(
-        "full", "mode", "How the learner gets response log-probs and entropies from the "
-        "model's last hidden states (rllib_grpo.models.lm_head): 'auto' = 'fused' where the "
+    token_stats: str | None = knob(
+        None, "mode", "How the learner gets response log-probs and entropies from the "
+        "model's last hidden states (rllib_grpo.models.lm_head). None = 'auto' where the "
+        "learners hold GPUs (no full float32 copy of the logits), 'full' on CPUs "
+        "(GRPOSettings.learner_token_stats). 'auto' = 'fused' where the "
         "model allows it (a plain llama / mistral / qwen2 / qwen3 head, no FSDP, no LoRA), "
         "else 'chunked'; 'fused' = chunks of tokens through the LM head with a hand-written "
         "backward, the full (tokens, vocabulary) logits never stored; 'chunked' = the model's "
@@ -111,6 +113,11 @@ class GRPOSettings(RewardSettings):
         "response tokens) 'fused' saved ~200 MB and 6% of the forward + backward "
         "(benchmarks/learner_alternating.py), though alone the fused head was slower than "
         "the unchunked one (its backward recomputes the logits).")
+    gpu_memory_gib: float = knob(
+        79.2, "GiB", "Memory of one GPU as CUDA reports it (torch.cuda.mem_get_info's "
+        "total; 79.2 on an 80 GB H100 or A100). The memory plan (explain, dry-run) checks "
+        "every GPU's processes against it in each phase of a step, and a phase that does not "
+        "fit is an error before Ray starts; explain and dry-run take --gpu-memory.")
     sampler_memory_fraction: float | None = knob(
         None, "fraction of GPU memory", "GPU memory the vLLM engine may take (weights + KV "
         "cache), vLLM's gpu_memory_utilization; None = sampler_config's value, else 0.5 when "
@@ -237,12 +244,54 @@ class GRPOSettings(RewardSettings):
 
     # ---------------------------------------------------------------- derived values
     @property
+    def learners_on_gpus(self) -> bool:
+        """The learners hold GPUs (``num_gpus_per_learner > 0``): the one switch between the
+        CPU and the GPU defaults of ``model_dtype``, ``use_dynamic_bsz``, ``token_stats`` and
+        ``gradient_checkpointing``."""
+        return (getattr(self, "num_gpus_per_learner", 0) or 0) > 0
+
+    @property
     def compute_dtype(self) -> str:
         """``model_dtype`` resolved: ``auto`` is bfloat16 (over fp32 master weights, as verl)
         when the learners hold GPUs, float32 on CPUs (bf16 matmuls are slow there)."""
         if self.model_dtype != "auto":
             return self.model_dtype
-        return "bfloat16" if (getattr(self, "num_gpus_per_learner", 0) or 0) > 0 else "float32"
+        return "bfloat16" if self.learners_on_gpus else "float32"
+
+    @property
+    def micro_batches_by_tokens(self) -> bool:
+        """``use_dynamic_bsz`` resolved: None is a token budget per micro-batch on GPU
+        learners (verl's examples; one micro-batch of a whole mini-batch runs out of memory
+        there) unless ``micro_batch_size_per_learner`` is set; whole mini-batches on CPUs."""
+        if self.use_dynamic_bsz is not None:
+            return bool(self.use_dynamic_bsz)
+        return self.learners_on_gpus and self.micro_batch_size_per_learner is None
+
+    @property
+    def learner_token_stats(self) -> str:
+        """``token_stats`` resolved: None is 'auto' on GPU learners (chunked log-softmax and
+        entropy, no full float32 copy of the logits), 'full' on CPUs."""
+        if self.token_stats is not None:
+            return self.token_stats
+        return "auto" if self.learners_on_gpus else "full"
+
+    @property
+    def checkpoints_activations(self) -> bool:
+        """``gradient_checkpointing`` resolved: None is on for GPU learners where the memory
+        plan's activations of one micro-batch are the update's largest item
+        (`rllib_grpo.rllib.config.learner_memory.activations_dominate`; on where the model's
+        shape is unknown), off on CPUs."""
+        if self.gradient_checkpointing is not None:
+            return bool(self.gradient_checkpointing)
+        if not self.learners_on_gpus:
+            return False
+        from rllib_grpo.rllib.config.learner_memory import activations_dominate, config_shape
+
+        try:
+            shape = config_shape(self)
+        except Exception:  # noqa: BLE001  (no shape to plan with: the safe side)
+            return True
+        return activations_dominate(self, shape)
 
     @property
     def sampler_dtype(self) -> str:
@@ -328,7 +377,7 @@ def is_dtype_setting(name: str) -> bool:
 # Settings the RLModule receives in its model_config (LoRA and memory levers).
 MODULE_SETTINGS = ("lora_rank", "lora_alpha", "lora_target_modules", "lora_dropout", "lora_sync",
                    "ref_param_offload", "use_remove_padding",
-                   "share_prompt_prefix", "token_stats", "freeze_vision_tower")
+                   "share_prompt_prefix", "freeze_vision_tower")
 
 SETTINGS_FIELDS: dict[str, dataclasses.Field] = {
     f.name: f for f in dataclasses.fields(GRPOSettings)
@@ -416,6 +465,20 @@ from `prompts_per_step`, `prompts_per_minibatch` and `group_size` and refused by
 RLlib's `create_local_env_runner` is, unless set, True only with `num_env_runners=0`: GRPO
 samples and validates on the remote env runners wherever there are any, so the driver holds
 no sampler (a model copy, a vLLM engine) beside them.
+
+**CPU and GPU defaults.** Four settings default to a value that depends on where the
+learners run, decided in one place (`GRPOSettings.learners_on_gpus`: `num_gpus_per_learner
+> 0`) and printed by `rllib-grpo explain` ("learner memory settings"):
+
+| setting | GPU learners | CPU learners |
+|---|---|---|
+| `model_dtype` (`auto`) | bfloat16 compute over fp32 master weights | float32 |
+| `use_dynamic_bsz` (`None`) | a token budget per micro-batch (`max_tokens_per_micro_batch`), unless `micro_batch_size_per_learner` is set | whole mini-batches |
+| `token_stats` (`None`) | `'auto'`: chunked (or fused) log-softmax and entropy, no full float32 copy of the logits | `'full'` |
+| `gradient_checkpointing` (`None`) | on where the memory plan's activations of one micro-batch are the update's largest item (above the weights, gradients, AdamW states, reference and logits each) | off |
+
+A value set explicitly is kept.  On GPUs the memory plan (`rllib_grpo.rllib.config.memory`,
+docs/gpus.md) checks every GPU against `gpu_memory_gib` before Ray starts.
 
 """
 

@@ -10,15 +10,16 @@ from typing import Any
 
 import ray
 
-from rllib_grpo.rllib.config.layout import COLOCATED_MEMORY_FRACTION, planned_transports
+from rllib_grpo.rllib.config.layout import (
+    COLOCATED_MEMORY_FRACTION,
+    FRACTIONAL_GPU_SAFETY,
+    planned_transports,
+)
 from rllib_grpo.rllib.config.memory import sequences_at_once
 from rllib_grpo.rllib.placement import BUNDLES_VARIABLE, fake_gpus, whereabouts
 from rllib_grpo.samplers import HF_OPTIONS
 from rllib_grpo.samplers.vllm_engine import context_length
 from rllib_grpo.weights.plan import VLLM_ENGINES
-
-# Of a fractional GPU reserved from Ray, what vLLM may take (CUDA context and allocator slack).
-FRACTIONAL_GPU_SAFETY = 0.9
 
 
 def sampler_kind(config: Any) -> str:

@@ -54,7 +54,7 @@ def micro_batches(minibatch: dict[str, torch.Tensor], config: Any,
                   device: torch.device) -> list[list[int]]:
     """Row indices of each micro-batch of one mini-batch (collective with a token budget)."""
     n = len(minibatch["scores"])
-    if not config.use_dynamic_bsz:
+    if not config.micro_batches_by_tokens:
         return split_fixed(n, config.batch_plan().micro_batch_size_per_learner or n)
     lengths = sequence_lengths(minibatch).long().tolist()
     budget = config.max_tokens_per_micro_batch

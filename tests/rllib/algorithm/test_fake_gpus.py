@@ -100,6 +100,7 @@ def test_verls_qwen3_8b_line_dry_runs_on_one_node_of_eight(tmp_path):
         assert (engine, shard) == (str(gpu // 2 + 1), str(gpu % 2)), row
     assert "PROBLEM" not in proc.stdout
     assert "without a GPU: env runner 1, env runner 2, env runner 3, env runner 4" in proc.stdout
+    assert "node 0 GPUs 0-7 (alike): GiB by phase" in proc.stdout  # the memory plan
 
 
 LAYOUTS_ON_EIGHT = [

@@ -159,30 +159,40 @@ def test_compute_dtype_defaults_to_bf16_on_gpu_learners_and_for_verl_keys():
     assert (dtype, master) == ("bfloat16", "float32") and "compute in float32" not in line
 
 
-def test_memory_estimate_counts_fp32_master_weights_and_bf16_compute():
-    from rllib_grpo.rllib.config.memory import ModelShape, estimate_memory
+def test_memory_plan_counts_fp32_master_weights_and_bf16_compute():
+    from rllib_grpo.models.shapes import model_shape
+    from rllib_grpo.rllib.config.learner_memory import (
+        activation_bytes,
+        gathered_bytes,
+        learner_states,
+        micro_batch,
+    )
 
-    fp32, bf16 = estimate_memory(tiny_config()), estimate_memory(
-        tiny_config(model_dtype="bfloat16"))
-    n = fp32.shape.num_params
-    assert bf16.learner["weights"] == 4 * n and bf16.learner["gradients"] == 4 * n
-    assert bf16.learner["optimizer (AdamW)"] == 8 * n
-    assert bf16.learner["reference model"] == 2 * n  # frozen, forward only
-    assert bf16.learner["compute copy (bfloat16)"] == 2 * n  # autocast's cast weights
-    assert "compute copy (bfloat16)" not in fp32.learner
-    assert bf16.sampler["weights"] == 2 * n
-    assert bf16.learner["activations"] == fp32.learner["activations"] / 2
-    pure = estimate_memory(tiny_config(model_dtype="bfloat16", master_weights_dtype="bfloat16"))
-    assert pure.learner["optimizer (AdamW)"] == 4 * n and "compute copy (bfloat16)" not in pure.learner
-    # FSDP2 all-gathers one unit at a time: the root (embeddings) and ~2 decoder layers.
-    qwen05b = ModelShape(num_params=494_032_768, hidden_size=896, num_layers=24,
-                         vocab_size=151_936, num_kv_heads=2, head_dim=64)
-    root = 151_936 * 896
-    sharded = estimate_memory(tiny_config(model_dtype="bfloat16").learners(num_learners=2),
-                              qwen05b)
-    expected = 2 * (root + 2 * (qwen05b.num_params - root) / 24)
-    assert sharded.learner["compute copy (bfloat16)"] == pytest.approx(expected)
-    assert sharded.learner["weights"] == 4 * qwen05b.num_params / 2
+    tiny = model_shape("builtin:tiny")
+    n = tiny.num_params
+    fp32, bf16 = tiny_config(), tiny_config(model_dtype="bfloat16")
+    states = learner_states(bf16, tiny)
+    assert states["weights"] == 4 * n and states["gradients"] == 4 * n
+    assert states["AdamW"] == 8 * n
+    assert states["reference"] == 2 * n  # frozen, forward only
+    assert gathered_bytes(bf16, tiny, with_grads=True) == 2 * n  # autocast's cast weights
+    assert gathered_bytes(fp32, tiny, with_grads=True) == 0
+    # bf16 matmuls over an fp32 residual stream (autocast): less than fp32, more than half.
+    full = activation_bytes(fp32, tiny, micro_batch(fp32, tiny), checkpointing=False)
+    half = activation_bytes(bf16, tiny, micro_batch(bf16, tiny), checkpointing=False)
+    assert full / 2 < half < full
+    pure = tiny_config(model_dtype="bfloat16", master_weights_dtype="bfloat16")
+    assert learner_states(pure, tiny)["AdamW"] == 4 * n
+    assert gathered_bytes(pure, tiny, with_grads=True) == 0
+    # FSDP2 all-gathers one unit at a time: the root (embeddings, norm) and ~2 decoder
+    # layers, and in backward the root's and one layer's unsharded gradients.
+    qwen05b = model_shape("Qwen/Qwen2.5-0.5B-Instruct")
+    root = 151_936 * 896 + 896
+    layer = (qwen05b.num_params - root) / 24
+    sharded = tiny_config(model_dtype="bfloat16").learners(num_learners=2)
+    assert gathered_bytes(sharded, qwen05b, with_grads=True) == pytest.approx(
+        2 * (root + 2 * layer) + 2 * (root + layer))
+    assert learner_states(sharded, qwen05b)["weights"] == 4 * qwen05b.num_params / 2
 
 
 # --------------------------------------------------------------------------- eval mode
