@@ -38,7 +38,8 @@ def cpu_kv_cache_bytes(model_path: str, dtype: str | None, max_model_len: int | 
     """KV-cache bytes for a CPU engine to hold ``max_num_seqs`` (vLLM's default: 256)
     sequences of ``max_model_len`` tokens (each rounded up to whole blocks) at once, at
     most `CPU_KV_CACHE_MAX_BYTES`: a fixed 1 GiB would be resident memory that a small
-    model's scheduler never uses (the demo model's sequences fit in 32 MiB).  The cap where ``config.json`` does not give the attention's shape (a hub id, an unusual
+    model's scheduler never uses (the demo model's sequences fit in 32 MiB).  The cap where
+    ``config.json`` does not give the attention's shape (a hub id, an unusual
     architecture)."""
     try:
         with open(os.path.join(model_path, "config.json")) as file:
