@@ -12,7 +12,7 @@ group-normalised advantages need.  The policy is the tiny demo model (``builtin:
 which answers sums.  Printed per iteration: the held-out judge score (greedy answers to
 fixed held-out prompts), the share of those answers that contain a 7 and that are right,
 the training reward (the judge's mean score) and the seconds the step waited on the judge.
-Measured (docs/reward-models.md): the policy games the judge - it learns to answer nothing,
+What it shows (docs/reward-models.md): the policy games the judge - it learns to answer nothing,
 which SmolLM2 scores higher than any number, rather than to write 7s.
 """
 

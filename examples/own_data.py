@@ -1,4 +1,4 @@
-"""Your own prompts and reward function (README "Your data and your reward").
+"""Your own prompts and reward function (the README's Python example; docs/training.md).
 
 A JSONL file with one ``{"prompt", "answer", "data_source"}`` row per line (or verl's parquet)
 and a reward function ``score(data_source, solution_str, ground_truth, extra_info)`` that
@@ -49,7 +49,7 @@ def main() -> None:
 
     ray.init(address="local", num_cpus=2, object_store_memory=500 * 1024**2,
              include_dashboard=False)
-    # -- the ten lines of the README ---------------------------------------------------
+    # -- the README's example -------------------------------------------------------------
     config = (
         GRPOConfig()
         .environment(TextEnv, env_config={"dataset": data, "reward_fn": reward_fn})

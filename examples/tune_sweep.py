@@ -49,7 +49,7 @@ def main() -> None:
             stop={"training_iteration": args.iterations},
             checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=True),
             # Each iteration once in result.json / progress.csv across a resume
-            # (tune.Tuner.restore) or a retry: README, "Interrupt, resume, faults".
+            # (tune.Tuner.restore) or a retry: docs/training.md, "Interrupt, resume".
             callbacks=[ContinueTrialResults()],
         ),
     )

@@ -10,7 +10,7 @@ the ranks' gradients are *averaged*.  Then, for every mode::
 
 exactly, for the value and therefore for the gradient: the result does not depend on
 how the mini-batch is split into micro-batches or ranks, nor on dynamic batching.
-(verl's legacy [JAN] path normalised per micro-batch and was biased; issue #5625.)
+(verl's legacy [JAN] path normalises per micro-batch, which biases the loss.)
 
 =========================== ===========================================================
 mode                        per-micro-batch loss (``m`` mask, ``l`` loss, ``dp`` ranks)

@@ -115,7 +115,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="demo", metavar="|".join((*sorted(DEMOS), "FOLDER")),
                         help="demo: the built-in 0.1M model (about a minute); smollm2-135m: "
-                             "SmolLM2-135M-Instruct (36 minutes measured on a busy 2-core CPU); or a "
+                             "SmolLM2-135M-Instruct (a few minutes on a 2-core CPU); or a "
                              "saved model folder to train instead of the task's built-in")
     parser.add_argument("--task", default="arithmetic", choices=("arithmetic", *TASKS),
                         help="a multi-turn task instead of one-digit sums")

@@ -319,9 +319,9 @@ def encode_prompt(prompt: Prompt, tokenizer: Any) -> list[int]:
 def prompt_token_lengths(prompts: Sequence[Prompt], tokenizer: Any) -> list[int]:
     """``len(encode_prompt(prompt, tokenizer))`` of every prompt: each distinct prompt
     rendered once, the texts encoded in one batch call per special-token setting where
-    the tokenizer takes a list (a fast tokenizer encodes a batch in Rust).  Checking every
-    prompt of a dataset of 10,000 chat prompts one by one took ~2 s, twice per run (the
-    config's check and the env's)."""
+    the tokenizer takes a list (a fast tokenizer encodes a batch in Rust): a run checks
+    every prompt twice (the config's check and the env's), and one by one that is seconds
+    for a large dataset."""
     distinct: dict[Any, int] = {}
     keys = [_prompt_key(prompt) for prompt in prompts]
     firsts = [distinct.setdefault(key, index) for index, key in enumerate(keys)]

@@ -36,9 +36,8 @@ def gguf_parsed_once() -> Iterator[None]:
     """While converting, parse each GGUF file once and build each tensor-name map once.
 
     transformers reads the file three times (config, tokenizer, weights), each a pure-Python
-    walk over SmolLM2's 49,152 vocabulary strings (about 10 s), and rebuilds gguf's
-    tensor-name map for every module it visits (397 times, 26 ms each): two thirds of the
-    conversion.  Both are pure in their arguments and read-only (a reader is a read-only
+    walk over SmolLM2's 49,152 vocabulary strings, and rebuilds gguf's tensor-name map
+    for every module it visits: together most of the conversion's time.  Both are pure in their arguments and read-only (a reader is a read-only
     memory map), so they are memoised for the conversion's duration and put back after.
     """
     import gguf

@@ -3,8 +3,8 @@
 A randomly initialised model earns no reward on arithmetic, so its groups
 carry no signal and GRPO cannot start.  Worse, a model that only learned the
 answer *format* (a number, then end-of-sequence) answers independently of the
-prompt, and GRPO then collapses onto the most frequent answer (measured: reward
-stuck near 0.2).  So the demo does what real pipelines do, SFT then RL, in
+prompt, and GRPO then collapses onto the most frequent answer (the reward stays
+near 0.2).  So the demo does what real pipelines do, SFT then RL, in
 miniature: a small character-level transformer gets 30 steps (about a second)
 of supervised warm-up on `rllib_grpo/Arithmetic-v0` demonstrations such as
 ``3+4=`` -> ``7``.  That is far too little to learn the sums: it starts with

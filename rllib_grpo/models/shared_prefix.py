@@ -1,9 +1,9 @@
 """Packed rows in which a group's responses share one copy of their prompt.
 
-GRPO samples ``group_size`` responses per prompt, and every learner pass (old log-probs,
-reference, update) used to run the prompt once per response.  Where prompts are long
-next to responses (a chat template's system prompt before a one-line question, and
-answers of a dozen tokens) most of the learner's tokens were copies of prompts.
+GRPO samples ``group_size`` responses per prompt; with one row per response every learner
+pass (old log-probs, reference, update) runs the prompt once per response.  Where prompts
+are long next to responses (a chat template's system prompt before a one-line question,
+and answers of a dozen tokens) most of the learner's tokens would be copies of prompts.
 
 Here the sequences of a micro-batch whose real prompt tokens are identical become one
 *unit*: ``[prompt, response_1, ..., response_k]``.  Position ids run ``0..P-1`` over the

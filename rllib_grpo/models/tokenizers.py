@@ -104,8 +104,8 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
     Sets ``pad_token`` to ``eos_token`` when the tokenizer has none, so that
     batches can be padded.  A process loads a folder's tokenizer once: later calls for
     the same folder, its files unchanged, return the same object (the config check, the
-    env runner and the transformers sampler each ask for it; SmolLM2's took ~0.35 s a
-    load), so treat it as read-only.  A hub id is loaded on every call.
+    env runner and the transformers sampler each ask for it, and a large vocabulary takes
+    a noticeable time to load), so treat it as read-only.  A hub id is loaded on every call.
     """
     key = _folder_stamp(path)
     with _LOADED_LOCK:

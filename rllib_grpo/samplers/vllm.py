@@ -123,7 +123,7 @@ class VLLMSampler(VLLMWeightTransfer):
         1 GiB, `cpu_kv_cache_bytes`, unless the environment sets it);
         ``cpu_max_num_seqs``: on CPU, ``max_num_seqs`` unless given (the sequences the
         caller holds at once: the KV cache is sized for ``max_num_seqs`` sequences and
-        touched at start, so vLLM's 256 cost the 5.7M benchmark model 0.5 GB in fp32);
+        touched at start, so vLLM's 256 cost a small model far more memory than it uses);
         ``weight_transfer_backend``: vLLM's weight-transfer engine the weight syncs use
         (``ipc``, ``nccl``; None: none, the state dicts go through ``reload_weights``).
         ``engine_kwargs`` go to ``vllm.LLM`` unchanged.  With
@@ -134,10 +134,10 @@ class VLLMSampler(VLLMWeightTransfer):
         The engine starts without a tokenizer (``skip_tokenizer_init=True`` unless
         ``engine_kwargs`` say otherwise): requests are token ids and outputs are not
         detokenized, so vLLM's tokenizer load, its per-thread copies and its chat-template
-        warm-up were start-up time for nothing (SmolLM2's engine alone: 5.3-6.0 s -> 3.1-3.6
-        s; its ``engine`` start-up part in a run: 2.8-3.5 -> 1.9-2.3 s).  The tokenizer's EOS, which the engine would have stopped at, is added
-        to every request's ``stop_token_ids`` (`eos_token_ids`); the EOS ids of the
-        model's generation config the engine still reads itself.
+        warm-up would be start-up time for nothing.  The tokenizer's EOS, which the engine
+        would have stopped at, is added to every request's ``stop_token_ids``
+        (`eos_token_ids`); the EOS ids of the model's generation config the engine still
+        reads itself.
         """
         # Both must be set before vLLM reads its environment (it caches it once an engine runs).
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -245,7 +245,7 @@ class VLLMSampler(VLLMWeightTransfer):
 
         With ``enforce_eager`` the model runs eagerly, but the sampler's token-rank count
         (``batched_count_greater_than``) is still compiled with inductor at the first
-        request that asks for log-probs: 3-8 s inside the first training step, for a
+        request that asks for log-probs: seconds inside the first training step, for a
         comparison that takes microseconds eagerly at these sizes.  GPUs keep the
         compiled kernel (it avoids a vocabulary-sized copy there).
         """
@@ -265,8 +265,8 @@ class VLLMSampler(VLLMWeightTransfer):
 
         The first full load is skipped when its weights are those the engine loaded from
         its folder (`equals_folder_weights`): RLlib's set-up syncs the learner's weights,
-        just loaded from the same folder, into every runner (SmolLM2's reload took 1.3 s of
-        the start on CPU; the comparison a fraction of it).  The result then says
+        just loaded from the same folder, into every runner (on CPU a reload costs a large
+        part of the start; the comparison a fraction of it).  The result then says
         ``unchanged: 1`` and ``bytes: 0``.
         """
         start = time.perf_counter()

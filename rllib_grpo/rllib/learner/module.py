@@ -110,8 +110,8 @@ def response_log_probs(
 
 def reference_copy(policy: torch.nn.Module, ref_dtype: str) -> torch.nn.Module | None:
     """The reference model as a copy of the policy just loaded, where both hold the same
-    dtype, as TRL makes its reference: one read of the folder, not two (SmolLM2-135M in
-    fp32: a copy 0.15-0.2 s, a second load 0.25-0.6 s).
+    dtype, as TRL makes its reference: one read of the folder, not two (a copy in memory
+    is faster than a second load).
 
     None where the dtypes differ (a bf16 reference beside fp32 master weights is loaded in
     bf16, with the attention that dtype selects, `rllib_grpo.models.attention`), or where
