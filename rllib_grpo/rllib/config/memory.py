@@ -85,6 +85,7 @@ from rllib_grpo.rllib.config.learner_memory import (
 )
 from rllib_grpo.rllib.config.settings import GRPOSettings
 from rllib_grpo.rllib.config.vision_plan import vision_memory_rows
+from rllib_grpo.weights.plan import WEIGHT_SYNC_BUCKET_BYTES
 
 GIB = 2**30
 CUDA_CONTEXT_BYTES = GIB // 2  # a process's CUDA context and kernels (~0.5 GiB)
@@ -177,7 +178,7 @@ def sync_bucket_bytes(c: GRPOSettings, shape: ModelShape) -> float:
     """What a weight sync holds on the learner: two buckets in the sampler's dtype (at most
     the whole model), and under FSDP2 one all-gathered full tensor in the master dtype."""
     sampler = DTYPE_BYTES.get(c.sampler_dtype, 4)
-    bucket = min(c.weight_sync_bucket_mb * 2**20, shape.num_params * sampler)
+    bucket = min(WEIGHT_SYNC_BUCKET_BYTES, shape.num_params * sampler)
     gathered = shape.largest_tensor * DTYPE_BYTES[c.master_weights_dtype] \
         if fsdp_shards(c) > 1 else 0.0
     return float(SYNC_BUCKETS * bucket + gathered)
@@ -393,7 +394,6 @@ ROW_FIXES: dict[str, tuple[str, ...]] = {
         "a lower gpu_memory_utilization (sampler_memory_fraction)",),
     "sampler weights": ("the vLLM sampler, which sleeps during the update",),
     "KV cache": ("fewer sequences per generation (sampler_config max_batch_size)",),
-    "sync buckets": ("a smaller weight_sync_bucket_mb",),
 }
 # Rows that scale with the micro-batch's tokens.
 PER_TOKEN_ROWS = ("activations", "logits", "backward temporaries", "forward temporaries",

@@ -66,7 +66,6 @@ def test_valid_config_has_no_errors():
     ({"temperature": 0.0}, "temperature=0.0"),
     ({"use_dynamic_bsz": True, "max_tokens_per_micro_batch": 10}, "max_tokens_per_micro_batch=10"),
     ({"clip_ratio_c": 1.0}, "clip_ratio_c=1.0"),
-    ({"peak_tflops": 0.0}, "peak_tflops=0.0"),
     ({"token_stats": "fast"}, "token_stats='fast'"),
 ])
 def test_validation_names_field_and_fix(training, needle):
