@@ -55,7 +55,6 @@ naming the settings that fix it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from rllib_grpo.models.shapes import ModelShape
 from rllib_grpo.rllib.config import learner_memory
@@ -284,7 +283,7 @@ class MemoryPlan:
     notes: list[str]
 
 
-def memory_plan(c: Any, shape: ModelShape | None = None) -> MemoryPlan:
+def memory_plan(c: GRPOSettings, shape: ModelShape | None = None) -> MemoryPlan:
     """The plan of a GRPO config (a `GRPOConfig`: its placement plan places the processes;
     its model's shape is read unless given)."""
     shape = shape or learner_memory.config_shape(c)
@@ -400,7 +399,7 @@ PER_TOKEN_ROWS = ("activations", "logits", "backward temporaries", "forward temp
                   "vision activations")
 
 
-def memory_errors(c: Any) -> list[str]:
+def memory_errors(c: GRPOSettings) -> list[str]:
     """One error per GPU (GPUs alike: one) and phase whose processes exceed
     ``gpu_memory_gib``: the phase's largest rows and the settings that shrink them; and
     engines whose weights fill their share.  Nothing for CPU runs or a model whose shape is unknown (explain says
@@ -443,7 +442,7 @@ def memory_errors(c: Any) -> list[str]:
     return errors
 
 
-def _plans_gpus(c: Any) -> bool:
+def _plans_gpus(c: GRPOSettings) -> bool:
     return hasattr(c, "placement_plan") and (
         (c.num_gpus_per_learner or 0) > 0 or (c.num_gpus_per_env_runner or 0) > 0)
 
@@ -568,7 +567,7 @@ def _short(dtype: str) -> str:
     return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype)
 
 
-def memory_lines(c: Any) -> list[str]:
+def memory_lines(c: GRPOSettings) -> list[str]:
     """`format_plan` for `explain`, or one line saying why there is none."""
     try:
         return format_plan(memory_plan(c), c)

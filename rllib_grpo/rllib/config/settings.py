@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from rllib_grpo.rllib.config.layout import PlacementPlan
     from rllib_grpo.samplers import SamplingParams
 
 def knob(default: Any, unit: str, doc: str, verl: str | tuple[str, ...] = ()) -> Any:
@@ -551,9 +552,14 @@ class GRPOSettings:
         shuffle_batch_per_epoch: bool = False
         lr: Any = None
         env: Any = None
+        env_config: dict = {}
         seed: int | None = None
         evaluation_interval: int | None = None
         evaluation_duration: int | str = WHOLE_HELD_OUT_SET
+
+        def placement_plan(self) -> PlacementPlan:
+            """`GRPOConfig.placement_plan`."""
+            raise NotImplementedError
 
     # ------------------------------------- RLlib's evaluation fields by verl's names
     @property
