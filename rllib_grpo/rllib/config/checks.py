@@ -20,7 +20,7 @@ import math
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from rllib_grpo.algos import ADV_ESTIMATORS, AGG_MODES, KL_CONTROLLERS, POLICY_LOSSES, kl_kinds
 from rllib_grpo.algos.advantages import needs_groups
@@ -466,11 +466,11 @@ _RANGES: list[tuple[str, Callable[[float], bool], str]] = [
 ]
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _lr_error(lr: Any) -> str | None:
+def _lr_error(lr: object) -> str | None:
     """``lr`` is a number > 0 or an RLlib schedule ``[[timestep, value], ...]`` of values
     >= 0 (a warm-up may start at 0), all finite."""
     if _is_number(lr):
@@ -593,7 +593,7 @@ def count_errors(c: GRPOSettings) -> list[str]:
     return errors
 
 
-def env_id_error(env: Any) -> str | None:
+def env_id_error(env: object) -> str | None:
     """An env given by name must be a gymnasium id, a Tune-registered name or an
     importable ``module.Class``; the nearest gymnasium ids are suggested."""
     if not isinstance(env, str):
