@@ -40,6 +40,7 @@ from rllib_grpo.cli.verl_keys import (
 from rllib_grpo.rllib.config.layout import colocated_layout
 from rllib_grpo.rllib.config.settings import (
     DERIVED_FIELDS,
+    EVALUATION_ALIASES,
     SETTINGS_FIELDS,
     VERL_ALIASES,
     canonical_dtype,
@@ -72,9 +73,11 @@ def flatten_verl(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 @functools.cache
 def known_config_keys(algo: str) -> frozenset[str]:
-    """Every attribute of the algorithm's fresh config, plus RLlib's special spellings."""
+    """Every attribute of the algorithm's fresh config, plus RLlib's special spellings (and
+    GRPO's names of RLlib's evaluation fields)."""
     config = default_config(algo)
-    return frozenset(set(vars(config)) | set(config.to_dict()) | RLLIB_SPECIAL_KEYS)
+    aliases = set(EVALUATION_ALIASES) if algo == "GRPO" else set()
+    return frozenset(set(vars(config)) | set(config.to_dict()) | RLLIB_SPECIAL_KEYS | aliases)
 
 
 @functools.cache
@@ -263,11 +266,13 @@ def check_type(key: str, name: str, value: Any) -> Any:
     A grid search is checked point by point.
     """
     field = SETTINGS_FIELDS.get(name)
+    alias = EVALUATION_ALIASES.get(name)
     if is_grid(value):
         return {"grid_search": [check_type(key, name, v) for v in value["grid_search"]]}
-    if field is None:
+    declared = field.type if field is not None else alias.type if alias is not None else None
+    if declared is None:
         return value
-    allowed = [t.strip() for t in str(field.type).split("|")]
+    allowed = [t.strip() for t in str(declared).split("|")]
     if not any(_TYPE_CHECKS.get(t, lambda v: True)(value) for t in allowed):
         raise ConfigError(f"{key}={value!r}: expected {' or '.join(allowed)}")
     return tuple(value) if "tuple" in allowed and isinstance(value, list) else value

@@ -29,6 +29,9 @@ WEIGHT_SYNC_TRANSPORTS = ("auto", *TRANSPORTS)
 # The ``weight_sync/transport`` metric (metrics are numbers): the slowest path of a sync.
 TRANSPORT_CODES = {"local": 0, "ipc": 1, "shm": 2, "nccl": 3, "object_store": 4}
 VLLM_ENGINES = {"ipc": "ipc", "nccl": "nccl"}  # transport -> vLLM's weight-transfer backend
+# Size of the packed buffers of an 'ipc' or 'nccl' sync (vLLM's packed mode): each GPU holds
+# at most two besides the model ('ipc': one, at least as large as the largest tensor).
+WEIGHT_SYNC_BUCKET_BYTES = 512 * 2**20
 
 
 @dataclass(frozen=True)

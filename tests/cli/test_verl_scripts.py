@@ -28,9 +28,9 @@ def no_model_builds(monkeypatch):
 def models_and_data_exist(monkeypatch):
     """verl's scripts name Hub models and data files on their authors' machines: their
     existence checks (tests/rllib/config/test_input_checks.py) would be the only errors."""
-    from rllib_grpo.rllib.config import checks, input_checks
+    from rllib_grpo.rllib.config import checks
 
-    monkeypatch.setattr(checks, "input_errors", input_checks.range_errors)
+    monkeypatch.setattr(checks, "input_errors", checks.range_errors)
 
 
 def _explain(args, capsys):

@@ -115,6 +115,4 @@ def test_settings_are_checked_before_ray_starts_and_explained_by_the_runs_planne
     assert any("'nccl' needs learners and a vLLM engine on GPUs" in e for e in find_errors(nccl))
     lora_ipc = tiny_config(lora_rank=4, weight_sync_transport="ipc", sampler="vllm").colocate(1)
     assert any("LoRA sync carries the adapter" in e for e in find_errors(lora_ipc))
-    assert any("weight_sync_bucket_mb=0" in e
-               for e in find_errors(tiny_config(weight_sync_bucket_mb=0)))
     assert find_errors(tiny_config(weight_sync_transport="shm")) == []

@@ -8,11 +8,11 @@ kept: `_run_one_evaluation` (eval runner restarts and counts) puts them under
 ``result["evaluation"]``, the ``on_evaluate_start`` / ``on_evaluate_end`` callbacks fire,
 and a user's ``custom_evaluation_function`` still replaces the whole thing.
 
-One schedule serves RLlib's and verl's settings (`evaluation_interval`,
-`evaluation_due`): ``evaluation_interval`` (else ``val_every``, verl's
-``trainer.test_freq``) and the last step (``total_training_steps``); ``val_before_train``
-adds one before the first step.  ``evaluation_duration`` (else ``val_num_prompts``)
-counts held-out prompts; None scores the whole held-out set once (verl).  The sampling
+One schedule serves RLlib's and verl's settings (`evaluation_due`): every
+``evaluation_interval`` steps (``val_every``, verl's ``trainer.test_freq``, is the same
+field) and the last step (``total_training_steps``); ``val_before_train`` adds one before
+the first step.  ``evaluation_duration`` (``val_num_prompts``) counts held-out prompts;
+unset, it scores the whole held-out set once (verl).  The sampling
 settings are the evaluation config's (``evaluation_config={"val_n": 4, ...}``).
 
 The validation runs on the training env runners (verl validates on its rollout
@@ -34,7 +34,6 @@ from ray.rllib.utils.typing import ModuleID, ResultDict
 
 from rllib_grpo.data.recipes import pass_at_k_metrics, validation_metrics
 from rllib_grpo.rllib.algorithm.resilience import ResilientAlgorithm
-from rllib_grpo.rllib.config.grpo_config import WHOLE_HELD_OUT_SET
 
 logger = logging.getLogger(__name__)
 # Evaluation metrics also surfaced at the top level of a result, where verl logs them.
@@ -42,10 +41,8 @@ VERL_VALIDATION_PREFIXES = ("val-core/", "timing_s/testing")
 
 
 def evaluation_interval(config: Any) -> int:
-    """Training steps between evaluations: ``evaluation_interval``, else ``val_every``
-    (verl's ``test_freq``); 0 = never."""
-    interval = config.evaluation_interval or getattr(config, "val_every", 0)
-    return max(0, int(interval or 0))
+    """Training steps between evaluations (``evaluation_interval``); 0 = never."""
+    return max(0, int(config.evaluation_interval or 0))
 
 
 def evaluation_due(config: Any, step: int) -> bool:
@@ -56,12 +53,10 @@ def evaluation_due(config: Any, step: int) -> bool:
 
 
 def evaluation_prompts(config: Any, set_size: int) -> int:
-    """Held-out prompts one evaluation scores: ``evaluation_duration`` (prompts), else
-    ``val_num_prompts``; None: the whole set.  Never more than the set: a prompt scored
+    """Held-out prompts one evaluation scores: ``evaluation_duration`` in prompts
+    (``val_num_prompts``); unset: the whole set.  Never more than the set: a prompt scored
     twice would count as two samples of one prompt."""
-    duration = config.evaluation_duration
-    count = duration if isinstance(duration, int) and duration != WHOLE_HELD_OUT_SET \
-        else getattr(config, "val_num_prompts", None)
+    count = config.val_num_prompts
     if count is None:
         return set_size
     if count > set_size:

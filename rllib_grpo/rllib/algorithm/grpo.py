@@ -64,6 +64,7 @@ from rllib_grpo.startup import STARTUP_KEY, startup_breakdown, startup_part, sta
 logger = logging.getLogger(__name__)
 REMOTE_RUNNERS = "remote_env_runners"
 DATA_POSITION = "data_position"  # prompts served so far, in the env runners' shared order
+NO_SIGNAL_WARNING_AFTER = 3  # training steps in a row where most groups carry no signal
 
 
 class GRPO(EvaluatingAlgorithm):
@@ -411,7 +412,7 @@ class GRPO(EvaluatingAlgorithm):
     def _warn_if_no_signal(self) -> None:
         flat = self.metrics.peek("groups/zero_variance_frac", default=0.0)
         self._no_signal_streak = self._no_signal_streak + 1 if flat > 0.5 else 0
-        if self._no_signal_streak == self.config.warn_no_signal_after:
+        if self._no_signal_streak == NO_SIGNAL_WARNING_AFTER:
             right = self.metrics.peek("groups/all_right_frac", default=0.0)
             wrong = self.metrics.peek("groups/all_wrong_frac", default=0.0)
             logger.warning(no_signal_warning(self._no_signal_streak, flat, right, wrong))

@@ -84,6 +84,7 @@ from rllib_grpo.weights import gpu
 from rllib_grpo.weights.plan import (
     TRANSPORT_CODES,
     VLLM_ENGINES,
+    WEIGHT_SYNC_BUCKET_BYTES,
     Endpoint,
     choose_transports,
     transports_summary,
@@ -136,7 +137,7 @@ class WeightSync:
         c = algo.config
         self.algo = algo
         self.setting = c.weight_sync_transport
-        self.buffer_bytes = max(1, int(c.weight_sync_bucket_mb * 2**20))
+        self.buffer_bytes = WEIGHT_SYNC_BUCKET_BYTES
         self.fake_gpus = fake_gpus()
         self.transports: dict[int, str] = {}  # env runner index -> transport (0: the driver's)
         self.endpoints: dict[int, Endpoint] = {}

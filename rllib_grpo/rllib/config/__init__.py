@@ -1,8 +1,7 @@
 """Where a config is built (the user's process, the driver, every actor that reads one):
-`settings` (the table of fields, split by concern into the algorithm's and the system's),
-`grpo_config.GRPOConfig`, `checks` and `input_checks` (errors and pitfalls, each typed with
-the settings class), `explain`, `memory` (the estimate) and `staleness` (the async knob's
-checks).  ``from rllib_grpo.rllib.config import GRPOConfig`` keeps working."""
+`settings` (the one table of fields), `grpo_config.GRPOConfig`, `checks` (every error and
+pitfall, typed with the settings class), `explain`, `memory` (the estimate) and `staleness`
+(the async knob's checks).  ``from rllib_grpo.rllib.config import GRPOConfig`` keeps working."""
 
 from __future__ import annotations
 

@@ -1,12 +1,26 @@
-"""The classic mistakes in a GRPO configuration.
+"""Every check of a GRPO configuration before anything starts, each error one line naming
+the field and the fix.
 
-`find_errors` lists settings that cannot run (used by `GRPOConfig.validate`);
-`find_pitfalls` lists settings that run but probably not as intended (printed by
-`explain`).  The checks read the config's attributes only, so they work on any
-object carrying the GRPO fields.
+`find_errors` lists settings that cannot run (`GRPOConfig.validate`, `explain` and
+`rllib train` refuse the same inputs); `find_pitfalls` lists settings that run but probably
+not as intended (printed by `explain`).  By concern, top to bottom: the settings' consistency
+(names, sizes, algorithm, recipes, LoRA and memory, precision, learning-rate schedule, env
+and sampler, multi-turn); numeric ranges (`range_errors`); the model and the data files
+(`resource_errors`); and the door's checks that load something small (`count_errors`,
+`env_id_error`, `reward_fn_errors`: the user's reward function called once in a child
+process, `rllib_grpo.rewards.probe`; `logger_errors` with MLflow's store).  The reward,
+vision, staleness, prompt-length and memory plans keep their own checks beside their plans.
 """
 
 from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeGuard
 
 from rllib_grpo.algos import ADV_ESTIMATORS, AGG_MODES, KL_CONTROLLERS, POLICY_LOSSES, kl_kinds
 from rllib_grpo.algos.advantages import needs_groups
@@ -14,11 +28,12 @@ from rllib_grpo.algos.lr_schedule import LR_SCHEDULER_TYPES, needs_total_steps
 from rllib_grpo.algos.policy_losses import forced_agg_mode
 from rllib_grpo.algos.rollout_is import ROLLOUT_IS_LEVELS
 from rllib_grpo.data.datasets import TRUNCATION_MODES
-from rllib_grpo.data.env import env_options
+from rllib_grpo.data.env import TextEnv, env_options
+from rllib_grpo.data.prompt_files import prompt_file_error
 from rllib_grpo.data.recipes import FILTER_METRICS
 from rllib_grpo.models.lm_head import TOKEN_STATS_MODES
 from rllib_grpo.models.lora import LORA_SYNC_MODES
-from rllib_grpo.rllib.config.input_checks import input_errors
+from rllib_grpo.models.registry import model_path_error
 from rllib_grpo.rllib.config.layout import (
     layout_errors,
     local_env_runner_pitfalls,
@@ -26,13 +41,23 @@ from rllib_grpo.rllib.config.layout import (
     tensor_parallel_size,
     unplaceable,
 )
-from rllib_grpo.rllib.config.settings import GRPOSettings, choice_error
+from rllib_grpo.rllib.config.prompt_lengths import prompt_length_errors
+from rllib_grpo.rllib.config.reward_plan import reward_plan_errors
+from rllib_grpo.rllib.config.settings import (
+    LOGGER_PACKAGES,
+    GRPOSettings,
+    choice_error,
+    did_you_mean,
+)
 from rllib_grpo.rllib.config.staleness import async_errors, async_pitfalls
 from rllib_grpo.rllib.config.text_env import env_class
 from rllib_grpo.rllib.config.vision_plan import vision_errors
 from rllib_grpo.samplers import SAMPLER_KINDS
 from rllib_grpo.weights.plan import WEIGHT_SYNC_TRANSPORTS
 
+# ----------------------------------------------------------------------------
+# The settings' consistency
+# ----------------------------------------------------------------------------
 
 def _is_group_estimator(c: GRPOSettings) -> bool:
     return c.adv_estimator in ADV_ESTIMATORS and needs_groups(c.adv_estimator)
@@ -177,9 +202,6 @@ def _check_lora_and_memory(c: GRPOSettings) -> list[str]:
     if not getattr(c, "gpu_memory_gib", 1) > 0:
         errors.append(f"gpu_memory_gib={c.gpu_memory_gib} must be > 0 (GiB of one GPU, as "
                       "CUDA reports it; explain and dry-run take --gpu-memory).")
-    if c.peak_tflops is not None and not c.peak_tflops > 0:
-        errors.append(f"peak_tflops={c.peak_tflops} must be > 0 (TFLOP/s of one learner "
-                      "device, for perf/mfu/actor) or None (known GPUs by name).")
     return errors
 
 
@@ -205,15 +227,12 @@ def _check_precision(c: GRPOSettings) -> list[str]:
 
 
 def _check_weight_sync(c: GRPOSettings) -> list[str]:
-    """An unknown setting, a bucket size <= 0, and a setting or placement the weight sync's
-    planner refuses for the placement plan's places (as the run's planner would)."""
+    """An unknown setting, and a setting or placement the weight sync's planner refuses
+    for the placement plan's places (as the run's planner would)."""
     transport = getattr(c, "weight_sync_transport", "auto")
     if error := choice_error("weight_sync_transport", transport, WEIGHT_SYNC_TRANSPORTS):
         return [error]
     errors = []
-    if not getattr(c, "weight_sync_bucket_mb", 1) > 0:
-        errors.append(f"weight_sync_bucket_mb={c.weight_sync_bucket_mb} must be > 0 (MiB per "
-                      "packed buffer; 256-1024 suits most models).")
     try:
         plan = c.placement_plan() if hasattr(c, "placement_plan") else None
     except Exception:  # noqa: BLE001 - a layout the placement checks refuse, naming it
@@ -411,3 +430,337 @@ def _check_env_and_sampler(c: GRPOSettings) -> list[str]:
         errors.append("overlong_buffer_enable=True needs overlong_buffer_len > 0 tokens "
                       "(verl reward_model.overlong_buffer.len).")
     return errors
+
+
+# ----------------------------------------------------------------------------
+# Numeric ranges, the model and the data files
+# ----------------------------------------------------------------------------
+
+# (field, predicate, requirement) for scalar settings; None values are skipped ("off").
+_POSITIVE = (lambda v: v > 0, "a finite number > 0")
+_NON_NEGATIVE = (lambda v: v >= 0, "a finite number >= 0")
+# Fields whose range the consistency checks above explain; here only NaN / infinity is refused.
+_FINITE = (lambda v: True, "a finite number")
+_RANGES: list[tuple[str, Callable[[float], bool], str]] = [
+    ("grad_clip", *_POSITIVE),
+    ("clip_ratio", *_POSITIVE),
+    ("clip_ratio_low", *_POSITIVE),
+    ("clip_ratio_high", *_POSITIVE),
+    ("clip_ratio_c", *_FINITE),
+    ("temperature", *_FINITE),
+    ("kl_loss_coef", *_NON_NEGATIVE),
+    ("kl_coef", *_NON_NEGATIVE),
+    ("kl_target", *_POSITIVE),
+    ("entropy_coeff", *_NON_NEGATIVE),
+    ("weight_decay", *_NON_NEGATIVE),
+    ("overlong_penalty_factor", *_NON_NEGATIVE),
+    ("loss_scale_factor", *_POSITIVE),
+    ("rollout_is_threshold", *_FINITE),
+    ("val_temperature", *_NON_NEGATIVE),
+    ("top_p", lambda v: 0 < v <= 1, "a probability in (0, 1]"),
+    ("lr_warmup_steps", lambda v: v == -1 or v >= 0,
+     "a number of optimizer steps >= 0, or -1 (verl: use lr_warmup_steps_ratio)"),
+    ("keep_checkpoints", *_NON_NEGATIVE),
+    ("max_skipped_steps", *_NON_NEGATIVE),
+    ("env_runner_restart_timeout_s", *_POSITIVE),
+]
+
+
+def _is_number(value: object) -> TypeGuard[int | float]:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _lr_error(lr: object) -> str | None:
+    """``lr`` is a number > 0 or an RLlib schedule ``[[timestep, value], ...]`` of values
+    >= 0 (a warm-up may start at 0), all finite."""
+    if _is_number(lr):
+        return None if math.isfinite(lr) and lr > 0 else (
+            f"lr={lr!r} must be a finite number > 0 (verl's GRPO uses 1e-6).")
+    if isinstance(lr, list | tuple) and lr and all(
+            isinstance(p, list | tuple) and len(p) == 2 and all(map(_is_number, p)) for p in lr):
+        values = [p[1] for p in lr]
+        if all(math.isfinite(v) and v >= 0 for v in values) and any(v > 0 for v in values):
+            return None
+        return f"lr schedule {lr!r}: every value must be finite and >= 0, and one > 0."
+    return f"lr={lr!r} must be a number > 0 or a schedule [[timestep, lr], ...]."
+
+
+def range_errors(c: GRPOSettings) -> list[str]:
+    """Numbers out of their range (or NaN / infinite), each naming the field."""
+    errors = [e for e in [_lr_error(getattr(c, "lr", 1.0))] if e]
+    for field, ok, requirement in _RANGES:
+        value = getattr(c, field, None)
+        if value is None:
+            continue
+        if not _is_number(value) or not math.isfinite(value) or not ok(value):
+            errors.append(f"{field}={value!r} must be {requirement}.")
+    betas = getattr(c, "betas", (0.9, 0.999))
+    if not (isinstance(betas, list | tuple) and len(betas) == 2 and all(
+            _is_number(b) and 0 <= b < 1 for b in betas)):
+        errors.append(f"betas={betas!r} must be two numbers in [0, 1) (AdamW's beta1, beta2).")
+    return errors
+
+
+def _data_paths(c: GRPOSettings) -> list[tuple[str, Any]]:
+    """``(field, path)`` of every data file; a list of files (verl's ``data.train_files``
+    may be one) gives one entry per file, named by its position.  A `TextEnv`'s own
+    ``dataset`` option counts when it names a file (`_dataset_file`)."""
+    paths = []
+    for field in ("env_config", "val_env_config"):
+        settings = getattr(c, field, None) or {}
+        if not isinstance(settings, dict):
+            continue
+        if settings.get("path") is not None:
+            given = settings["path"]
+            if isinstance(given, list | tuple):
+                paths += [(f"{field}.path[{i}]", path) for i, path in enumerate(given)]
+                paths += [] if given else [(f"{field}.path", None)]  # no file: no data
+            else:
+                paths.append((f"{field}.path", given))
+        if (dataset := _dataset_file(c, settings)) is not None:
+            paths.append((f"{field}.dataset", dataset))
+    return paths
+
+
+def _dataset_file(c: GRPOSettings, settings: dict) -> str | Path | None:
+    """The file a `TextEnv` (or subclass) loads its ``dataset`` option from, or None for
+    rows given in memory (a list, a `PromptDataset`) and envs of other kinds (their
+    ``dataset`` may mean something else)."""
+    dataset = settings.get("dataset")
+    if not isinstance(dataset, str | Path):
+        return None
+    cls = env_class(getattr(c, "env", None))
+    return dataset if cls is not None and issubclass(cls, TextEnv) else None
+
+
+def _reward_file_errors(c: GRPOSettings) -> list[str]:
+    errors = []
+    for field in ("env_config", "val_env_config"):
+        spec = (getattr(c, field, None) or {}).get("reward_fn")
+        if isinstance(spec, str) and ".py:" in spec:
+            file = Path(spec.rpartition(":")[0]).expanduser()
+            if not file.is_file():
+                errors.append(f"{field}.reward_fn={spec!r}: no such file {file}.")
+    return errors
+
+
+def resource_errors(c: GRPOSettings) -> list[str]:
+    """The model and the data files must exist and be readable (nothing is loaded)."""
+    errors = []
+    model_error = model_path_error(c.model_path,
+                                   allow_hub_download=getattr(c, "allow_hub_download", False))
+    if model_error:
+        errors.append(model_error)
+    for field, path in _data_paths(c):
+        if path is None:
+            errors.append(f"{field} is an empty list of files: an empty dataset.")
+        elif not isinstance(path, str | Path):
+            errors.append(f"{field}={path!r} must be a file path.")
+        elif problem := prompt_file_error(Path(path).expanduser()):
+            errors.append(f"{field}: {problem}.")
+    return errors + _reward_file_errors(c)
+
+
+def input_errors(c: GRPOSettings) -> list[str]:
+    """`range_errors`, `resource_errors` and the door's checks (`reward_fn_errors` and the rest below): counts,
+    the env id, one call of the reward function and, when the env and its files are
+    there, every prompt's length (`prompt_lengths`)."""
+    env_error = env_id_error(getattr(c, "env", None))
+    resources = resource_errors(c)
+    lengths = [] if env_error or resources else prompt_length_errors(c)
+    return (range_errors(c) + count_errors(c) + ([env_error] if env_error else [])
+            + resources + lengths + reward_fn_errors(c) + reward_plan_errors(c)
+            + logger_errors(c))
+
+
+# ----------------------------------------------------------------------------
+# The door: counts, the env id, the reward function, the loggers
+# ----------------------------------------------------------------------------
+
+# Process and device counts (RLlib's own fields): a negative one is accepted by RLlib.
+COUNT_FIELDS = ("num_env_runners", "num_envs_per_env_runner", "num_learners",
+                "num_gpus_per_learner", "num_cpus_per_learner", "num_gpus_per_env_runner",
+                "num_cpus_per_env_runner", "evaluation_num_env_runners", "num_epochs")
+
+
+def count_errors(c: GRPOSettings) -> list[str]:
+    """Every count is >= 0 (``"auto"`` and other non-numbers are RLlib's to judge)."""
+    errors = []
+    for field in COUNT_FIELDS:
+        value = getattr(c, field, None)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
+            errors.append(f"{field}={value!r} must be >= 0.")
+    return errors
+
+
+def env_id_error(env: object) -> str | None:
+    """An env given by name must be a gymnasium id, a Tune-registered name or an
+    importable ``module.Class``; the nearest gymnasium ids are suggested."""
+    if not isinstance(env, str):
+        return None
+    import gymnasium
+
+    if env in gymnasium.registry or _tune_registered(env) or _importable(env):
+        return None
+    return f"env={env!r} is no registered gymnasium id nor env class." + did_you_mean(
+        env, gymnasium.registry)
+
+
+def _tune_registered(name: str) -> bool:
+    from ray.tune.registry import ENV_CREATOR, _global_registry
+
+    return bool(_global_registry.contains(ENV_CREATOR, name))
+
+
+def _importable(path: str) -> bool:
+    module, _, name = path.replace(":", ".").rpartition(".")
+    try:
+        return module != "" and isinstance(getattr(importlib.import_module(module), name, None),
+                                           type)
+    except Exception:  # noqa: BLE001  (not a module path: not an env class)
+        return False
+
+
+def _user_reward_fns(c: GRPOSettings) -> list[tuple[str, str, dict]]:
+    """``(field, spec, env settings)`` of each reward function given as ``"module:function"``
+    or ``"file.py:function"`` in ``env_config`` / ``val_env_config`` whose file exists
+    (`_reward_file_errors` names a missing one); registered names, None and callables are not
+    user code the door imports."""
+    found = []
+    for field in ("env_config", "val_env_config"):
+        settings = getattr(c, field, None) or {}
+        spec = settings.get("reward_fn")
+        if not isinstance(spec, str) or ":" not in spec:
+            continue
+        file = spec.rpartition(":")[0]
+        if file.endswith(".py") and not Path(file).expanduser().is_file():
+            continue
+        found.append((field, spec, settings))
+    return found
+
+
+def reward_fn_errors(c: GRPOSettings) -> list[str]:
+    """Each user reward function (`_user_reward_fns`) imports and, called once on a
+    sample built from the first row of the data, returns a number or a dict with
+    ``"score"``, without killing its process and in time (`_probe_timeout_s`).  The call runs
+    in a child process (`rllib_grpo.rewards.probe`): none of the user's code runs here.
+    A call that raises is left to run time (that sample scores 0)."""
+    from rllib_grpo.rewards.probe import probe_reward_fn
+
+    errors = []
+    for field, spec, settings in _user_reward_fns(c):
+        problem = probe_reward_fn(spec, _first_row_sample(settings),
+                                  dict(settings.get("reward_kwargs") or {}),
+                                  timeout_s=_probe_timeout_s(settings))
+        if problem:
+            errors.append(f"{field}.reward_fn={spec!r}: {problem}.")
+    return errors
+
+
+def _probe_timeout_s(settings: dict) -> float:
+    """The door's limit on the child (start, import and one call): `PROBE_TIMEOUT_S`, plus
+    the run's own limit on one call (``reward_timeout_s``) where that is longer."""
+    from rllib_grpo.rewards.probe import PROBE_TIMEOUT_S
+
+    per_call = settings.get("reward_timeout_s")
+    if isinstance(per_call, int | float) and not isinstance(per_call, bool) and \
+            per_call > PROBE_TIMEOUT_S:
+        return PROBE_TIMEOUT_S + float(per_call)
+    return PROBE_TIMEOUT_S
+
+
+def reward_fn_probe_lines(c: GRPOSettings) -> list[str]:
+    """``explain``'s line per user reward function: the door calls it once, and where."""
+    return [f"reward check:                  {field}.reward_fn {spec!r} is imported and called "
+            "once on the first row (its ground truth as the response), in a child process, "
+            f"{_probe_timeout_s(settings):g} s at most" for field, spec, settings in
+            _user_reward_fns(c)]
+
+
+def _first_row_sample(settings: dict) -> tuple[str, str, Any, dict | None]:
+    """``(data_source, solution_str, ground_truth, extra_info)`` from the first row of the
+    data file (the ground truth as the response), or an empty sample without a file."""
+    path = settings.get("path")
+    path = path[0] if isinstance(path, list | tuple) and path else path
+    if not isinstance(path, str):
+        return "", "", "", None
+    from rllib_grpo.data.datasets import load_prompts
+
+    try:
+        first = load_prompts(path, prompt_key=settings.get("prompt_key", "prompt"))[0]
+    except Exception:  # noqa: BLE001  (the data's own checks report it)
+        return "", "", "", None
+    return first.data_source, str(first.ground_truth), first.ground_truth, first.extra_info
+
+
+def logger_errors(c: GRPOSettings) -> list[str]:
+    """Every name in ``loggers`` is known, its package is installed, and MLflow's tracking
+    store is usable (`mlflow_store_error`)."""
+    loggers = getattr(c, "loggers", ())
+    names = [loggers] if isinstance(loggers, str) else list(loggers or ())
+    errors = []
+    for name in names:
+        if error := choice_error("loggers", name, LOGGER_PACKAGES, note=" (any of them)"):
+            errors.append(error)
+        elif (package := LOGGER_PACKAGES[name]) and importlib.util.find_spec(package) is None:
+            errors.append(f"loggers: {name!r} needs the {package} package: pip install {package}.")
+        elif name == "mlflow" and (error := mlflow_store_error(mlflow_tracking_uri())):
+            errors.append(error)
+    return errors
+
+
+# MLflow's database stores (SQLAlchemy URIs, ``dialect+driver://``): they need sqlalchemy
+# and alembic, which mlflow-skinny does not install.
+MLFLOW_DB_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
+MLFLOW_DB_PACKAGES = ("sqlalchemy", "alembic")
+ALLOW_FILE_STORE = "MLFLOW_ALLOW_FILE_STORE"
+
+
+def mlflow_tracking_uri() -> str:
+    """The store Tune's `MLflowLoggerCallback` logs to (it passes no URI of its own):
+    ``MLFLOW_TRACKING_URI``, else MLflow's default (``sqlite:///mlflow.db`` in the working
+    folder since MLflow 3; ``./mlruns`` where that already holds runs)."""
+    import mlflow
+
+    return str(mlflow.get_tracking_uri())
+
+
+def is_file_store(uri: str) -> bool:
+    """``file:`` URIs and plain paths (MLflow's file store)."""
+    from urllib.parse import urlparse
+
+    return urlparse(uri).scheme in ("", "file")
+
+
+def mlflow_store_error(uri: str) -> str | None:
+    """The one-line refusal of a tracking store MLflow would refuse after Ray started:
+
+    * a file store when ``MLFLOW_ALLOW_FILE_STORE`` is set false (MLflow 3 refuses file
+      stores unless it is true; left unset, `allow_file_store` sets it for the store named);
+    * a database store (MLflow's default ``sqlite:///mlflow.db`` included) without
+      sqlalchemy and alembic (mlflow-skinny has neither);
+
+    None for a usable one (HTTP servers, Databricks and other schemes are MLflow's to judge)."""
+    from urllib.parse import urlparse
+
+    if is_file_store(uri):
+        value = os.environ.get(ALLOW_FILE_STORE)
+        if value is not None and value.strip().lower() not in ("true", "1"):
+            return (f"loggers: 'mlflow' logs to the file store {uri}, which MLflow refuses with "
+                    f"{ALLOW_FILE_STORE}={value}; unset it or set {ALLOW_FILE_STORE}=true.")
+        return None
+    dialect = urlparse(uri).scheme.split("+")[0]
+    missing = [p for p in MLFLOW_DB_PACKAGES if importlib.util.find_spec(p) is None]
+    if dialect in MLFLOW_DB_SCHEMES and missing:
+        return (f"loggers: 'mlflow' logs to {uri} (MLFLOW_TRACKING_URI, else MLflow's default "
+                f"store), which needs {' and '.join(missing)} (mlflow-skinny lacks them): "
+                f"pip install {' '.join(missing)}, or set MLFLOW_TRACKING_URI=file:./mlruns "
+                "(a file store) or http://<host>:<port> (a tracking server).")
+    return None
+
+
+def allow_file_store(uri: str) -> None:
+    """Let MLflow 3 use the file store ``uri`` names (it refuses file stores unless
+    ``MLFLOW_ALLOW_FILE_STORE`` is true); an explicit setting of the variable is kept."""
+    if is_file_store(uri):
+        os.environ.setdefault(ALLOW_FILE_STORE, "true")

@@ -27,9 +27,11 @@ from rllib_grpo.registration import LAZY_TRAINABLES
 from rllib_grpo.rllib.config.layout import PlacementPlan
 from rllib_grpo.rllib.config.settings import (
     DERIVED_FIELDS,
+    EVALUATION_ALIASES,
     MODULE_SETTINGS,
     SETTINGS_FIELDS,
     VERL_ALIASES,
+    WHOLE_HELD_OUT_SET,
     GRPOSettings,
     canonical_dtype,
     defaults,
@@ -50,8 +52,6 @@ ALGORITHM = LAZY_TRAINABLES["GRPO"].replace(":", ".")
 # The algorithm stores its run's placement group on its (frozen) config under this name, for
 # the learner group it builds (`GRPOConfig.build_learner_group`).
 RUN_PLACEMENT_GROUP = "_run_placement_group"
-# `evaluation_duration` meaning "every held-out prompt, once" (RLlib validates an int > 0).
-WHOLE_HELD_OUT_SET = 2**31 - 1
 # RLlib's own `training()` arguments (a typo among them gets the nearest names).
 _RLLIB_TRAINING_KEYS = frozenset(inspect.signature(AlgorithmConfig.training).parameters) - {"self"}
 TEXT_SPACE = gym.spaces.Text(max_length=1 << 16, charset="".join(map(chr, range(32, 127))) + "\n")
@@ -159,20 +159,22 @@ class GRPOConfig(AlgorithmConfig, GRPOSettings):
     @override(AlgorithmConfig)
     def training(self, **kwargs: Any) -> GRPOConfig:
         """Set training fields: any GRPO setting (see `GRPOSettings`) or RLlib's own
-        (`lr`, `grad_clip`, `num_epochs`, ...).  verl's dotted names are accepted too."""
+        (`lr`, `grad_clip`, `num_epochs`, ...; and the evaluation fields by their verl-style
+        names, `EVALUATION_ALIASES`).  verl's dotted names are accepted too."""
         grpo_kwargs = {}
         for key in list(kwargs):
             name = VERL_ALIASES.get(key, key)
             if name in DERIVED_FIELDS and kwargs[key] is not NotProvided:
                 raise ValueError(derived_field_error(name))
-            if name in SETTINGS_FIELDS:
+            if name in SETTINGS_FIELDS or name in EVALUATION_ALIASES:
                 value = kwargs.pop(key)
                 grpo_kwargs[name] = canonical_dtype(value) if is_dtype_setting(name) else value
             elif name != key:
                 kwargs[name] = kwargs.pop(key)
             elif name not in _RLLIB_TRAINING_KEYS:
                 raise TypeError(f"training() got an unknown setting {key!r}." + did_you_mean(
-                    key, [*SETTINGS_FIELDS, *VERL_ALIASES, *_RLLIB_TRAINING_KEYS]))
+                    key, [*SETTINGS_FIELDS, *EVALUATION_ALIASES, *VERL_ALIASES,
+                          *_RLLIB_TRAINING_KEYS]))
         super().training(**{k: v for k, v in kwargs.items() if v is not NotProvided})
         for name, value in grpo_kwargs.items():
             if value is not NotProvided:

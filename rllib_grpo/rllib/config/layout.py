@@ -600,7 +600,7 @@ def layout_lines(c: Placement, plan: PlacementPlan,
     return lines
 
 
-def planned_transports(c: Any, plan: PlacementPlan) -> dict[int, str]:
+def planned_transports(c: Placement, plan: PlacementPlan) -> dict[int, str]:
     """The weight transport of each env runner (0: the driver's) as the run's planner
     (`rllib_grpo.weights.plan.choose_transports`) picks it for the plan's places: every
     learner's GPU on the sending side, each env runner's engine (its shards' GPUs) a

@@ -55,7 +55,6 @@ naming the settings that fix it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from rllib_grpo.models.shapes import ModelShape
 from rllib_grpo.rllib.config import learner_memory
@@ -85,6 +84,7 @@ from rllib_grpo.rllib.config.learner_memory import (
 )
 from rllib_grpo.rllib.config.settings import GRPOSettings
 from rllib_grpo.rllib.config.vision_plan import vision_memory_rows
+from rllib_grpo.weights.plan import WEIGHT_SYNC_BUCKET_BYTES
 
 GIB = 2**30
 CUDA_CONTEXT_BYTES = GIB // 2  # a process's CUDA context and kernels (~0.5 GiB)
@@ -177,7 +177,7 @@ def sync_bucket_bytes(c: GRPOSettings, shape: ModelShape) -> float:
     """What a weight sync holds on the learner: two buckets in the sampler's dtype (at most
     the whole model), and under FSDP2 one all-gathered full tensor in the master dtype."""
     sampler = DTYPE_BYTES.get(c.sampler_dtype, 4)
-    bucket = min(c.weight_sync_bucket_mb * 2**20, shape.num_params * sampler)
+    bucket = min(WEIGHT_SYNC_BUCKET_BYTES, shape.num_params * sampler)
     gathered = shape.largest_tensor * DTYPE_BYTES[c.master_weights_dtype] \
         if fsdp_shards(c) > 1 else 0.0
     return float(SYNC_BUCKETS * bucket + gathered)
@@ -283,7 +283,7 @@ class MemoryPlan:
     notes: list[str]
 
 
-def memory_plan(c: Any, shape: ModelShape | None = None) -> MemoryPlan:
+def memory_plan(c: GRPOSettings, shape: ModelShape | None = None) -> MemoryPlan:
     """The plan of a GRPO config (a `GRPOConfig`: its placement plan places the processes;
     its model's shape is read unless given)."""
     shape = shape or learner_memory.config_shape(c)
@@ -393,14 +393,13 @@ ROW_FIXES: dict[str, tuple[str, ...]] = {
         "a lower gpu_memory_utilization (sampler_memory_fraction)",),
     "sampler weights": ("the vLLM sampler, which sleeps during the update",),
     "KV cache": ("fewer sequences per generation (sampler_config max_batch_size)",),
-    "sync buckets": ("a smaller weight_sync_bucket_mb",),
 }
 # Rows that scale with the micro-batch's tokens.
 PER_TOKEN_ROWS = ("activations", "logits", "backward temporaries", "forward temporaries",
                   "vision activations")
 
 
-def memory_errors(c: Any) -> list[str]:
+def memory_errors(c: GRPOSettings) -> list[str]:
     """One error per GPU (GPUs alike: one) and phase whose processes exceed
     ``gpu_memory_gib``: the phase's largest rows and the settings that shrink them; and
     engines whose weights fill their share.  Nothing for CPU runs or a model whose shape is unknown (explain says
@@ -443,7 +442,7 @@ def memory_errors(c: Any) -> list[str]:
     return errors
 
 
-def _plans_gpus(c: Any) -> bool:
+def _plans_gpus(c: GRPOSettings) -> bool:
     return hasattr(c, "placement_plan") and (
         (c.num_gpus_per_learner or 0) > 0 or (c.num_gpus_per_env_runner or 0) > 0)
 
@@ -568,7 +567,7 @@ def _short(dtype: str) -> str:
     return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype)
 
 
-def memory_lines(c: Any) -> list[str]:
+def memory_lines(c: GRPOSettings) -> list[str]:
     """`format_plan` for `explain`, or one line saying why there is none."""
     try:
         return format_plan(memory_plan(c), c)

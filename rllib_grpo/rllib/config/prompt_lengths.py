@@ -183,7 +183,7 @@ def _measure_env(c: GRPOSettings, env_config: dict, seed: int, folder: str
     from rllib_grpo.models.vision import ImagePromptProcessor, vision_model_type
 
     # The env's own reward is not needed to measure prompts: a user's reward function is
-    # imported (and called) only in the door's child process (`door_checks`).
+    # imported (and called) only in the door's child process (`checks.reward_fn_errors`).
     no_reward = {"reward_fn": None} if "reward_fn" in env_config else {}
     try:
         tokenizer = load_tokenizer(folder)

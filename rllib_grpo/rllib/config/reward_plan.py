@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
 from rllib_grpo.models.registry import HUB_ID, WEIGHT_FILES, builtin_model_names, model_path_error
 from rllib_grpo.rewards.judge import DEFAULT_TEMPLATE, JudgeRule, template_error
@@ -155,7 +154,7 @@ def reward_plan_lines(c: GRPOSettings) -> list[str]:
     return lines
 
 
-def actor_specs(c: Any) -> list[RewardSpec]:
+def actor_specs(c: GRPOSettings) -> list[RewardSpec]:
     """The rewards that run on reward actors (reward models and local judges)."""
     try:
         specs = reward_specs(c) or []
@@ -169,7 +168,7 @@ def actor_names(prefix: str, spec: RewardSpec, num_workers: int) -> list[str]:
     return [f"{prefix}.{spec.name}.{i}" for i in range(num_workers)]
 
 
-def reward_worker_seats(c: Any) -> list[tuple[str, float]]:
+def reward_worker_seats(c: GRPOSettings) -> list[tuple[str, float]]:
     """``(label, GPUs)`` of every reward actor the run starts, in start order (the
     placement plan gives each a bundle of the run's placement group)."""
     return [(f"reward worker {spec.name}[{i}]", float(c.num_gpus_per_reward_worker))

@@ -9,8 +9,10 @@ from typing import Any
 
 import gymnasium as gym
 
+from rllib_grpo.rllib.config.settings import GRPOSettings
 
-def data_seed(config: Any) -> int:
+
+def data_seed(config: GRPOSettings) -> int:
     """The seed of the prompt order every env runner shares: ``data_seed``, else ``seed``."""
     return config.data_seed if config.data_seed is not None else (config.seed or 0)
 
@@ -19,12 +21,12 @@ def data_seed(config: Any) -> int:
 VALIDATION_SEED_OFFSET = 10_007
 
 
-def validation_env_config(config: Any) -> dict:
+def validation_env_config(config: GRPOSettings) -> dict:
     """The validation env's options: ``env_config`` overridden by ``val_env_config``."""
     return {**dict(config.env_config), **dict(config.val_env_config)}
 
 
-def make_text_env(config: Any, tokenizer: Any, seed: int, *,
+def make_text_env(config: GRPOSettings, tokenizer: Any, seed: int, *,
                   env_config: Mapping[str, Any] | None = None,
                   overrides: Mapping[str, Any] | None = None, processor: Any = None) -> gym.Env:
     """Build the configured text env (a gymnasium id or an env class) with the tokenizer

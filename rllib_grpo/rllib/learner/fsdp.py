@@ -114,6 +114,8 @@ def load_sharded_checkpoint(learner_group: LearnerGroup, path: str) -> None:
 class FSDPGRPOLearner(GRPOLearner):
     """`GRPOLearner` whose causal LMs are sharded with FSDP2 across the learners."""
 
+    _module_spec: Any  # RLlib's `Learner` attribute, swapped while the module is built
+
     @property
     def sharded(self) -> bool:
         return world_size() > 1

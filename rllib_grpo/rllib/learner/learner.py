@@ -199,8 +199,8 @@ class GRPOLearner(TorchLearner):
         if self.lr_schedule is not None:
             self.lr_schedule.step()
         lm = self.module[DEFAULT_MODULE_ID].unwrapped().lm
-        for key, value in step_metrics(self.phase_times, num_parameters(lm), peak_flops(
-                self._device, self.config.peak_tflops)).items():
+        for key, value in step_metrics(self.phase_times, num_parameters(lm),
+                                       peak_flops(self._device)).items():
             self._log(key, value)
         self._log_step_metrics()
         return self.metrics.reduce()

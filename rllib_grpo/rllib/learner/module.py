@@ -262,7 +262,8 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
     def get_state(self, components=None, *, not_components=None, inference_only=False, **kw):
         if self.lora is not None:
             return self._lora_state(inference_only)
-        if isinstance(self.lm, FSDPModule):
+        sharded = isinstance(self.lm, FSDPModule)  # a flag: FSDPModule is no nn.Module type
+        if sharded:
             from rllib_grpo.rllib.learner.distributed import gather_full_state_dict
 
             state = gather_full_state_dict(self.lm)

@@ -5,9 +5,8 @@ utilisation (``perf/mfu/actor``) and peak device memory.
 MFU follows the usual estimate: a training token costs 6 x parameters FLOPs (forward 2,
 backward 4) and an inference token (the old log-prob pass) 2 x parameters, divided by
 the device's peak.  Only real tokens count (prompt + response, no padding), so padding
-shows up as lost utilisation.  The peak comes from `GRPOConfig.peak_tflops` or, for
-known GPUs, from `PEAK_BF16_TFLOPS` by device name (dense bf16, as verl's table); on a
-CPU or an unknown device there is no MFU unless the peak is set.
+shows up as lost utilisation.  The peak of a known GPU comes from `PEAK_BF16_TFLOPS` by
+device name (dense bf16, as verl's table); on a CPU or an unknown device there is no MFU.
 """
 
 from __future__ import annotations
@@ -82,10 +81,8 @@ def critic_metrics(token_rewards: torch.Tensor, advantages: torch.Tensor,
             **value_stats("critic/returns", returns[valid])}
 
 
-def peak_flops(device: torch.device, peak_tflops: float | None = None) -> float | None:
-    """Peak FLOP/s of ``device``: the configured value, else the table's for a known GPU."""
-    if peak_tflops:
-        return float(peak_tflops) * 1e12
+def peak_flops(device: torch.device) -> float | None:
+    """Peak FLOP/s of ``device``: the table's for a known GPU, else None."""
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)

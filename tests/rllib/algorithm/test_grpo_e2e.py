@@ -32,8 +32,10 @@ def _flat(result: dict) -> dict:
     return flatten(result)
 
 
-def test_one_iteration_logs_verl_metrics_and_syncs_weights(ray_session):
-    algo = tiny_config(peak_tflops=1.0).build_algo()
+def test_one_iteration_logs_verl_metrics_and_syncs_weights(ray_session, monkeypatch):
+    # A peak for the CPU (known GPUs only have one), so that perf/mfu/actor is logged.
+    monkeypatch.setattr("rllib_grpo.rllib.learner.learner.peak_flops", lambda device: 1e12)
+    algo = tiny_config().build_algo()
     try:
         before = _learner_state(algo)
         result = _flat(algo.train())

@@ -27,7 +27,7 @@ def _warnings(caplog, flat: float, right: float, wrong: float, steps: int = 4) -
     driver = SimpleNamespace(
         metrics=_Metrics({"groups/zero_variance_frac": flat, "groups/all_right_frac": right,
                           "groups/all_wrong_frac": wrong}),
-        config=SimpleNamespace(warn_no_signal_after=3), _no_signal_streak=0)
+        _no_signal_streak=0)
     with caplog.at_level(logging.WARNING, logger="rllib_grpo.rllib.algorithm.grpo"):
         for _ in range(steps):
             GRPO._warn_if_no_signal(driver)

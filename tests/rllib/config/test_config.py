@@ -66,7 +66,6 @@ def test_valid_config_has_no_errors():
     ({"temperature": 0.0}, "temperature=0.0"),
     ({"use_dynamic_bsz": True, "max_tokens_per_micro_batch": 10}, "max_tokens_per_micro_batch=10"),
     ({"clip_ratio_c": 1.0}, "clip_ratio_c=1.0"),
-    ({"peak_tflops": 0.0}, "peak_tflops=0.0"),
     ({"token_stats": "fast"}, "token_stats='fast'"),
 ])
 def test_validation_names_field_and_fix(training, needle):
@@ -150,6 +149,48 @@ def test_fields_are_declared_for_type_checkers():
     assert c != d or c is d  # RLlib's identity equality, not the settings dataclass's
 
 
+def test_val_every_and_val_num_prompts_are_rllibs_evaluation_fields():
+    """One value under two names: setting either name is read back under the other, in
+    Python, through verl's key, in RLlib's evaluation copy and in a config dict."""
+    from rllib_grpo.rllib.config.grpo_config import GRPOConfig
+    from rllib_grpo.rllib.config.settings import WHOLE_HELD_OUT_SET
+
+    c = GRPOConfig()
+    assert (c.val_every, c.evaluation_interval) == (0, None)
+    assert (c.val_num_prompts, c.evaluation_duration) == (None, WHOLE_HELD_OUT_SET)
+    c.training(val_every=5, val_num_prompts=4)
+    assert (c.evaluation_interval, c.evaluation_duration) == (5, 4)
+    c.evaluation(evaluation_interval=3, evaluation_duration=7)
+    assert (c.val_every, c.val_num_prompts) == (3, 7)
+    assert c.get_evaluation_config_object().val_num_prompts == 7
+    c.training(val_every=-1, val_num_prompts=None)  # verl's test_freq=-1: never
+    assert (c.evaluation_interval, c.evaluation_duration) == (None, WHOLE_HELD_OUT_SET)
+    assert GRPOConfig().training(**{"trainer.test_freq": 2}).evaluation_interval == 2
+    d = GRPOConfig().update_from_dict({"val_every": 4, "val_num_prompts": 3})
+    assert (d.evaluation_interval, d.evaluation_duration) == (4, 3)
+    restored = GRPOConfig.from_state(d.get_state())
+    assert (restored.val_every, restored.val_num_prompts) == (4, 3)
+
+
+def test_the_command_line_takes_the_evaluation_aliases_and_checks_their_type():
+    from rllib_grpo.cli.config_keys import translate
+    from rllib_grpo.cli.errors import ConfigError
+
+    assert translate({"trainer.test_freq": 5, "val_num_prompts": 3}, "GRPO", "x").config == {
+        "val_every": 5, "val_num_prompts": 3}
+    with pytest.raises(ConfigError, match="val_every='5': expected int"):
+        translate({"val_every": "5"}, "GRPO", "x")
+
+
+@pytest.mark.parametrize("name", ["weight_sync_bucket_mb", "peak_tflops",
+                                  "warn_no_signal_after"])
+def test_constants_are_no_settings(name):
+    from rllib_grpo.rllib.config.grpo_config import GRPOConfig
+
+    with pytest.raises(TypeError, match=f"unknown setting '{name}'"):
+        GRPOConfig().training(**{name: 1})
+
+
 @pytest.mark.parametrize("field", ["train_batch_size", "train_batch_size_per_learner",
                                    "minibatch_size"])
 def test_derived_fields_refused_from_python(field):
@@ -171,13 +212,18 @@ def test_train_batch_size_per_learner_set_directly_is_refused():
 
 def test_configuration_doc_is_generated_from_settings():
 
-    from rllib_grpo.rllib.config.settings import SETTINGS_FIELDS, configuration_doc
+    from rllib_grpo.rllib.config.settings import (
+        EVALUATION_ALIASES,
+        SETTINGS_FIELDS,
+        configuration_doc,
+    )
 
     doc = REPO_ROOT / "docs" / "configuration.md"
     assert doc.read_text() == configuration_doc(), (
         "docs/configuration.md is stale: python -m rllib_grpo.rllib.config.settings > "
         "docs/configuration.md")
-    assert all(f"| `{name}` |" in doc.read_text() for name in SETTINGS_FIELDS)
+    assert all(f"| `{name}` |" in doc.read_text()
+               for name in [*SETTINGS_FIELDS, *EVALUATION_ALIASES])
 
 
 def test_token_stats_reaches_the_learners_module():
