@@ -4,8 +4,9 @@ A suite is a module of this package with a ``TITLE`` (one line), a ``DESCRIPTION
 measured and which ratio is the target, a few sentences) and ``run(argv) -> list[dict]``:
 it parses its own options, runs its measurement and returns the rows of its table (flat
 dicts of numbers and short strings, the same keys in every row). The harness writes
-``benchmarks/results/<suite>.json`` (the commands, the machine, the rows; a run replaces the
-suite's previous file) and regenerates ``benchmarks/README.md`` from every results file.
+``benchmarks/results/<suite>.json`` (title, description, commands, machine, rows; a run
+replaces the suite's previous file) and regenerates ``benchmarks/README.md`` from the
+results files alone.
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ def run_suite(name: str, argv: list[str], results_dir: Path = RESULTS_DIR,
     rows = module.run(argv)
     if not rows:
         raise RuntimeError(f"suite {name!r} returned no rows: nothing to record")
-    results = {"suite": name, "commands": [" ".join(["python -m benchmarks", name, *argv])],
+    results = {"suite": name, "title": module.TITLE, "description": module.DESCRIPTION.strip(),
+               "commands": [" ".join(["python -m benchmarks", name, *argv])],
                "machine": describe_machine(), "rows": rows}
     write_results(results, results_dir)
     if readme is not None:
@@ -133,8 +135,7 @@ def render_readme(all_results: list[dict[str, Any]]) -> str:
     if common:
         lines += [f"Machine (every suite unless its section says otherwise): {common}.", ""]
     for results in all_results:
-        module = suite_module(results["suite"])
-        lines += [f"## {results['suite']}: {module.TITLE}", "", module.DESCRIPTION.strip(), "",
+        lines += [f"## {results['suite']}: {results['title']}", "", results["description"], "",
                   "```bash", *results["commands"], "```", ""]
         machine = _machine_text(results["machine"])
         if machine != common:
