@@ -40,12 +40,10 @@ README_LINE_LIMIT = 150
 INTRO = """\
 # Benchmarks
 
-Every measurement is one suite of one harness: `python -m benchmarks <suite> [options]` runs
-it, writes `benchmarks/results/<suite>.json` (the command, the machine, the rows) and
-regenerates this file from all results files (`python -m benchmarks readme` regenerates it
-alone; `python -m benchmarks <suite> --help` lists a suite's options). A target is a ratio
-of two things measured in the same run on the same machine (ours against a floor, or
-against TRL), so it holds on any machine, not a figure from another day."""
+`python -m benchmarks <suite> [options]` runs one suite, writes `benchmarks/results/<suite>.json`
+and regenerates this file from the results files (`python -m benchmarks readme` only
+regenerates; `--help` after a suite lists its options). Targets are ratios of two things
+measured in the same run on the same machine: ours against a floor, or against TRL."""
 
 
 def suite_module(name: str) -> ModuleType:
@@ -107,8 +105,19 @@ def write_results(results: dict[str, Any], results_dir: Path = RESULTS_DIR) -> P
     """Write one suite's results file (replacing the suite's previous one)."""
     results_dir.mkdir(parents=True, exist_ok=True)
     path = results_dir / f"{results['suite']}.json"
-    path.write_text(json.dumps(results, indent=1) + "\n")
+    path.write_text(json.dumps(rounded(results), indent=1) + "\n")
     return path
+
+
+def rounded(value: Any) -> Any:
+    """``value`` with every float to 4 significant digits (results files stay readable)."""
+    if isinstance(value, float):
+        return float(f"{value:.4g}")
+    if isinstance(value, list):
+        return [rounded(v) for v in value]
+    if isinstance(value, dict):
+        return {k: rounded(v) for k, v in value.items()}
+    return value
 
 
 def load_results(results_dir: Path = RESULTS_DIR) -> list[dict[str, Any]]:
@@ -135,7 +144,8 @@ def render_readme(all_results: list[dict[str, Any]]) -> str:
     if common:
         lines += [f"Machine (every suite unless its section says otherwise): {common}.", ""]
     for results in all_results:
-        lines += [f"## {results['suite']}: {results['title']}", "", results["description"], "",
+        # A heading and a fenced block need no blank line around them (CommonMark).
+        lines += [f"## {results['suite']}: {results['title']}", results["description"],
                   "```bash", *results["commands"], "```", ""]
         machine = _machine_text(results["machine"])
         if machine != common:
@@ -160,13 +170,16 @@ def markdown_table(rows: list[dict[str, Any]]) -> list[str]:
     columns: list[str] = []
     for row in rows:
         columns += [key for key in row if key not in columns]
-    numeric = [all(isinstance(row.get(c), (int, float)) or row.get(c) is None for row in rows)
-               for c in columns]
+    numeric = [all(row.get(c) is None or _is_number(row[c]) for row in rows) for c in columns]
     lines = ["| " + " | ".join(columns) + " |",
              "|" + "".join("---:|" if n else "---|" for n in numeric)]
     for row in rows:
         lines.append("| " + " | ".join(_cell(row.get(c)) for c in columns) + " |")
     return lines
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _cell(value: Any) -> str:

@@ -40,10 +40,9 @@ from typing import Any
 
 TITLE = "the learner's step on CPU, variant by variant (SmolLM2-135M's shape)"
 DESCRIPTION = """
-SmolLM2-135M's shape (random weights), the demo's batch packed (32 sequences, 2 272 tokens);
-one learner step = forward + log-probs + entropy, backward, clip, AdamW; the reference pass is
-a no-grad forward. One fresh process per variant and round; the process's CPU time is the
-figure to read on a shared machine. **step CPU / fp32** is the ratio to fp32 in the same run.
+SmolLM2-135M's shape (random weights), the demo's batch packed (2 272 tokens); a step =
+forward + log-probs + entropy, backward, clip, AdamW; the reference pass a no-grad forward.
+A fresh process per variant; CPU time is the figure to read on a shared machine.
 """
 FEATURES = ("bf16", "chunked", "fused", "foreach", "fused_adamw", "compile", "product")
 VARIANTS = ("fp32", "bf16", "chunked", "fused", "foreach", "fused_adamw", "bf16+fused",

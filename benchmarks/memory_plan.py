@@ -29,11 +29,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 TITLE = "the memory plan's CPU learner peak against the measured one"
 DESCRIPTION = """
-A fresh process per workload builds the learner and runs two updates on groups that run to
-their length limits; measured = peak resident memory from just before the build, less the
-resident memory then; predicted = `memory.learner_peak` from the shape and config alone.
-`returning` gives freed blocks of 64 KiB or more back to the kernel (what the plan models);
-`kept` is the CPU default. Target: **predicted / measured** within 0.75-1.25 (`returning`).
+A fresh process builds the learner and runs two full-length updates: measured = its peak
+resident memory less the resident memory before the build; predicted = `memory.learner_peak`.
+`returning` gives freed blocks back to the kernel (what the plan models); `kept` is the CPU
+default. Target: predicted / measured within 0.75-1.25 with `returning`.
 """
 
 # name -> (model, GRPO settings).  Sizes chosen so that the learner's tensors, not the

@@ -35,10 +35,9 @@ from rllib_grpo.rewards.reward_model import SequenceClassifierReward  # noqa: E4
 
 TITLE = "reward models: in process one at a time, batched, and through the actor pool"
 DESCRIPTION = """
-The same (arithmetic prompt, answer) pairs scored (a) in process one sample at a time (a
-reward function wrapping a model), (b) in process in forward passes of 64, (c) through
-`ActorPoolReward` to one `RewardWorker` actor in env-runner batches of 64 (Ray's round trip
-included); one torch thread on every side. The ratios are measured in the same run.
+The same (prompt, answer) pairs scored in process one sample at a time (a reward function
+wrapping a model), in process in forward passes of 64, and through `ActorPoolReward` to one
+`RewardWorker` actor in batches of 64 (Ray's round trip included); one torch thread each.
 """
 
 

@@ -29,11 +29,9 @@ from typing import Any
 
 TITLE = "rollout modes: synchronous, one step off policy, continuous (K = 1, 2, 4)"
 DESCRIPTION = """
-`builtin:tiny` with vLLM on Arithmetic-v0 prompts, responses of 1-64 tokens (a long tail),
-reward = the share of digits; one remote learner, two remote env runners; each mode trains
-for a fixed wall time in a fresh algorithm, modes in turns, per-mode means of the rounds.
-**x sync** and **x one_step_off** are throughput ratios measured in the same run; the last
-columns give the mean score over the last 256 trajectories that every round reached.
+`builtin:tiny` with vLLM, responses of 1-64 tokens (a long tail), reward = share of digits;
+one remote learner, two remote env runners; each mode trains for a fixed time, modes in turns;
+per-mode means. The reward is the mean score over the last 256 trajectories.
 """
 PROMPTS, GROUP = 8, 4
 BIN = 256  # trajectories per bin of the reward curve

@@ -38,12 +38,10 @@ from benchmarks.common import (
 
 TITLE = "one synchronous GRPO step: RLlib against the same compute as a plain loop"
 DESCRIPTION = """
-The RLlib algorithm (learner and env runner in the driver) and a plain one-process loop
-(`benchmarks/direct.py`: the same sampler, log-probs, losses and AdamW step, no Ray) run the
-same workload in fresh processes, in alternating rounds. **overhead** = RLlib iteration /
-plain-loop iteration; *framework-only phases* = (plain-loop iteration + what RLlib spends
-beyond it in reward, advantages, weight sync and driver work) / plain-loop iteration,
-insensitive to the 5-15% noise of the compute phases both runs share on a busy machine.
+RLlib (learner and env runner in the driver) against the same compute as a plain loop
+(`benchmarks/direct.py`, no Ray), fresh processes in alternating rounds. **overhead** = RLlib
+iteration / plain-loop iteration; *framework-only phases* counts only what RLlib adds (reward,
+advantages, weight sync, driver work), insensitive to the noise of the shared compute.
 """
 ROLES = ("direct", "rllib")
 EXPERIMENTS = ("old-weight-sync", "item-metrics")

@@ -31,11 +31,9 @@ from typing import Any
 
 TITLE = "weight sync on each CPU path against its floor"
 DESCRIPTION = """
-Random models of SmolLM2-135M's and Qwen2.5-0.5B's shapes, the transformers sampler. Local
-(learner and env runner in the driver): the sync against `copy_` of the same tensors in
-place (target <= 2x). Remote (one env-runner actor): the shared-memory sync (`auto`)
-against a memcpy of the same bytes in one process (target <= 6x), and against Ray's object
-store. Medians of rounds in which every path runs once, in turns.
+Random models of SmolLM2-135M's and Qwen2.5-0.5B's shapes, the transformers sampler, each path
+once per round in turns (medians). Targets: the local sync <= 2x `copy_` of the same tensors in
+place; the remote sync through shared memory <= 6x a memcpy of the same bytes.
 """
 SHAPES = ("smollm2", "qwen05b")
 SMOLLM2_SHAPE: dict[str, Any] = {  # HuggingFaceTB/SmolLM2-135M's config.json
