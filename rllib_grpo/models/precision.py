@@ -37,7 +37,7 @@ def cpu_has_bf16_matmul(cpuinfo: str = "/proc/cpuinfo") -> bool:
 
     Only there does bf16 compute pay on CPU: on SmolLM2-135M's learner step (1 thread,
     avx512_bf16, no AMX) bf16 autocast took 17 s of CPU time against fp32's 26 s
-    (benchmarks/learner_speed.py); without such instructions bf16 is emulated and slower.
+    (benchmarks/learner.py); without such instructions bf16 is emulated and slower.
     """
     try:
         with open(cpuinfo, encoding="utf-8", errors="replace") as f:

@@ -111,7 +111,7 @@ class GRPOSettings(RewardSettings):
         "float32 log-softmax over all response logits under autograd. The same "
         "values to float32 rounding. On CPU at SmolLM2-135M's shape (49k vocabulary, ~1k "
         "response tokens) 'fused' saved ~200 MB and 6% of the forward + backward "
-        "(benchmarks/learner_alternating.py), though alone the fused head was slower than "
+        "(benchmarks/learner.py), though alone the fused head was slower than "
         "the unchunked one (its backward recomputes the logits).")
     gpu_memory_gib: float = knob(
         79.2, "GiB", "Memory of one GPU as CUDA reports it (torch.cuda.mem_get_info's "

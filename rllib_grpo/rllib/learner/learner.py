@@ -89,7 +89,7 @@ def adamw_implementation(params: list[torch.Tensor]) -> dict[str, bool]:
     """``fused=True`` where torch has a fused AdamW kernel for every parameter (floating
     point, on CPU or CUDA), else torch's default.  On CPU torch's default is the for-loop:
     one AdamW step of SmolLM2-135M took 1.13 s of CPU time there, 0.94 s with foreach and
-    0.14 s fused (benchmarks/learner_speed.py)."""
+    0.14 s fused (benchmarks/learner.py)."""
     fused = bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda")
                                  for p in params)
     return {"fused": True} if fused else {}
