@@ -56,7 +56,8 @@ TINY_SHAPE = dict(SMOLLM2_SHAPE, num_hidden_layers=2, vocab_size=4096, hidden_si
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks learner",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--threads", default="1,2")
     p.add_argument("--rounds", type=int, default=3, help="fresh processes per variant")
@@ -113,8 +114,8 @@ def run_one(name: str, threads: int, args: argparse.Namespace) -> dict[str, Any]
     reference.load_state_dict(policy.state_dict())
     if "bf16" in features:
         reference = reference.to(torch.bfloat16)
-    batch = _batch(args.sequences, shape["vocab_size"])
-    optim_kwargs = {"foreach": True} if "foreach" in features else \
+    batch = _batch(args.sequences, int(shape["vocab_size"]))
+    optim_kwargs: dict[str, Any] = {"foreach": True} if "foreach" in features else \
         {"fused": True} if "fused_adamw" in features else {}
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6, weight_decay=0.01, **optim_kwargs)
     autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if "bf16" in features \

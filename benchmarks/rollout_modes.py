@@ -129,9 +129,9 @@ def mode_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def mean_rows(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Per-mode means over several runs (each a list of rows; modes in any order)."""
     by_mode: dict[str, list[dict[str, Any]]] = {}
-    for rows in runs:
-        for row in rows:
-            by_mode.setdefault(row["mode"], []).append(row)
+    for run_rows in runs:
+        for run_row in run_rows:
+            by_mode.setdefault(run_row["mode"], []).append(run_row)
     means = []
     for mode in (m for m in MODES if m in by_mode):
         rows = by_mode[mode]

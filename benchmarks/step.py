@@ -45,13 +45,14 @@ advantages, weight sync, driver work), insensitive to the noise of the shared co
 """
 ROLES = ("direct", "rllib")
 EXPERIMENTS = ("old-weight-sync", "item-metrics")
-GPU_QWEN05B = {"model": "builtin:qwen05b-shape", "device": "cuda", "dtype": "bfloat16",
+GPU_QWEN05B: dict[str, Any] = {"model": "builtin:qwen05b-shape", "device": "cuda", "dtype": "bfloat16",
                "sampler": "vllm", "prompts": 64, "group_size": 8, "response_length": 256,
                "micro_batch_size": 64, "threads": 8}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks step",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None,
                    help="builtin:tiny (default) | builtin:10m | smollm2-135m | a model folder")
     p.add_argument("--prompts", type=int, default=None, help="prompts per iteration (8)")
@@ -98,7 +99,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def workload_from_args(args: argparse.Namespace) -> Workload:
     """The workload the flags describe (``--gpu-qwen05b`` fills what they leave unset)."""
-    preset = dict(GPU_QWEN05B) if args.gpu_qwen05b else {}
+    preset: dict[str, Any] = dict(GPU_QWEN05B) if args.gpu_qwen05b else {}
     chosen = {"model": args.model, "prompts": args.prompts, "group_size": args.group_size,
               "response_length": args.response_length, "sampler": args.sampler,
               "micro_batch_size": args.micro_batch_size, "threads": args.threads}
@@ -286,7 +287,7 @@ def format_table(report: dict) -> str:
     """The report as a fixed-width text table."""
     rl = report.get("rllib", {}).get("mean")
     direct = report.get("direct", {}).get("mean")
-    run = report.get("rllib") or report.get("direct")
+    run = report.get("rllib") or report["direct"]
     lines = [_header(report["workload"], run, rl or direct)]
     for row in _table_rows(rl, direct):
         lines.append(f"{row[0]:<40}" + "".join(f"{cell:>12}" for cell in row[1:]))
