@@ -56,9 +56,9 @@ def test_every_phase_is_timed_and_positive(suite_run):
 
 def test_each_probed_phase_fits_inside_the_span_that_contains_it(suite_run):
     """The probes time nested spans independently (generate and score inside sampling,
-    the learner's passes inside its update call, the step inside train()): a phase counted
-    twice, or a probe on the wrong function, leaves an outer span shorter than its parts,
-    i.e. a negative remainder. Overhead parts under a millisecond are clock noise."""
+    the learner's passes inside its update call, the step inside train()), so each part of
+    the driver overhead (outer span less the spans inside it) is non-negative up to float
+    rounding; a phase counted twice, or time put in the wrong span, makes one negative."""
     runs = suite_run["runs"]
     for run in ("rllib", "direct"):
         for record in runs[run]["records"]:
@@ -66,7 +66,7 @@ def test_each_probed_phase_fits_inside_the_span_that_contains_it(suite_run):
             assert 0 < listed <= record["iteration"], run
     for record in runs["rllib"]["records"]:
         for part in OVERHEAD_PARTS:
-            assert record[part] >= -1e-3, (part, record[part])
+            assert record[part] >= -1e-9, (part, record[part])
 
 
 def test_responses_run_to_the_fixed_length_and_overhead_is_sane(suite_run):
