@@ -43,7 +43,7 @@ INTRO = """\
 `python -m benchmarks <suite> [options]` runs one suite, writes `benchmarks/results/<suite>.json`
 and regenerates this file from the results files (`python -m benchmarks readme` only
 regenerates; `--help` after a suite lists its options). Targets are ratios of two things
-measured in the same run on the same machine: ours against a floor, or against TRL."""
+measured in the same run on the same machine: ours against a floor, a prediction or TRL."""
 
 
 def suite_module(name: str) -> ModuleType:
