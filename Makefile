@@ -76,15 +76,17 @@ test-slow: $(STAMP)
 docs: $(STAMP)
 	$(PY) -m rllib_grpo.rllib.config.settings > docs/configuration.md
 
+# One benchmark suite (benchmarks/README.md), e.g. make bench SUITE=weight_sync BENCH_ARGS="--reps 3".
+SUITE ?= step
+BENCH_ARGS ?=
 bench: $(STAMP)
-	$(PY) -m benchmarks.harness
+	$(PY) -m benchmarks $(SUITE) $(BENCH_ARGS)
 
-# Side by side with TRL 1.16's GRPOTrainer (benchmarks/README.md).  TRL goes into its own
-# benchmarks/.venv-trl (created on first use), never into $(VENV).  Arguments: BENCH_TRL_ARGS,
-# e.g. make bench-trl BENCH_TRL_ARGS="--workload smollm2 --beta 0.04 --rounds 3".
+# The suite side by side with TRL's GRPOTrainer.  TRL goes into its own benchmarks/.venv-trl
+# (created on first use), never into $(VENV).
 BENCH_TRL_ARGS ?= --workload 5m7 --beta 0 0.04 --rounds 3
 bench-trl: $(STAMP)
-	$(PY) -m benchmarks.trl_side_by_side $(BENCH_TRL_ARGS)
+	$(PY) -m benchmarks trl $(BENCH_TRL_ARGS)
 
 clean:
 	rm -rf $(VENV) benchmarks/.venv-trl build *.egg-info .pytest_cache demo_output demo_real_output

@@ -1,4 +1,5 @@
-"""Benchmarks: where a GRPO iteration's time goes, and how it compares with a plain loop.
+"""Benchmarks: one harness, one module per suite (``python -m benchmarks --list``).
 
-``python -m benchmarks.harness --help`` (or ``make bench``); see ``benchmarks/README.md``.
+``python -m benchmarks <suite> [options]`` runs a suite, writes ``benchmarks/results/<suite>.json``
+and regenerates ``benchmarks/README.md`` (`benchmarks.harness`).
 """

@@ -1,8 +1,8 @@
-"""Time from process start to the first GRPO training step, and the process tree's size,
-as a new user meets them.
+"""Suite ``startup``: time from process start to the first GRPO training step, and the
+process tree's size, as a new user meets them.
 
-    python -m benchmarks.startup [--sampler vllm|hf] [--runs 3] [--src DIR] [--json out.json]
-                                 [--user-reward]
+    python -m benchmarks startup [--samplers vllm hf] [--rewards builtin user] [--runs 3]
+                                 [--src DIR]
 
 Each run is a fresh process running the demo (`python -m rllib_grpo.demo --iterations 2`)
 with `GRPO.training_step` wrapped from outside, so the same probe measures any version of
@@ -19,10 +19,10 @@ checkout).  Per run it records
   counts a page shared by n processes as 1/n in each, so forks are not counted twice;
 * the package's own start-up breakdown (``timing_s/startup/<part>``) when it reports one.
 
-``--user-reward`` scores with `user_arithmetic`, a reward function outside the package
+``--rewards user`` scores with `user_arithmetic`, a reward function outside the package
 (user code: it runs in killable reward worker processes), instead of the built-in one.
 
-It prints the medians over ``--runs`` processes.  Timings on a shared machine vary: run
+The rows are the medians over ``--runs`` processes.  Timings on a shared machine vary: run
 the versions you compare back to back.
 """
 
@@ -40,6 +40,13 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+
+TITLE = "start-up: process start to the first step, and the process tree"
+DESCRIPTION = """
+Fresh processes run the demo (`python -m rllib_grpo.demo --iterations 2`) with the steps timed
+from outside; the process tree is sampled every 0.25 s (PSS counts a page shared by n processes
+1/n in each). Suite `trl` compares the time to the first step with TRL's.
+"""
 
 MARKER = "STARTUP_PROBE "
 # A file path, so that any ``--src`` tree finds it.
@@ -158,35 +165,35 @@ NUMBERS = ("startup", "first_step", "second_step", "first_step_done", "max_proce
            "max_rss_gb", "max_pss_gb")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sampler", default="vllm", choices=["vllm", "hf"])
-    parser.add_argument("--runs", type=int, default=3)
+def run(argv: list[str]) -> list[dict[str, Any]]:
+    """``--runs`` fresh demo processes per (sampler, reward); one row of medians each."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks startup",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--samplers", nargs="+", default=["vllm", "hf"], choices=["vllm", "hf"])
+    parser.add_argument("--rewards", nargs="+", default=["builtin", "user"],
+                        choices=["builtin", "user"],
+                        help="user: score with user_arithmetic (user code: reward processes)")
+    parser.add_argument("--runs", type=int, default=3, help="processes per (sampler, reward)")
     parser.add_argument("--src", default=None, help="source tree to measure (default: "
                         "the installed / PYTHONPATH package)")
-    parser.add_argument("--user-reward", action="store_true",
-                        help="score with user_arithmetic (user code: reward processes)")
-    parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    records = []
+    records: dict[tuple[str, str], list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="rllib_grpo_startup_") as tmp:
-        for i in range(args.runs):
-            record = run_once(args.sampler, args.src, Path(tmp) / f"run{i}", args.user_reward)
-            records.append(record)
-            print(f"run {i + 1}: " + "  ".join(f"{k} {record[k]:.2f}" for k in NUMBERS)
-                  + f"  processes {record['processes']}  PSS GB {record['pss_gb_by_name']}"
-                  + f"  parts { {k: round(v, 1) for k, v in record['parts'].items()} }",
-                  flush=True)
-    medians = {key: statistics.median(r[key] for r in records) for key in NUMBERS}
-    print(f"median of {len(records)} ({args.sampler}): "
-          + "  ".join(f"{k} {v:.2f}" for k, v in medians.items())
-          + f"  (load average {os.getloadavg()[0]:.1f})")
-    if args.json:
-        Path(args.json).write_text(json.dumps(
-            {"sampler": args.sampler, "src": args.src, "user_reward": args.user_reward,
-             "load_average": os.getloadavg(), "runs": records, "median": medians}, indent=2))
-    return 0
+        for i in range(args.runs):  # the combinations in turns, so load drift hits all alike
+            for sampler in args.samplers:
+                for reward in args.rewards:
+                    record = run_once(sampler, args.src, Path(tmp) / f"{sampler}-{reward}-{i}",
+                                      reward == "user")
+                    records.setdefault((sampler, reward), []).append(record)
+                    print(f"{sampler}, {reward} reward, run {i + 1}: "
+                          + "  ".join(f"{k} {record[k]:.2f}" for k in NUMBERS), flush=True)
+    return [median_row(sampler, reward, runs) for (sampler, reward), runs in records.items()]
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def median_row(sampler: str, reward: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The medians of one (sampler, reward)'s runs."""
+    median = {key: statistics.median(r[key] for r in runs) for key in NUMBERS}
+    return {"sampler": sampler, "reward": reward, "runs": len(runs),
+            "start -> first step s": median["startup"], "first step s": median["first_step"],
+            "second step s": median["second_step"], "processes": median["max_processes"],
+            "tree PSS GB": median["max_pss_gb"], "tree RSS GB": median["max_rss_gb"]}

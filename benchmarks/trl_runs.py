@@ -1,4 +1,4 @@
-"""The measured processes of `benchmarks.trl_side_by_side`: TRL's GRPOTrainer and ours.
+"""The measured processes of `benchmarks.trl`: TRL's GRPOTrainer and ours.
 
     python -m benchmarks.trl_runs --system trl|vllm|hf --spec JSON --spawn-ts T --out PATH
 
@@ -6,7 +6,7 @@ Each run is a fresh process doing the same workload (`SideBySideSpec`): the same
 folder, the same ``rllib_grpo/Arithmetic-v0`` prompts, the same reward function
 (`rllib_grpo.rewards.score_arithmetic`), ``prompts x group_size`` responses of exactly
 ``max_new_tokens`` tokens (the model has no end-of-sequence token, as in
-`benchmarks.harness`; ``fixed_length=False`` keeps it), temperature 1, fp32 (``precision="bf16"``:
+`benchmarks.step`; ``fixed_length=False`` keeps it), temperature 1, fp32 (``precision="bf16"``:
 bf16 compute over fp32 master weights), KL coefficient ``beta`` (0: no reference
 model), AdamW at ``lr``, one optimizer step per generation batch, ``threads`` torch
 threads.  ``trl`` runs under the benchmark's own Python (``benchmarks/.venv-trl``, which

@@ -1,9 +1,9 @@
-"""Weight-sync benchmark: GRPO's weight sync on each CPU path against the physical floors,
+"""Suite ``weight_sync``: GRPO's weight sync on each CPU path against the physical floors,
 measured in one run, on random models shaped like SmolLM2-135M and Qwen2.5-0.5B (built
 from their configs: nothing is downloaded).
 
-    python -m benchmarks.weight_sync                       # both shapes
-    python -m benchmarks.weight_sync --shapes smollm2 --reps 3 --json out.json
+    python -m benchmarks weight_sync                       # both shapes
+    python -m benchmarks weight_sync --shapes smollm2 --reps 3
 
 For each shape, with the transformers sampler (it copies into its live parameters):
 
@@ -29,6 +29,12 @@ import statistics
 import time
 from typing import Any
 
+TITLE = "weight sync on each CPU path against its floor"
+DESCRIPTION = """
+Random models of SmolLM2-135M's and Qwen2.5-0.5B's shapes, the transformers sampler, each path
+once per round in turns (medians). Targets: the local sync <= 2x `copy_` of the same tensors in
+place; the remote sync through shared memory <= 6x a memcpy of the same bytes.
+"""
 SHAPES = ("smollm2", "qwen05b")
 SMOLLM2_SHAPE: dict[str, Any] = {  # HuggingFaceTB/SmolLM2-135M's config.json
     "version": 1, "seed": 0, "vocab_size": 49_152, "hidden_size": 576, "intermediate_size": 1536,
@@ -161,30 +167,23 @@ def ratios(r: dict[str, float]) -> dict[str, float]:
     }
 
 
-def format_table(results: dict[str, dict]) -> str:
-    shapes = list(results)
-    rows = ["| | " + " | ".join(shapes) + " |", "|---|" + "---:|" * len(shapes)]
-
-    def row(label: str, cell: Any) -> None:
-        rows.append(f"| {label} | " + " | ".join(cell(results[s]) for s in shapes) + " |")
-
-    row("bytes per sync (one runner)", lambda r: f"{r['shm_bytes'] / 2**20:.0f} MiB "
-        f"({r['dtype']})")
-    for key, label in (("local_sync_s", "local sync"), ("copy_in_place_s", "copy_ in place"),
-                       ("shm_sync_s", "remote sync, shm (auto)"),
-                       ("object_store_sync_s", "remote sync, object store"),
-                       ("memcpy_s", "memcpy, 1 process")):
-        row(label, lambda r, k=key: f"{r[k] * 1000:.0f} ms")
-    for name in ratios(next(iter(results.values()))["measured"]):
-        row(f"**{name}**", lambda r, n=name: f"**{ratios(r['measured'])[n]:.2f}x**")
-    return "\n".join(rows)
+def shape_row(shape: str, dtype: str, r: dict[str, float]) -> dict[str, Any]:
+    """One shape's row: each path's milliseconds and the ratios to their floors."""
+    row: dict[str, Any] = {"shape": shape, "dtype": dtype,
+                           "MiB per sync": round(r["shm_bytes"] / 2**20)}
+    for key, label in (("local_sync_s", "local ms"), ("copy_in_place_s", "copy_ in place ms"),
+                       ("shm_sync_s", "shm ms"), ("object_store_sync_s", "object store ms"),
+                       ("memcpy_s", "memcpy ms")):
+        row[label] = r[key] * 1000
+    return {**row, **ratios(r)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def run(argv: list[str]) -> list[dict[str, Any]]:
+    """Both paths of every shape, against their floors; one row per shape."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks weight_sync",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", nargs="+", choices=SHAPES, default=list(SHAPES))
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # the actors inherit it
     import ray
@@ -193,24 +192,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              object_store_memory=3 * 2**30)
-    results: dict[str, dict] = {}
+    rows = []
     try:
         for shape in args.shapes:
             folder, dtype = _model_folder(shape), DTYPES[shape]
             measured = {**measure_local(folder, dtype, args.reps),
                         **measure_remote(folder, dtype, args.reps)}
-            results[shape] = {**measured, "dtype": dtype, "measured": measured,
-                              "ratios": ratios(measured)}
-            print(json.dumps({shape: results[shape]["ratios"]}), flush=True)
+            rows.append(shape_row(shape, dtype, measured))
+            print(json.dumps(rows[-1]), flush=True)
     finally:
         ray.shutdown()
-    print(format_table(results))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"results": results, "reps": args.reps,
-                       "load_at_end": os.getloadavg()[0]}, f, indent=2, default=str)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return rows

@@ -4,7 +4,7 @@
   10 layers, 8 heads of 32, 4 KV heads, MLP 1024), randomly initialised;
 * ``builtin:qwen2-5m7``: a 5.71M-parameter Qwen2 (``qwen2`` model type, with its q/k/v
   biases) over the character tokenizer (hidden 256, 8 layers, 4 heads of 64, 2 KV heads,
-  MLP 672), randomly initialised: the small model of `benchmarks.trl_side_by_side`;
+  MLP 672), randomly initialised: the small model of `benchmarks.trl`;
 * ``builtin:qwen05b-shape``: a randomly initialised model with the shapes of
   Qwen2.5-0.5B (hidden 896, 24 layers, 14 heads of 64, 2 KV heads, MLP 4864,
   vocabulary 151,936, tied embeddings) for GPU runs.  It uses the ``llama`` model

@@ -175,7 +175,7 @@ def test_offloaded_reference_visits_the_device_once_per_pass(monkeypatch):
 
 def test_the_learner_steps_with_torchs_fused_adamw_on_cpu():
     """torch's default AdamW on CPU is its for-loop: a SmolLM2-135M step took 1.13 s of CPU
-    time, the fused kernel 0.14 s (benchmarks/learner_speed.py)."""
+    time, the fused kernel 0.14 s (benchmarks/learner.py)."""
     from ray.rllib.core import DEFAULT_MODULE_ID
 
     from rllib_grpo.rllib.config.grpo_config import TEXT_SPACE

@@ -1,10 +1,8 @@
-"""Continuous rollouts against the synchronous loop and one step off policy, on a long-tail
-workload, modes in turns in one run (docs/async.md, "Continuous rollouts: measured").
+"""Suite ``rollout_modes``: continuous rollouts against the synchronous loop and one step off
+policy, on a long-tail workload, modes in turns in one run (docs/async.md).
 
-    python -m benchmarks.continuous_grpo                       # 5 modes x 90 s
-    python -m benchmarks.continuous_grpo --seconds 60 --json benchmarks/results/continuous_grpo.json
-    python -m benchmarks.continuous_grpo --modes continuous_k4 ... sync --json run2.json
-    python -m benchmarks.continuous_grpo --combine run1.json run2.json   # per-mode means
+    python -m benchmarks rollout_modes                         # 2 rounds x 5 modes x 90 s
+    python -m benchmarks rollout_modes --seconds 60 --modes sync one_step_off --rounds 1
 
 Workload: Arithmetic-v0 prompts, ``builtin:tiny`` (random weights, so its responses end at
 a random EOS: lengths spread over 1-64 tokens, max_response_length=64), vLLM sampler, 8
@@ -29,6 +27,12 @@ import statistics
 import time
 from typing import Any
 
+TITLE = "rollout modes: synchronous, one step off policy, continuous (K = 1, 2, 4)"
+DESCRIPTION = """
+`builtin:tiny` with vLLM, responses of 1-64 tokens (a long tail), reward = share of digits;
+one remote learner, two remote env runners; each mode trains for a fixed time, modes in turns;
+per-mode means. The reward is the mean score over the last 256 trajectories.
+"""
 PROMPTS, GROUP = 8, 4
 BIN = 256  # trajectories per bin of the reward curve
 ASYNC = {"rollout_is": "token"}
@@ -53,7 +57,7 @@ def build(mode: str, seed: int = 0) -> Any:
 
     config = (GRPOConfig()
               .environment("rllib_grpo/Arithmetic-v0", env_config={
-                  "max_operand": 4, "reward_fn": "benchmarks.continuous_grpo:digit_share"})
+                  "max_operand": 4, "reward_fn": "benchmarks.rollout_modes:digit_share"})
               .training(model_path="builtin:tiny", prompts_per_step=PROMPTS, group_size=GROUP,
                         max_prompt_length=16, max_response_length=64, lr=1e-3,
                         sampler="vllm", **MODES[mode])
@@ -104,39 +108,30 @@ def run_modes(seconds: float, modes: list[str]) -> list[dict[str, Any]]:
     return rows
 
 
-def format_table(rows: list[dict[str, Any]]) -> str:
-    """Throughput, idle shares and lengths per mode, and ratios to sync / one_step_off."""
+def mode_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The table: throughput and its ratios to sync / one_step_off, idle shares, lengths."""
     base = {r["mode"]: r["trajectories_per_min"] for r in rows}
-    tokens = {r["mode"]: r["trajectories_per_min"] * r["response_length_mean"] for r in rows}
-    lines = ["| mode | trajectories / min | x sync | x one_step_off | response tokens / min | "
-             "x sync | learner idle | sampler idle | response length mean | max staleness |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    table = []
     for r in rows:
         tpm = r["trajectories_per_min"]
-        x_sync, x_off = (f"{tpm / base[m]:.2f}x" if base.get(m) else "-"
-                         for m in ("sync", "one_step_off"))
-        tok = tokens[r["mode"]]
-        tok_sync = f"{tok / tokens['sync']:.2f}x" if tokens.get("sync") else "-"
-        lines.append(f"| {r['mode']} | {tpm:.0f} | {x_sync} | {x_off} | {tok:.0f} | {tok_sync} | "
-                     f"{r['learner_idle_frac']:.2f} | {r['sampler_idle_frac']:.2f} | "
-                     f"{r['response_length_mean']:.1f} | {r['staleness_max']:g} |")
-    lines += ["", f"Reward per trajectory (mean score) per {BIN} trajectories seen:", "",
-              "| trajectories | " + " | ".join(r["mode"] for r in rows) + " |",
-              "|---|" + "---|" * len(rows)]
-    longest = max(len(r["reward_curve"]) for r in rows)
-    for i in range(longest):
-        cells = [f"{r['reward_curve'][i]:.3f}" if i < len(r["reward_curve"]) else ""
-                 for r in rows]
-        lines.append(f"| {i * BIN + 1}-{(i + 1) * BIN} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        table.append({
+            "mode": r["mode"], "trajectories / min": tpm,
+            "x sync": tpm / base["sync"] if base.get("sync") else None,
+            "x one_step_off": tpm / base["one_step_off"] if base.get("one_step_off") else None,
+            "learner idle": r["learner_idle_frac"], "sampler idle": r["sampler_idle_frac"],
+            "response length": r["response_length_mean"], "max staleness": r["staleness_max"],
+            "reward, last bin": r["reward_curve"][-1] if r["reward_curve"] else None,
+            "trajectories seen": BIN * len(r["reward_curve"]),
+        })
+    return table
 
 
 def mean_rows(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Per-mode means over several runs (each a list of rows; modes in any order)."""
     by_mode: dict[str, list[dict[str, Any]]] = {}
-    for rows in runs:
-        for row in rows:
-            by_mode.setdefault(row["mode"], []).append(row)
+    for run_rows in runs:
+        for run_row in run_rows:
+            by_mode.setdefault(run_row["mode"], []).append(run_row)
     means = []
     for mode in (m for m in MODES if m in by_mode):
         rows = by_mode[mode]
@@ -152,36 +147,23 @@ def mean_rows(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return means
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run(argv: list[str]) -> list[dict[str, Any]]:
+    """Every mode for a fixed time, ``--rounds`` times in rotated orders; per-mode means."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks rollout_modes",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=90.0)
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
-    parser.add_argument("--json", default=None)
-    parser.add_argument("--combine", nargs="+", default=None, metavar="JSON",
-                        help="print the per-mode means of earlier --json runs, run nothing")
-    args = parser.parse_args()
-    if args.combine:
-        runs = []
-        for path in args.combine:
-            with open(path) as file:
-                runs.append(json.load(file)["rows"])
-        print(format_table(mean_rows(runs)))
-        return
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="runs of every mode, each round in another order")
+    args = parser.parse_args(argv)
     import ray
 
     load = os.getloadavg()
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    rows = run_modes(args.seconds, args.modes)
-    ray.shutdown()
-    table = format_table(rows)
-    print(f"load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; at end: "
-          + " ".join(f"{x:.2f}" for x in os.getloadavg()))
-    print(table)
-    if args.json:
-        with open(args.json, "w") as file:
-            json.dump({"seconds": args.seconds, "load_start": load, "load_end": os.getloadavg(),
-                       "rows": rows}, file, indent=1)
-
-
-if __name__ == "__main__":
-    main()
+    try:
+        runs = [run_modes(args.seconds, args.modes[i:] + args.modes[:i])
+                for i in range(args.rounds)]
+    finally:
+        ray.shutdown()
+    print(f"load average at start: {load[0]:.2f}; at end: {os.getloadavg()[0]:.2f}")
+    return mode_rows(mean_rows(runs))

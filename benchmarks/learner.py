@@ -1,8 +1,8 @@
-"""The learner's compute on CPU, variant by variant: forward + log-probs + entropy, backward,
-AdamW step (one learner step), and the no-grad reference forward.
+"""Suite ``learner``: the learner's compute on CPU, variant by variant: forward + log-probs +
+entropy, backward, AdamW step (one learner step), and the no-grad reference forward.
 
-    python -m benchmarks.learner_speed [--variants fp32,bf16,...] [--threads 1,2]
-        [--rounds 3] [--steps 4] [--json out.json]
+    python -m benchmarks learner [--variants fp32,bf16,...] [--threads 1,2]
+        [--rounds 3] [--steps 4]
 
 The model has SmolLM2-135M-Instruct's shape (random weights, built in code: vocabulary
 49152, 30 layers, hidden 576, tied embeddings) unless ``--tiny``; the batch is the demo's,
@@ -38,6 +38,12 @@ import sys
 import time
 from typing import Any
 
+TITLE = "the learner's step on CPU, variant by variant (SmolLM2-135M's shape)"
+DESCRIPTION = """
+SmolLM2-135M's shape (random weights), the demo's batch packed (2 272 tokens); a step =
+forward + log-probs + entropy, backward, clip, AdamW; the reference pass a no-grad forward.
+A fresh process per variant; CPU time is the figure to read on a shared machine.
+"""
 FEATURES = ("bf16", "chunked", "fused", "foreach", "fused_adamw", "compile", "product")
 VARIANTS = ("fp32", "bf16", "chunked", "fused", "foreach", "fused_adamw", "bf16+fused",
             "fused+fused_adamw", "bf16+fused+fused_adamw", "compile")
@@ -50,14 +56,14 @@ TINY_SHAPE = dict(SMOLLM2_SHAPE, num_hidden_layers=2, vocab_size=4096, hidden_si
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks learner",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--threads", default="1,2")
     p.add_argument("--rounds", type=int, default=3, help="fresh processes per variant")
     p.add_argument("--steps", type=int, default=4, help="timed steps per process (after 1)")
     p.add_argument("--sequences", type=int, default=32)
     p.add_argument("--tiny", action="store_true", help="a 2-layer model (a smoke test)")
-    p.add_argument("--json", default=None)
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # variant:threads, child
     return p.parse_args(argv)
 
@@ -108,8 +114,8 @@ def run_one(name: str, threads: int, args: argparse.Namespace) -> dict[str, Any]
     reference.load_state_dict(policy.state_dict())
     if "bf16" in features:
         reference = reference.to(torch.bfloat16)
-    batch = _batch(args.sequences, shape["vocab_size"])
-    optim_kwargs = {"foreach": True} if "foreach" in features else \
+    batch = _batch(args.sequences, int(shape["vocab_size"]))
+    optim_kwargs: dict[str, Any] = {"foreach": True} if "foreach" in features else \
         {"fused": True} if "fused_adamw" in features else {}
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6, weight_decay=0.01, **optim_kwargs)
     autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if "bf16" in features \
@@ -158,55 +164,66 @@ def run_one(name: str, threads: int, args: argparse.Namespace) -> dict[str, Any]
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-def main(argv: list[str] | None = None) -> None:
+def run(argv: list[str]) -> list[dict[str, Any]]:
+    """Every (variant, threads) in fresh processes, in rounds; one row per pair."""
     args = parse_args(argv)
-    if args.one:
-        name, threads = args.one.rsplit(":", 1)
-        print("RESULT " + json.dumps(run_one(name, int(threads), args)), flush=True)
-        return
     variants = [v for v in args.variants.split(",") if v]
     thread_counts = [int(t) for t in args.threads.split(",")]
     results: dict[str, dict[str, Any]] = {}
     load = [os.getloadavg()[0]]
-    child = [a for a in (argv if argv is not None else sys.argv[1:])]
     for _ in range(args.rounds):
         for threads in thread_counts:
             for name in variants:
-                env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-                proc = subprocess.run(
-                    [sys.executable, "-m", "benchmarks.learner_speed", *child,
-                     "--one", f"{name}:{threads}"],
-                    capture_output=True, text=True, env=env, check=False)
-                lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-                if proc.returncode or not lines:
-                    raise SystemExit(f"{name} ({threads} threads) failed:\n{proc.stderr[-3000:]}")
-                one = json.loads(lines[-1][len("RESULT "):])
+                one = _run_fresh(name, threads, argv)
                 print(f"{name}:{threads} step {one['step_s']} cpu {one['step_cpu_s']} "
                       f"ref {one['ref_s']} rss {one['peak_rss_mb']:.0f}", flush=True)
-                key = f"{name}:{threads}"
-                agg = results.setdefault(key, {"variant": name, "threads": threads, "step_s": [],
-                                               "ref_s": [], "step_cpu_s": [], "ref_cpu_s": [],
-                                               "peak_rss_mb": 0.0, "compile_s": []})
+                agg = results.setdefault(f"{name}:{threads}", {
+                    "variant": name, "threads": threads, "step_s": [], "ref_s": [],
+                    "step_cpu_s": [], "ref_cpu_s": [], "peak_rss_mb": 0.0})
                 for k in ("step_s", "ref_s", "step_cpu_s", "ref_cpu_s"):
                     agg[k] += one[k]
-                agg["compile_s"].append(one["compile_s"])
                 agg["peak_rss_mb"] = max(agg["peak_rss_mb"], one["peak_rss_mb"])
-                agg["tokens"] = one["tokens"]
+                if "compile" in name.split("+"):
+                    agg.setdefault("compile_s", []).append(one["compile_s"])
                 load.append(os.getloadavg()[0])
     print(f"load average (1 min) during the run: min {min(load):.2f} max {max(load):.2f}")
-    print(f"{'variant':28} {'thr':>3} {'step s':>8} {'ref s':>7} {'step cpu':>9} "
-          f"{'ref cpu':>8} {'peak RSS MB':>12} {'compile s':>10}")
-    for agg in results.values():
-        for k in ("step_s", "ref_s", "step_cpu_s", "ref_cpu_s"):
-            agg[k.replace("_s", "_median_s")] = statistics.median(agg[k])
-        compile_s = statistics.median(agg["compile_s"])
-        print(f"{agg['variant']:28} {agg['threads']:>3} {agg['step_median_s']:>8.3f} "
-              f"{agg['ref_median_s']:>7.3f} {agg['step_cpu_median_s']:>9.3f} "
-              f"{agg['ref_cpu_median_s']:>8.3f} {agg['peak_rss_mb']:>12.0f} "
-              f"{compile_s if compile_s else '':>10}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"load_1min": load, "results": list(results.values())}, f, indent=1)
+    return variant_rows(list(results.values()))
+
+
+def _run_fresh(name: str, threads: int, argv: list[str]) -> dict[str, Any]:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.learner", *argv,
+                           "--one", f"{name}:{threads}"],
+                          capture_output=True, text=True, env=env, check=False)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    if proc.returncode or not lines:
+        raise SystemExit(f"{name} ({threads} threads) failed:\n{proc.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def variant_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Medians per (variant, threads), and each step's CPU time over fp32's at its threads."""
+    rows = [{"variant": r["variant"], "threads": r["threads"],
+             "step CPU s": statistics.median(r["step_cpu_s"]),
+             "step wall s": statistics.median(r["step_s"]),
+             "reference wall s": statistics.median(r["ref_s"]),
+             "peak RSS MB": r["peak_rss_mb"],
+             **({"compile s": statistics.median(r["compile_s"])} if "compile_s" in r else {})}
+            for r in results]
+    fp32 = {row["threads"]: row["step CPU s"] for row in rows if row["variant"] == "fp32"}
+    for row in rows:
+        row["step CPU / fp32"] = (row["step CPU s"] / fp32[row["threads"]]
+                                  if row["threads"] in fp32 else None)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    """A child process's entry point (``--one VARIANT:THREADS``)."""
+    args = parse_args(argv)
+    if not args.one:
+        raise SystemExit("run the suite as `python -m benchmarks learner [options]`")
+    name, threads = args.one.rsplit(":", 1)
+    print("RESULT " + json.dumps(run_one(name, int(threads), args)), flush=True)
 
 
 if __name__ == "__main__":

