@@ -16,7 +16,7 @@ episodes and each model turn one request (`rllib_grpo.rllib.env_runner.continuou
 the env plays a turn as soon as it ends, and the group is queued when its episodes are done.  ``suspend`` (before a validation) drops the running
 groups and remembers their prompts, which the next ``submit`` or ``resume`` starts again.
 
-The functions at the bottom are what the driver sends (`rllib_grpo.rllib.algorithm.continuous`).
+The functions at the bottom are what the driver sends (`rllib_grpo.rllib.algorithm.sampling.continuous`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Continuous rollouts (``rollout_mode="continuous"``, ``max_staleness`` = K >= 1): the env
 runners never stop generating; weights are loaded between two decode steps.
 
-`ContinuousSampling` is the third `rllib_grpo.rllib.algorithm.sampling.SamplingStrategy`.
-Each remote env runner runs a `rllib_grpo.rllib.env_runner.continuous.RolloutLoop`: its
+`ContinuousSampling` is the `SamplingStrategy` of this mode.  Each remote env runner runs a `rllib_grpo.rllib.env_runner.continuous.RolloutLoop`: its
 engine steps for as long as it has prompt groups, and a group is scored and queued the
 moment its last response ends.  The driver keeps K steps' worth of groups
 (K x ``prompts_per_step``) handed out and not yet trained; one step
@@ -15,7 +14,7 @@ moment its last response ends.  The driver keeps K steps' worth of groups
    stay full while the learner
 3. **updates**; then
 4. **publishes the new weights in flight**: every runner pauses between two engine steps,
-   the weight sync runs as in the other modes (`GRPO._sync_weights`), and each
+   the weight sync runs as in the other modes (`SamplingStrategy.push_weights`), and each
    runner resumes: the tokens sampled from then on carry the new version, and each
    unfinished response continues under the new weights (``partial_rollout=True``) or is
    sampled again (``False``).
@@ -36,11 +35,7 @@ from typing import Any
 import numpy as np
 
 from rllib_grpo.data.rollout import RolloutBatch, concat_rollouts
-from rllib_grpo.rllib.algorithm.sampling import (
-    SamplingServices,
-    SamplingStrategy,
-    read_learner_version,
-)
+from rllib_grpo.rllib.algorithm.sampling.strategy import SamplingStrategy
 from rllib_grpo.rllib.env_runner.continuous import (
     loop_pause,
     loop_reset,
@@ -57,15 +52,14 @@ DRIVER = 0  # the "runner" of a finished group the driver holds (remote runners 
 class ContinuousSampling(SamplingStrategy):
     """Driver side of continuous rollouts (module docstring)."""
 
-    def __init__(self, services: SamplingServices, max_staleness: int, prompts_per_step: int
-                 ) -> None:
-        self.services = services
+    def __init__(self, *args: Any, max_staleness: int, prompts_per_step: int,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.max_staleness = int(max_staleness)
         self.capacity = self.max_staleness * int(prompts_per_step)
         self._outstanding: dict[int, int] = {}  # data position -> runner (or DRIVER)
         self._ready: list[tuple[int, RolloutBatch]] = []  # taken, not yet trained
         self._claimed_end = 0
-        self._learner_version: int | None = None
         self._suspended = False
         self._needs_sync = False
         self.dropped_stale_groups = 0
@@ -82,11 +76,11 @@ class ContinuousSampling(SamplingStrategy):
         """``func`` on the runners ``ids`` (default: the healthy ones) within the deadline
         of a runner call; a runner stuck past it is restarted (its prompts are then handed
         out again, as a lost runner's)."""
-        group = self.services.env_runner_group
+        group = self.runners
         ids = sorted(group.healthy_env_runner_ids()) if ids is None else ids
         if not ids:
             return []
-        deadlines = self.services.deadlines
+        deadlines = self.deadlines
         if deadlines is None:
             return group.foreach_env_runner(func, local_env_runner=False,
                                             remote_worker_ids=ids, healthy_only=True)
@@ -95,32 +89,24 @@ class ContinuousSampling(SamplingStrategy):
         results = group.foreach_env_runner(
             lambda er: (er.worker_index, func(er)), local_env_runner=False,
             remote_worker_ids=ids, healthy_only=True, timeout_seconds=timeout)
-        answered = {index for index, _ in results}
-        stuck = [i for i in ids if i not in answered
-                 and group._worker_manager.is_actor_healthy(i)]
-        if stuck and self.services.restart_stuck_runners is not None:
-            self.services.restart_stuck_runners(stuck, "a continuous-rollout call", timeout,
+        answered, healthy = {index for index, _ in results}, set(group.healthy_env_runner_ids())
+        stuck = [i for i in ids if i not in answered and i in healthy]
+        if stuck:
+            self.recovery.restart_stuck_runners(stuck, "a continuous-rollout call", timeout,
                                                 rule)
-        elif not stuck:
+        else:
             deadlines.record("runner_call", time.monotonic() - t0)
         return [out for _, out in results]
 
     def _healthy(self) -> list[int]:
-        healthy = sorted(self.services.env_runner_group.healthy_env_runner_ids())
-        if not healthy and self.services.restore_runners is not None:
-            self.services.restore_runners()
-            healthy = sorted(self.services.env_runner_group.healthy_env_runner_ids())
+        healthy = sorted(self.runners.healthy_env_runner_ids())
+        if not healthy:
+            self.recovery.restore_env_runners(self.runners)
+            healthy = sorted(self.runners.healthy_env_runner_ids())
         if not healthy:
             raise RuntimeError("rollout_mode='continuous': no healthy env runner is left "
                                "(see their errors above).")
         return healthy
-
-    @property
-    def learner_version(self) -> int:
-        """Learner updates done (RLlib's weights sequence number of learner 0)."""
-        if self._learner_version is None:
-            self._learner_version = read_learner_version(self.services.learner_group)
-        return self._learner_version
 
     # ---------------------------------------------------------------- handing out prompts
     def _submit(self, positions: list[int]) -> None:
@@ -145,7 +131,7 @@ class ContinuousSampling(SamplingStrategy):
         need = self.capacity - len(self._outstanding)
         if need <= 0:
             return
-        positions = [start + k for start, count in self.services.claim_prompts(need)
+        positions = [start + k for start, count in self.prompts.claim(need)
                      for k in range(count)]
         self._claimed_end = max(self._claimed_end, max(positions) + 1)
         self._submit(positions)
@@ -171,7 +157,7 @@ class ContinuousSampling(SamplingStrategy):
             if out["groups"]:
                 metrics.append(out["metrics"])
         if metrics:
-            self.services.aggregate_runner_metrics(metrics)
+            self.aggregate_runner_metrics(metrics)
 
     def _drop_stale(self) -> None:
         """Drop the held groups whose oldest token is now more than K updates old (a group
@@ -200,21 +186,21 @@ class ContinuousSampling(SamplingStrategy):
         while len(self._ready) < num_prompts:
             self._take()
             self._drop_stale()
-        self.services.log_value("async/wait_sample_s", time.perf_counter() - t0)
+        self.log("async/wait_sample_s", time.perf_counter() - t0)
         self._ready.sort(key=lambda item: (int(item[1].weights_version.min()), item[0]))
         taken, self._ready = self._ready[:num_prompts], self._ready[num_prompts:]
         for position, _ in taken:
             self._outstanding.pop(position, None)
         return concat_rollouts([b for _, b in taken], pad_token_id=0)
 
-    def fill(self, num_prompts: int) -> RolloutBatch:
+    def sample(self, num_prompts: int) -> RolloutBatch:
         return self.draw(num_prompts)
 
     def before_update(self, rollout: RolloutBatch, next_prompts: int) -> None:
         """Refill the engines (they generate during the update) and log the step's
         staleness, queue depth and runner idle share."""
         self._top_up()
-        log = self.services.log_value
+        log = self.log
         versions = rollout.per_token_versions()
         trained = rollout.response_mask if rollout.loss_mask is None else rollout.loss_mask
         staleness = (self.learner_version - versions)[trained > 0]  # (env tokens: not)
@@ -229,7 +215,7 @@ class ContinuousSampling(SamplingStrategy):
         log("async/lost_groups", self.lost_groups)
         log("async/queue_depth", len(self._ready))
         log("async/in_flight_groups", len(self._outstanding) - len(self._ready))
-        self.services.log_fault_counts()
+        self.recovery.log_fault_counts()
 
     def after_update(self) -> None:
         """Publish the new weights in flight: pause every runner between two engine steps,
@@ -241,14 +227,14 @@ class ContinuousSampling(SamplingStrategy):
         t0 = time.perf_counter()
         ids = self._healthy()
         self._on_runners(loop_pause, ids)
-        self.services.sync_weights()
+        self.push_weights()
         resumed = dict(self._on_runners(loop_resume, ids))
         seconds = time.perf_counter() - t0
         self._steps += 1
         self._pauses += len(resumed)
         self._pause_s += seconds
         self._restarted += int(sum(r["restarted_requests"] for r in resumed.values()))
-        log = self.services.log_value
+        log = self.log
         log("timing_s/update_weights", seconds)
         log("async/pauses_per_step", float(len(resumed)))
         log("async/pause_s", seconds)
