@@ -147,7 +147,7 @@ class GRPO(EvaluatingAlgorithm):
 
     @override(Algorithm)
     def training_step(self) -> None:
-        c = self.config
+        """sample -> update the policy on the groups -> the new weights to the samplers."""
         t_step = time.perf_counter()
         if self._startup_seconds is None:
             now = time.time()
@@ -158,15 +158,16 @@ class GRPO(EvaluatingAlgorithm):
         self._log_dict({startup_part_key(part): seconds
                         for part, seconds in self._startup_parts.items()})
 
-        # The step's own seconds (window=1), not RLlib's log_time moving average.
-        t0 = time.perf_counter()
+        # The paper's loop; when the new weights reach the samplers is the strategy's.
         rollout = self._sample_step()
-        self._log_value("timing_s/sample", time.perf_counter() - t0)
-        self._log_dict(data_metrics(rollout, c.max_response_length))
-        self._warn_if_no_signal()
-        # One step off: the next step's sampling is launched here and overlaps the update.
         self.sampling.before_update(rollout, self._generation_batch_prompts())
+        update_time = self._update_learners(rollout)
+        self.sampling.after_update()
+        self._log_step(rollout, time.perf_counter() - t_step, update_time)
 
+    def _update_learners(self, rollout: RolloutBatch) -> float:
+        """One policy update on the step's groups (advantages, loss and optimizer step are
+        the learners'); returns its seconds."""
         t0 = time.perf_counter()
         with self.waiting_on_learners("update", "update"):
             learner_results = self.learner_group.update(
@@ -179,10 +180,10 @@ class GRPO(EvaluatingAlgorithm):
         self._log_value("timing_s/update_actor", update_time)
         self._surface_learner_metrics()
         self._stop_if_nothing_learned(rollout)
+        return update_time
 
-        self.sampling.after_update()  # synchronous: sync the weights now
-
-        step_time = time.perf_counter() - t_step
+    def _log_step(self, rollout: RolloutBatch, step_time: float, update_time: float) -> None:
+        """The step's seconds, tokens and throughput, and the idle fractions."""
         tokens = float(rollout.prompt_lengths.sum() + rollout.response_lengths.sum())
         self._log_value("timing_s/step", step_time)
         self._log_value("perf/total_num_tokens", tokens)
@@ -311,11 +312,16 @@ class GRPO(EvaluatingAlgorithm):
     def _sample_step(self) -> RolloutBatch:
         """One step's groups; with dynamic sampling (DAPO), only groups with a signal."""
         c = self.config
+        t0 = time.perf_counter()
         if c.filter_groups:
             rollout, metrics = dynamic_sampling(self.sampling.draw, c)
             self._log_dict(metrics)
         else:
             rollout = self.sampling.sample(c.prompts_per_step)
+        # The step's own seconds (window=1), not RLlib's log_time moving average.
+        self._log_value("timing_s/sample", time.perf_counter() - t0)
+        self._log_dict(data_metrics(rollout, c.max_response_length))
+        self._warn_if_no_signal()
         self.last_rollout = rollout
         return rollout
 

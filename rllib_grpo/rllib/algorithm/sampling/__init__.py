@@ -1,16 +1,11 @@
 """How the driver gets a step's groups: one interface (`strategy.SamplingStrategy`), three
-strategies, chosen once from the config (`choose_strategy`):
+strategies, chosen once from the config (`choose_strategy`; docs/async.md):
 
-* `sync.SynchronousSampling` (``max_staleness`` = 0): sample with the current weights,
-  update, then sync the new weights to the env runners.
+* `sync.SynchronousSampling` (``max_staleness`` = 0): sample, update, then sync weights.
 * `one_step_off.PipelinedSampling` (``max_staleness`` >= 1): the next step's groups are
   sampled in the background while the learners update.
 * `continuous.ContinuousSampling` (``rollout_mode="continuous"``): the env runners never
   stop generating; weights load between two decode steps.
-
-Each is built from the runner pool, the learner group, the `prompt_order.PromptOrder`, the
-weight sync, the run's deadlines, the recovery of lost runners and the metrics logger
-(docs/async.md).
 """
 
 from __future__ import annotations

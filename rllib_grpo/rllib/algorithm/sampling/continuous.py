@@ -1,7 +1,7 @@
 """Continuous rollouts (``rollout_mode="continuous"``, ``max_staleness`` = K >= 1): the env
 runners never stop generating; weights are loaded between two decode steps.
 
-`ContinuousSampling` is the `SamplingStrategy` of this mode.  Each remote env runner runs a `rllib_grpo.rllib.env_runner.continuous.RolloutLoop`: its
+Each remote env runner runs a `rllib_grpo.rllib.env_runner.continuous.RolloutLoop`: its
 engine steps for as long as it has prompt groups, and a group is scored and queued the
 moment its last response ends.  The driver keeps K steps' worth of groups
 (K x ``prompts_per_step``) handed out and not yet trained; one step
@@ -10,7 +10,7 @@ moment its last response ends.  The driver keeps K steps' worth of groups
    round) until it has the step's groups, the oldest versions first; a group whose oldest
    token is more than K updates old is dropped and its prompt sampled again
    (``async/dropped_stale_groups``);
-2. **tops up** the runners with new prompts (the data order moves on), so the engines
+2. **tops up** the runners with new prompts (the prompt order moves on), so the engines
    stay full while the learner
 3. **updates**; then
 4. **publishes the new weights in flight**: every runner pauses between two engine steps,
@@ -22,28 +22,20 @@ moment its last response ends.  The driver keeps K steps' worth of groups
 A response's staleness is its oldest token's (``weights_version`` = that token's version;
 ``RolloutBatch.token_versions`` per token).  Lost runners cost only their in-flight groups:
 their prompts go to the healthy runners (or the restarted one).  Checkpoints hold no
-in-flight groups: the saved data position is the first prompt not yet trained.
+in-flight groups: the saved prompt position is the first prompt not yet trained.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import numpy as np
 
 from rllib_grpo.data.rollout import RolloutBatch, concat_rollouts
 from rllib_grpo.rllib.algorithm.sampling.strategy import SamplingStrategy
-from rllib_grpo.rllib.env_runner.continuous import (
-    loop_pause,
-    loop_reset,
-    loop_resume,
-    loop_submit,
-    loop_suspend,
-    loop_take,
-)
+from rllib_grpo.rllib.env_runner.continuous import rollout_loop
 
 TAKE_WAIT_S = 0.05  # each round of taking: how long a runner waits for a first group
 DRIVER = 0  # the "runner" of a finished group the driver holds (remote runners count from 1)
@@ -66,37 +58,32 @@ class ContinuousSampling(SamplingStrategy):
         self.lost_groups = 0
         self._busy_s: dict[int, float] = {}
         self._idle_s: dict[int, float] = {}
-        self._pauses = 0
-        self._pause_s = 0.0
         self._restarted = 0
-        self._steps = 0
 
     # ---------------------------------------------------------------- runner calls
-    def _on_runners(self, func: Callable[[Any], Any], ids: list[int] | None = None) -> list:
-        """``func`` on the runners ``ids`` (default: the healthy ones) within the deadline
-        of a runner call; a runner stuck past it is restarted (its prompts are then handed
-        out again, as a lost runner's)."""
+    def _on_runners(self, func: Callable[[Any], Any], ids: list[int] | None = None
+                    ) -> dict[int, Any]:
+        """``func(runner)`` on the runners ``ids`` (default: the healthy ones), by runner
+        index, within the deadline of a runner call; a runner stuck past it is restarted
+        (its prompts are then handed out again, as a lost runner's)."""
         group = self.runners
         ids = sorted(group.healthy_env_runner_ids()) if ids is None else ids
         if not ids:
-            return []
+            return {}
         deadlines = self.deadlines
-        if deadlines is None:
-            return group.foreach_env_runner(func, local_env_runner=False,
-                                            remote_worker_ids=ids, healthy_only=True)
-        timeout, rule = deadlines.timeout_and_rule("runner_call")
+        timeout, rule = deadlines.timeout_and_rule("runner_call") if deadlines else (None, "")
         t0 = time.monotonic()
-        results = group.foreach_env_runner(
+        results = dict(group.foreach_env_runner(
             lambda er: (er.worker_index, func(er)), local_env_runner=False,
-            remote_worker_ids=ids, healthy_only=True, timeout_seconds=timeout)
-        answered, healthy = {index for index, _ in results}, set(group.healthy_env_runner_ids())
-        stuck = [i for i in ids if i not in answered and i in healthy]
-        if stuck:
+            remote_worker_ids=ids, healthy_only=True, timeout_seconds=timeout))
+        healthy = set(group.healthy_env_runner_ids())
+        stuck = [i for i in ids if i not in results and i in healthy]
+        if stuck and timeout is not None:
             self.recovery.restart_stuck_runners(stuck, "a continuous-rollout call", timeout,
                                                 rule)
-        else:
+        elif deadlines is not None and not stuck:
             deadlines.record("runner_call", time.monotonic() - t0)
-        return [out for _, out in results]
+        return results
 
     def _healthy(self) -> list[int]:
         healthy = sorted(self.runners.healthy_env_runner_ids())
@@ -124,7 +111,8 @@ class ContinuousSampling(SamplingStrategy):
             self._outstanding[position] = runner
         send = [i for i in healthy if work[i] or self._suspended]
         self._suspended = False
-        self._on_runners(partial(loop_submit, work=work), send)
+        self._on_runners(lambda er: rollout_loop(er).submit(work.get(er.worker_index, [])),
+                         send)
 
     def _top_up(self) -> None:
         """New prompts for the runners, up to K steps' worth handed out."""
@@ -138,8 +126,8 @@ class ContinuousSampling(SamplingStrategy):
 
     def _take(self) -> None:
         """One round: the runners' finished groups; lost runners' prompts handed out again."""
-        results: dict[int, dict[str, Any]] = dict(self._on_runners(
-            partial(loop_take, wait_s=TAKE_WAIT_S)))
+        results: dict[int, dict[str, Any]] = self._on_runners(
+            lambda er: rollout_loop(er).take(TAKE_WAIT_S))
         lost = set(self._outstanding.values()) - set(results) - {DRIVER}
         if lost:  # a lost runner costs only its in-flight groups: sampled again elsewhere
             positions = [p for p, r in self._outstanding.items() if r in lost]
@@ -178,7 +166,7 @@ class ContinuousSampling(SamplingStrategy):
             self._needs_sync = False
             self._publish()
         elif self._suspended:
-            self._on_runners(loop_resume)
+            self._on_runners(lambda er: rollout_loop(er).resume())
         self._suspended = False
         self._top_up()
         t0 = time.perf_counter()
@@ -226,13 +214,10 @@ class ContinuousSampling(SamplingStrategy):
     def _publish(self) -> None:
         t0 = time.perf_counter()
         ids = self._healthy()
-        self._on_runners(loop_pause, ids)
+        self._on_runners(lambda er: rollout_loop(er).pause(), ids)
         self.push_weights()
-        resumed = dict(self._on_runners(loop_resume, ids))
+        resumed = self._on_runners(lambda er: rollout_loop(er).resume(), ids)
         seconds = time.perf_counter() - t0
-        self._steps += 1
-        self._pauses += len(resumed)
-        self._pause_s += seconds
         self._restarted += int(sum(r["restarted_requests"] for r in resumed.values()))
         log = self.log
         log("timing_s/update_weights", seconds)
@@ -251,7 +236,7 @@ class ContinuousSampling(SamplingStrategy):
     def settle(self) -> None:
         """Before a validation: the runners drop their running groups (started again after
         it) and pause; their weights are the newest already (synced after each update)."""
-        self._on_runners(loop_suspend)
+        self._on_runners(lambda er: rollout_loop(er).suspend())
         self._suspended = True
 
     def reset(self) -> None:
@@ -259,7 +244,8 @@ class ContinuousSampling(SamplingStrategy):
         the first untrained prompt, sampled again with the restored weights (pushed to the
         runners, paused, before the next step takes anything)."""
         try:
-            self._on_runners(loop_reset)
+            self._on_runners(lambda er: er.rollout_loop.reset()
+                             if getattr(er, "rollout_loop", None) else None)
         except Exception:  # noqa: BLE001 - a runner lost meanwhile restarts on its own
             pass
         self._outstanding, self._ready, self._suspended = {}, [], False

@@ -18,12 +18,11 @@ deeper pipeline would not raise the steady rate).  The old log-probs are the lea
 `rllib_grpo.rllib.config.staleness.old_log_probs_from_update`) and the sampler's are kept, so
 ``rollout_is`` weighs the gap.
 
-`PipelinedSampling` is the `SamplingStrategy` for ``max_staleness`` >= 1.  A lost runner's
-share of the background request is sampled again at once (`RunnerRecovery.
-sample_on_runners`), and so is a stuck runner's once it is restarted (the request has the
-sampling deadline, counted from its launch: `rllib_grpo.rllib.algorithm.deadlines`).
-Checkpoints hold no in-flight samples: the saved data position is where the untrained groups began, so a
-restored run samples those prompts again with its own weights.  See docs/async.md.
+A lost runner's share of the background request is sampled again at once
+(`RunnerRecovery.sample_on_runners`), and so is a stuck runner's once it is restarted (the
+request has the sampling deadline, counted from its launch).  Checkpoints hold no
+in-flight samples: the saved prompt position is where the untrained groups began, so a
+restored run samples those prompts again with its own weights.
 """
 
 from __future__ import annotations
@@ -84,7 +83,6 @@ class PipelinedSampling(SamplingStrategy):
     # ---------------------------------------------------------------- background requests
     @property
     def in_flight_prompts(self) -> int:
-        """Prompts handed out by the data order whose groups are not trained yet."""
         return sum(count for _, count in self._shares.values()) + self._ready_prompts
 
     def launch(self, num_prompts: int) -> None:

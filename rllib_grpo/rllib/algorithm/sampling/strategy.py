@@ -58,13 +58,6 @@ class WeightPush(Protocol):
         """Push the learners' weights to every env runner; the sync's metrics."""
 
 
-def read_learner_version(learner_group: Any) -> int:
-    """Learner updates done: RLlib's weights sequence number of learner 0 (one remote call;
-    the asynchronous strategies read it once and count their own updates after)."""
-    return int(learner_group._get_results(learner_group.foreach_learner(
-        lambda learner: learner._weights_seq_no))[0])
-
-
 class SamplingStrategy(ABC):
     """One step of `GRPO.training_step` against a strategy:
 
@@ -162,9 +155,11 @@ class SamplingStrategy(ABC):
 
     @property
     def learner_version(self) -> int:
-        """Learner updates done (RLlib's weights sequence number of learner 0)."""
+        """Learner updates done: RLlib's weights sequence number of learner 0 (read once;
+        the asynchronous strategies count their own updates after)."""
         if self._learner_version is None:
-            self._learner_version = read_learner_version(self.learners)
+            self._learner_version = int(self.learners._get_results(self.learners.foreach_learner(
+                lambda learner: learner._weights_seq_no))[0])
         return self._learner_version
 
     def log(self, key: str, value: float) -> None:

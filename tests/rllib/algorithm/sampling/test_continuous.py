@@ -63,7 +63,8 @@ class _Group:
     def healthy_env_runner_ids(self):
         return [i for i in self.runners if i not in self.lost]
 
-    def foreach_env_runner(self, func, local_env_runner, remote_worker_ids, healthy_only):
+    def foreach_env_runner(self, func, local_env_runner, remote_worker_ids, healthy_only,
+                           timeout_seconds):
         assert not local_env_runner and healthy_only
         return [func(self.runners[i]) for i in remote_worker_ids if i not in self.lost]
 
