@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 
@@ -33,6 +34,9 @@ class SampledRunner:
 
     def get_metrics(self) -> dict:
         return {}
+
+    def get_state(self) -> dict:
+        return {"sampled_by": self.worker_index}
 
 
 class Parts:
@@ -79,3 +83,21 @@ class Parts:
 
     def aggregate(self, metrics: list[dict], key: str) -> None:
         self.calls.append("runner_metrics")
+
+
+class FakeDeadlines:
+    """The run's deadlines: 5 s for every wait; each wait and each recorded one noted."""
+
+    def __init__(self, calls: list[str]) -> None:
+        self.calls = calls
+
+    def timeout_and_rule(self, phase: str) -> tuple[float, str]:
+        return 5.0, "step_timeout_floor_s"
+
+    @contextlib.contextmanager
+    def watch(self, phase: str, waiting_on: str, **kwargs: Any):
+        self.calls.append(f"waiting on {waiting_on}")
+        yield
+
+    def record(self, phase: str, seconds: float) -> None:
+        self.calls.append(f"record {phase}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.helpers.sampling_parts import Parts
+from tests.helpers.sampling_parts import FakeDeadlines, Parts
 from tests.helpers.sampling_parts import groups_batch as _batch
 
 P = 4  # prompts per step
@@ -59,6 +59,7 @@ class _Group:
     def __init__(self, num, calls):
         self.runners = {i: _Runner(i, calls) for i in range(1, num + 1)}
         self.lost: set[int] = set()
+        self.silent: set[int] = set()  # healthy, but no answer within the call's timeout
 
     def healthy_env_runner_ids(self):
         return [i for i in self.runners if i not in self.lost]
@@ -66,7 +67,8 @@ class _Group:
     def foreach_env_runner(self, func, local_env_runner, remote_worker_ids, healthy_only,
                            timeout_seconds):
         assert not local_env_runner and healthy_only
-        return [func(self.runners[i]) for i in remote_worker_ids if i not in self.lost]
+        return [func(self.runners[i]) for i in remote_worker_ids
+                if i not in self.lost | self.silent]
 
 
 def _runner_calls(calls: list[str]) -> list[str]:
@@ -142,6 +144,32 @@ def test_a_lost_runner_costs_only_its_in_flight_groups():
     assert set(strategy._outstanding.values()) <= {0, 1}  # runner 1, or finished (driver)
     strategy.before_update(rollout, P)
     assert logged["async/lost_groups"] == len(lost_positions)
+
+
+def test_a_runner_stuck_past_the_deadline_is_restarted_and_its_groups_handed_out_again():
+    """A runner that the pool lists as healthy but that does not answer a call within the
+    runner-call deadline is restarted by the recovery; its in-flight groups go to the
+    other runner, as a lost runner's."""
+    from rllib_grpo.rllib.algorithm.sampling import ContinuousSampling
+
+    parts = Parts()
+    group = parts.runners = _Group(2, parts.calls)
+    strategy = ContinuousSampling(max_staleness=2, prompts_per_step=P,
+                                  **{**parts.kwargs(), "deadlines": FakeDeadlines(parts.calls)})
+    strategy._learner_version = 0
+
+    def restart(stuck, call, timeout_s, rule):  # Ray restarts it: out of service meanwhile
+        parts.calls.append(f"restart{stuck} in {call} after {timeout_s} s")
+        group.lost.update(stuck)
+
+    parts.restart_stuck_runners = restart
+    strategy._top_up()
+    stuck_positions = list(group.runners[2].rollout_loop.running)
+    group.silent.add(2)
+    strategy._take()
+    assert "restart[2] in a continuous-rollout call after 5.0 s" in parts.calls
+    assert strategy.lost_groups == len(stuck_positions)
+    assert {strategy._outstanding[p] for p in stuck_positions} <= {0, 1}  # runner 1's now
 
 
 def test_finished_groups_held_by_the_driver_are_not_lost_with_their_runner():

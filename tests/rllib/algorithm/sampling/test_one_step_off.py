@@ -7,14 +7,15 @@ from __future__ import annotations
 import numpy as np
 
 from tests.conftest import tiny_config
-from tests.helpers.sampling_parts import Parts, groups_batch
+from tests.helpers.sampling_parts import FakeDeadlines, Parts, groups_batch
 
 
 class _RemoteRunners:
     """One remote env runner whose background request returns groups of version 0."""
 
-    def __init__(self, calls: list[str]) -> None:
-        self.calls, self.tags = calls, []
+    def __init__(self, calls: list[str], stuck: bool = False) -> None:
+        self.calls, self.tags, self.stuck = calls, [], stuck
+        self.timeouts: list[float | None] = []
 
     def num_remote_env_runners(self) -> int:
         return 1
@@ -31,8 +32,9 @@ class _RemoteRunners:
 
     def fetch_ready_async_reqs(self, tags, timeout_seconds):
         self.calls.append("collect")
+        self.timeouts.append(timeout_seconds)
         self.tags.remove(tags)
-        return [(1, (1, groups_batch([0] * 4), {}, {"position": 4}, 0.1))]
+        return [] if self.stuck else [(1, (1, groups_batch([0] * 4), {}, {"position": 4}, 0.1))]
 
 
 class _LearnerGroup:
@@ -43,12 +45,13 @@ class _LearnerGroup:
         return results
 
 
-def _pipelined(max_staleness=1):
+def _pipelined(max_staleness=1, stuck=False, deadlines=False):
     from rllib_grpo.rllib.algorithm.sampling import PipelinedSampling
 
     parts = Parts(learners=_LearnerGroup())
-    parts.runners = _RemoteRunners(parts.calls)
-    return PipelinedSampling(max_staleness=max_staleness, **parts.kwargs()), parts
+    parts.runners = _RemoteRunners(parts.calls, stuck=stuck)
+    kwargs = {**parts.kwargs(), "deadlines": FakeDeadlines(parts.calls) if deadlines else None}
+    return PipelinedSampling(max_staleness=max_staleness, **kwargs), parts
 
 
 def test_pipelined_sampling_syncs_and_launches_the_next_step_before_the_update():
@@ -72,6 +75,23 @@ def test_pipelined_sampling_syncs_and_launches_the_next_step_before_the_update()
     assert parts.prompts.position == 12
     strategy.reset()
     assert strategy.in_flight_prompts == 0
+
+
+def test_a_runner_stuck_past_the_deadline_is_restarted_and_its_share_sampled_again():
+    """The background request's deadline runs from its launch; a runner that has not
+    answered by then, and that the runner pool still lists as healthy, is restarted by the
+    recovery, and its share (the same prompt positions) is sampled again."""
+    strategy, parts = _pipelined(stuck=True, deadlines=True)
+    strategy.before_update(strategy.sample(4), next_prompts=4)  # launches positions 4-7
+    strategy.after_update()
+    parts.calls.clear()
+    rollout = strategy.sample(4)
+    assert parts.calls[:4] == ["waiting on env runner 1 (sampling)", "collect", "restart[1]",
+                               "sample_on_runners"]
+    assert 0 < parts.runners.timeouts[-1] <= 5.0  # what is left of 5 s since the launch
+    assert parts.calls[4] == "sample(4@4)"  # the stuck runner's positions, sampled again
+    assert "record sample" not in parts.calls  # a wait that expired is no median
+    assert rollout.num_groups == 4 and parts.runner_states == {1: {"sampled_by": 1}}
 
 
 def _with_ready(version: int, ready):
