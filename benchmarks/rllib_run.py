@@ -98,7 +98,7 @@ class Probes:
 
 
 def use_old_weight_sync(algo: Any) -> None:
-    """Experiment: the weight sync as it was before the fix that the benchmark motivated.
+    """Experiment: RLlib's weight sync in place of the algorithm's ``WeightSync.sync``.
 
     RLlib's ``EnvRunnerGroup.sync_weights`` (which ``ray.put``s the whole state into the
     object store even with no remote env runner to read it) and a clone of every tensor
