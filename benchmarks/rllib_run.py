@@ -10,10 +10,9 @@ changing the project's code:
   (`rllib_grpo.rllib.learner.forward_passes`);
 * ref: ``CausalLMRLModule.reference_log_probs``;  adv: the rest of ``_prepare``;
 * update: ``GRPOLearner._uncompiled_update`` (forward, backward, optimizer step);
-* weight_sync: ``GRPO._sync_weights`` (or ``EnvRunnerGroup.sync_weights`` where GRPO has
-  none; the algorithm's ``timing_s/update_weights``);
-* the driver overhead is the rest of ``train()``; its parts come from probes on
-  ``GRPO._sample_groups``, ``LearnerGroup.update`` and ``GRPO.training_step``.
+* weight_sync: the algorithm's ``WeightSync.sync`` (``timing_s/update_weights``);
+* the driver overhead is the rest of ``train()``; its parts come from probes on the
+  sampling strategy's ``sample_now``, ``LearnerGroup.update`` and ``GRPO.training_step``.
 
 The algorithm's own ``timing_s/*`` values are kept beside the probes' (``framework/...``;
 ``timing_s/sample`` is a moving average, not the last value).  Where the learner logs ``timing_s/old_log_prob``, ``timing_s/ref`` or
@@ -87,12 +86,9 @@ class Probes:
     def install_driver(self, algo: Any) -> None:
         """Probes on the built algorithm: sampler, sampling, update, weight sync, step."""
         self.wrap(algo.env_runner.sampler, "generate", "generation")
-        self.wrap(algo, "_sample_groups", "sample")
+        self.wrap(algo.sampling, "sample_now", "sample")
         self.wrap(algo.learner_group, "update", "update_actor")
-        if hasattr(algo, "_sync_weights"):  # GRPO's own sync (local runner: no object store)
-            self.wrap(algo, "_sync_weights", "update_weights")
-        else:
-            self.wrap(algo.env_runner_group, "sync_weights", "update_weights")
+        self.wrap(algo._weight_sync, "sync", "update_weights")
         self.wrap(algo, "training_step", "step")
 
     def remove(self) -> None:
@@ -102,7 +98,7 @@ class Probes:
 
 
 def use_old_weight_sync(algo: Any) -> None:
-    """Experiment: the weight sync as it was before the fix that the benchmark motivated.
+    """Experiment: RLlib's weight sync in place of the algorithm's ``WeightSync.sync``.
 
     RLlib's ``EnvRunnerGroup.sync_weights`` (which ``ray.put``s the whole state into the
     object store even with no remote env runner to read it) and a clone of every tensor
@@ -113,9 +109,13 @@ def use_old_weight_sync(algo: Any) -> None:
     from rllib_grpo.rllib.learner.module import CausalLMRLModule
 
     group, learner_group = algo.env_runner_group, algo.learner_group
-    algo._sync_weights = lambda: group.sync_weights(
-        from_worker_or_learner_group=learner_group, policies=[DEFAULT_MODULE_ID],
-        inference_only=True)
+
+    def sync() -> dict[str, float]:
+        group.sync_weights(from_worker_or_learner_group=learner_group,
+                           policies=[DEFAULT_MODULE_ID], inference_only=True)
+        return {}
+
+    algo._weight_sync.sync = sync
     original = CausalLMRLModule.get_state
 
     def get_state(self, *args: Any, **kwargs: Any) -> Any:
@@ -130,16 +130,18 @@ def use_old_weight_sync(algo: Any) -> None:
 def use_item_metrics() -> None:
     """Experiment: the driver logs its per-step values as RLlib ``item`` stats.
 
-    ``GRPO._log_value`` logs ~45 values per step with ``reduce="mean", window=1``, i.e. a
-    windowed mean (``np.nanmean``) of one value per key at every reduction; an ``item``
-    stat keeps the last value and needs no reduction.
+    ``GRPO._log_value`` and ``SamplingStrategy.log`` log ~45 values per step with
+    ``reduce="mean", window=1``, i.e. a windowed mean (``np.nanmean``) of one value per key
+    at every reduction; an ``item`` stat keeps the last value and needs no reduction.
     """
     from rllib_grpo.rllib.algorithm.grpo import GRPO
+    from rllib_grpo.rllib.algorithm.sampling import SamplingStrategy
 
     def _log_value(self, key: str, value: float) -> None:
         self.metrics.log_value(key, float(value), reduce="item")
 
     GRPO._log_value = _log_value
+    SamplingStrategy.log = _log_value
 
 
 def build_config(w: Workload) -> Any:

@@ -5,7 +5,7 @@ At build, each learner materialises only its shard (`rllib_grpo.rllib.learner.fs
 models built on the meta device, sharded, then filled from rank 0's host copy), so a
 learner never holds the whole model on a GPU beside an awake engine.
 
-Each synchronous step (`rllib_grpo.rllib.algorithm.sampling.SynchronousSampling`):
+Each synchronous step (`rllib_grpo.rllib.algorithm.sampling.sync.SynchronousSampling`):
 
 1. the engines sample, awake;
 2. **sleep** (`EngineHandOver.sleep`): the engines free their GPU memory, at level 2 where

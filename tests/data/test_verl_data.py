@@ -10,7 +10,7 @@ from tests.conftest import tiny_config
 
 
 def test_prompt_slices_cover_each_position_once():
-    from rllib_grpo.rllib.algorithm.evaluation import prompt_slices
+    from rllib_grpo.rllib.algorithm.sampling.prompt_order import prompt_slices
 
     assert prompt_slices(10, 5, 2) == [(10, 3), (13, 2)]
     assert prompt_slices(0, 2, 3) == [(0, 1), (1, 1), (2, 0)]
@@ -20,7 +20,7 @@ def test_env_runners_share_one_permutation_per_epoch_like_verls_dataloader():
     """Two runners' envs (same seed, same data) each serve their slice of the next step's
     positions: within an epoch every prompt comes exactly once, as from verl's sampler."""
     from rllib_grpo.envs.arithmetic import ArithmeticEnv
-    from rllib_grpo.rllib.algorithm.evaluation import prompt_slices
+    from rllib_grpo.rllib.algorithm.sampling.prompt_order import prompt_slices
 
     runners = [ArithmeticEnv(num_problems=6, seed=3) for _ in range(2)]
     served, position = [], 0

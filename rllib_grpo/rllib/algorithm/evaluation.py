@@ -34,6 +34,7 @@ from ray.rllib.utils.typing import ModuleID, ResultDict
 
 from rllib_grpo.data.recipes import pass_at_k_metrics, validation_metrics
 from rllib_grpo.rllib.algorithm.resilience import ResilientAlgorithm
+from rllib_grpo.rllib.algorithm.sampling.prompt_order import prompt_slices
 
 logger = logging.getLogger(__name__)
 # Evaluation metrics also surfaced at the top level of a result, where verl logs them.
@@ -63,15 +64,6 @@ def evaluation_prompts(config: Any, set_size: int) -> int:
         logger.warning("Evaluation asked for %d prompts; the held-out set has %d, each "
                        "scored once.", count, set_size)
     return min(int(count), set_size)
-
-
-def prompt_slices(position: int, num_prompts: int, num_runners: int) -> list[tuple[int, int]]:
-    """``(start, count)`` per runner: consecutive slices of the shared order that together
-    cover positions ``position .. position + num_prompts - 1`` (counts differ by <= 1)."""
-    base, extra = divmod(num_prompts, num_runners)
-    counts = [base + (i < extra) for i in range(num_runners)]
-    starts = [position + sum(counts[:i]) for i in range(num_runners)]
-    return list(zip(starts, counts, strict=True))
 
 
 class EvaluatingAlgorithm(ResilientAlgorithm):

@@ -6,7 +6,7 @@
 When the samplers sample and get the new weights is the sampling strategy's, chosen once
 from the config (`rllib_grpo.rllib.algorithm.sampling`): synchronous at ``max_staleness`` = 0;
 with ``max_staleness`` >= 1 the next step's sampling runs in the background during the
-update (`rllib_grpo.rllib.algorithm.async_pipeline`; docs/async.md).
+update, or the runners never stop (``rollout_mode="continuous"``; docs/async.md).
 Tensor math lives in the learner (`rllib_grpo.rllib.learner.learner`) and `rllib_grpo.algos`;
 sampling and scoring in the env runners (`rllib_grpo.rllib.env_runner.env_runner`).
 """
@@ -40,22 +40,19 @@ from ray.tune.execution.placement_groups import PlacementGroupFactory
 from ray.tune.registry import register_trainable
 from ray.tune.trainable import Trainable
 
-from rllib_grpo.data.rollout import RolloutBatch, concat_rollouts, data_metrics
-from rllib_grpo.rllib.algorithm.async_pipeline import PipelinedSampling
-from rllib_grpo.rllib.algorithm.continuous import ContinuousSampling
+from rllib_grpo.data.rollout import RolloutBatch, data_metrics
 from rllib_grpo.rllib.algorithm.deadlines import Deadlines
-from rllib_grpo.rllib.algorithm.evaluation import EvaluatingAlgorithm, prompt_slices
+from rllib_grpo.rllib.algorithm.evaluation import EvaluatingAlgorithm
 from rllib_grpo.rllib.algorithm.no_signal import no_signal_warning
 from rllib_grpo.rllib.algorithm.placement_group import RunPlacement
 from rllib_grpo.rllib.algorithm.reward_workers import RewardActors
 from rllib_grpo.rllib.algorithm.sampling import (
-    SamplingServices,
+    PromptOrder,
     SamplingStrategy,
-    SynchronousSampling,
+    choose_strategy,
     dynamic_sampling,
 )
 from rllib_grpo.rllib.algorithm.weight_sync import WeightSync
-from rllib_grpo.rllib.choreography import sleep_level
 from rllib_grpo.rllib.config.grpo_config import RUN_PLACEMENT_GROUP, GRPOConfig
 from rllib_grpo.rllib.learner.perf import LEARNER_METRIC_NAMESPACES
 from rllib_grpo.rllib.stacks import RUN_ID_ATTRIBUTE
@@ -119,17 +116,15 @@ class GRPO(EvaluatingAlgorithm):
         self._startup_seconds: float | None = None
         self._startup_parts: dict[str, float] = {}
         self.last_rollout: RolloutBatch | None = None
-        self._data_position = 0
-        self._weight_sync: WeightSync | None = None  # made on the first sync
-        # max_staleness >= 1: the next step's groups are sampled while the learner trains.
-        # rollout_mode="continuous": the env runners never stop (docs/async.md).
-        services, c = self._sampling_services(), self.config
-        self._sampling: SamplingStrategy = (
-            ContinuousSampling(services, c.max_staleness, self._generation_batch_prompts())
-            if c.resolved_rollout_mode() == "continuous"
-            else PipelinedSampling(services, c.max_staleness) if c.max_staleness
-            else SynchronousSampling(services, sleep_level=sleep_level(c)
-                                     if c.sampler_sleeps else None))
+        # The paper's loop, sample -> update -> sync, runs against a sampling strategy
+        # (`rllib_grpo.rllib.algorithm.sampling`) built from the parts it works with.
+        self.prompt_order = PromptOrder()
+        weight_sync = WeightSync(self)
+        self._weight_sync: WeightSync | None = weight_sync
+        self.sampling: SamplingStrategy = choose_strategy(
+            self.config, self._generation_batch_prompts(), runners=self.env_runner_group,
+            learners=self.learner_group, prompts=self.prompt_order, weights=weight_sync,
+            recovery=self, deadlines=self.deadlines, metrics=self.metrics)
 
     def _report_folder(self) -> str:
         """Where stack files go: the Tune trial's folder where it is on this machine, else
@@ -151,31 +146,9 @@ class GRPO(EvaluatingAlgorithm):
                 placement.close()
         self.deadlines.close()
 
-    def _sampling_services(self) -> SamplingServices:
-        """What the sampling strategy may use of this algorithm.  The operations look the
-        methods up at each call, so that a probe or experiment that replaces one on the
-        instance (benchmarks/rllib_run.py) is the one the strategy calls."""
-        return SamplingServices(
-            env_runner_group=self.env_runner_group,
-            learner_group=self.learner_group,
-            sample_groups=lambda num_prompts: self._sample_groups(num_prompts),
-            claim_prompts=lambda num_prompts: self._claim_prompts(num_prompts),
-            sync_weights=lambda: self._sync_weights(),
-            log_value=lambda key, value: self._log_value(key, value),
-            sample_on_runners=lambda func, shares: self.sample_on_runners(func, shares),
-            log_fault_counts=lambda: self.log_fault_counts(),
-            aggregate_runner_metrics=lambda metrics: self.metrics.aggregate(
-                metrics, key=ENV_RUNNER_RESULTS),
-            record_runner_state=self.runner_states.__setitem__,
-            restore_runners=lambda: self.restore_env_runners(self.env_runner_group),
-            deadlines=self.deadlines,
-            restart_stuck_runners=lambda runners, call, timeout_s, rule:
-                self.restart_stuck_runners(runners, call, timeout_s, rule),
-        )
-
     @override(Algorithm)
     def training_step(self) -> None:
-        c = self.config
+        """sample -> update the policy on the groups -> the new weights to the samplers."""
         t_step = time.perf_counter()
         if self._startup_seconds is None:
             now = time.time()
@@ -186,15 +159,16 @@ class GRPO(EvaluatingAlgorithm):
         self._log_dict({startup_part_key(part): seconds
                         for part, seconds in self._startup_parts.items()})
 
-        # The step's own seconds (window=1), not RLlib's log_time moving average.
-        t0 = time.perf_counter()
+        # The paper's loop; when the new weights reach the samplers is the strategy's.
         rollout = self._sample_step()
-        self._log_value("timing_s/sample", time.perf_counter() - t0)
-        self._log_dict(data_metrics(rollout, c.max_response_length))
-        self._warn_if_no_signal()
-        # Pipelined: the next step's sampling is launched here and overlaps the update.
-        self._sampling.before_update(rollout, self._generation_batch_prompts())
+        self.sampling.before_update(rollout, self._generation_batch_prompts())
+        update_time = self._update_learners(rollout)
+        self.sampling.after_update()
+        self._log_step(rollout, time.perf_counter() - t_step, update_time)
 
+    def _update_learners(self, rollout: RolloutBatch) -> float:
+        """One policy update on the step's groups (advantages, loss and optimizer step are
+        the learners'); returns its seconds."""
         t0 = time.perf_counter()
         with self.waiting_on_learners("update", "update"):
             learner_results = self.learner_group.update(
@@ -207,10 +181,10 @@ class GRPO(EvaluatingAlgorithm):
         self._log_value("timing_s/update_actor", update_time)
         self._surface_learner_metrics()
         self._stop_if_nothing_learned(rollout)
+        return update_time
 
-        self._sampling.after_update()  # synchronous: sync the weights now
-
-        step_time = time.perf_counter() - t_step
+    def _log_step(self, rollout: RolloutBatch, step_time: float, update_time: float) -> None:
+        """The step's seconds, tokens and throughput, and the idle fractions."""
         tokens = float(rollout.prompt_lengths.sum() + rollout.response_lengths.sum())
         self._log_value("timing_s/step", step_time)
         self._log_value("perf/total_num_tokens", tokens)
@@ -225,7 +199,7 @@ class GRPO(EvaluatingAlgorithm):
         busy = sum(self.metrics.peek((ENV_RUNNER_RESULTS, key), default=0.0)
                    for key in ("timing_s/gen", "timing_s/reward"))
         step = max(step_time, 1e-9)
-        measured = self._sampling.sampler_idle_frac(step_time)  # continuous: the runners'
+        measured = self.sampling.sampler_idle_frac(step_time)  # continuous: the runners'
         self._log_value("async/learner_idle_frac", min(1.0, max(0.0, 1 - update_time / step)))
         self._log_value("async/sampler_idle_frac", min(1.0, max(0.0, 1 - busy / step))
                         if measured is None else measured)
@@ -239,16 +213,13 @@ class GRPO(EvaluatingAlgorithm):
     @override(Algorithm)
     def _before_evaluate(self) -> None:
         """The env runners idle, with the newest weights, before a validation."""
-        self._sampling.settle()
+        self.sampling.settle()
 
     def _sync_weights(self) -> None:
         """Push the learners' weights to every sampler before the next sample: the driver
         asks the learners to offer and the env runners to receive, by the path the
         placement allows (`rllib_grpo.rllib.algorithm.weight_sync`)."""
-        if getattr(self, "_weight_sync", None) is None:
-            self._weight_sync = WeightSync(self)
-        assert self._weight_sync is not None
-        self._log_dict(self._weight_sync.sync())
+        self.sampling.push_weights()
 
     @override(Algorithm)
     def cleanup(self) -> None:
@@ -289,7 +260,7 @@ class GRPO(EvaluatingAlgorithm):
         state = super().get_state(components, not_components=not_components, **kwargs)
         if self._check_component(DATA_POSITION, components, not_components):
             # In-flight samples are not saved: a restored run samples their prompts again.
-            state[DATA_POSITION] = self._data_position - self._sampling.in_flight_prompts
+            state[DATA_POSITION] = self.prompt_order.get_state(self.sampling.in_flight_prompts)
         group = self.env_runner_group
         if group is not None and group.num_remote_env_runners() > 0 and self._check_component(
                 REMOTE_RUNNERS, components, not_components):
@@ -302,8 +273,9 @@ class GRPO(EvaluatingAlgorithm):
         """RLlib's, plus the remote runners' data positions; restored learner weights
         reach every sampler before the next sample."""
         super().set_state(state)
-        self._sampling.reset()  # restored weights and data: start the pipeline clean
-        self._data_position = state.get(DATA_POSITION, self._data_position)
+        self.sampling.reset()  # restored weights and data: start the pipeline clean
+        if DATA_POSITION in state:
+            self.prompt_order.set_state(state[DATA_POSITION])
         if REMOTE_RUNNERS in state and self.env_runner_group is not None:
             by_index = dict(state[REMOTE_RUNNERS])
             self.runner_states.update(by_index)  # what a restarted runner continues from
@@ -341,52 +313,18 @@ class GRPO(EvaluatingAlgorithm):
     def _sample_step(self) -> RolloutBatch:
         """One step's groups; with dynamic sampling (DAPO), only groups with a signal."""
         c = self.config
+        t0 = time.perf_counter()
         if c.filter_groups:
-            rollout, metrics = dynamic_sampling(self._sampling.draw, c)
+            rollout, metrics = dynamic_sampling(self.sampling.draw, c)
             self._log_dict(metrics)
         else:
-            rollout = self._sampling.fill(c.prompts_per_step)
+            rollout = self.sampling.sample(c.prompts_per_step)
+        # The step's own seconds (window=1), not RLlib's log_time moving average.
+        self._log_value("timing_s/sample", time.perf_counter() - t0)
+        self._log_dict(data_metrics(rollout, c.max_response_length))
+        self._warn_if_no_signal()
         self.last_rollout = rollout
         return rollout
-
-    def _sample_groups(self, num_prompts: int) -> RolloutBatch:
-        """Ask every env runner for its share of ``num_prompts`` groups and concatenate.
-
-        All runners walk one shared prompt order (one permutation per epoch, as verl's
-        dataloader); runner ``k`` serves the ``k``-th consecutive slice of the next
-        ``num_prompts`` positions, so no prompt repeats or is skipped within an epoch.
-        """
-        group = self.env_runner_group
-        num_remote = group.num_remote_env_runners()
-        slices = self._claim_prompts(num_prompts)
-        if num_remote == 0:
-            runner = group.local_env_runner
-            with self.deadlines.watch("sample", "the local env runner (sampling)", kill=False):
-                batches = [runner.sample(num_prompts=num_prompts, start=slices[0][0])]
-            metrics = [runner.get_metrics()]
-        else:
-            # A lost runner's slice is sampled again, at the same positions of the shared
-            # order, by a healthy or restarted runner (`ResilientAlgorithm.sample_on_runners`).
-            results = self.sample_on_runners(
-                lambda er, part: (er.sample(num_prompts=part[1], start=part[0]),
-                                  er.get_metrics()), slices)
-            batches = [b for b, _ in results if len(b)]
-            metrics = [m for _, m in results]
-            if not batches:
-                raise RuntimeError(
-                    f"None of the {num_remote} env runners returned samples (see their errors "
-                    "above); healthy runners: "
-                    f"{group.num_healthy_remote_workers()}.")
-        self.metrics.aggregate(metrics, key=ENV_RUNNER_RESULTS)
-        return concat_rollouts(batches, pad_token_id=0)
-
-    def _claim_prompts(self, num_prompts: int) -> list[tuple[int, int]]:
-        """The next ``num_prompts`` positions of the shared order, as ``(start, count)``
-        per remote runner (one slice for the local runner); the data position moves on."""
-        num_runners = max(1, self.env_runner_group.num_remote_env_runners())
-        slices = prompt_slices(self._data_position, num_prompts, num_runners)
-        self._data_position += num_prompts
-        return slices
 
     def _to_learner_batch(self, rollout: RolloutBatch) -> MultiAgentBatch:
         columns = rollout.train_columns()

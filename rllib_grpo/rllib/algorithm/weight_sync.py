@@ -1,8 +1,8 @@
 """`WeightSync`: the learners' weights to every env runner's sampler, orchestrated by the
-driver.  `GRPO._sync_weights` calls `WeightSync.sync`; the driver asks the learners what to
-send and the runners to receive, through RLlib's public group calls
-(``LearnerGroup.foreach_learner``, ``EnvRunnerGroup.foreach_env_runner``): learners and
-runners never call each other.  The two sides are
+driver.  The sampling strategy calls `WeightSync.sync` (`SamplingStrategy.push_weights`);
+the driver asks the learners what to send and the runners to receive, through RLlib's
+public group calls (``LearnerGroup.foreach_learner``, ``EnvRunnerGroup.foreach_env_runner``):
+learners and runners never call each other.  The two sides are
 `rllib_grpo.rllib.learner.weight_sender` (the learners offer) and
 `rllib_grpo.rllib.env_runner.weight_receiver` (the runners receive).
 

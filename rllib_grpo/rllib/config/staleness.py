@@ -1,6 +1,6 @@
 """The checks and the explanation of ``max_staleness`` (asynchronous rollouts) and of when
 the update's own forward gives the old log-probs; the driver's pipeline
-(`rllib_grpo.rllib.algorithm.async_pipeline`) and the learner read these decisions."""
+(`rllib_grpo.rllib.algorithm.sampling.one_step_off`) and the learner read these decisions."""
 
 from __future__ import annotations
 

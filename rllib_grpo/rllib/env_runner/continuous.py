@@ -16,7 +16,7 @@ episodes and each model turn one request (`rllib_grpo.rllib.env_runner.continuou
 the env plays a turn as soon as it ends, and the group is queued when its episodes are done.  ``suspend`` (before a validation) drops the running
 groups and remembers their prompts, which the next ``submit`` or ``resume`` starts again.
 
-The functions at the bottom are what the driver sends (`rllib_grpo.rllib.algorithm.continuous`).
+The functions at the bottom are what the driver sends (`rllib_grpo.rllib.algorithm.sampling.continuous`).
 """
 
 from __future__ import annotations
@@ -67,8 +67,7 @@ class RolloutLoop:
         self._paused = False
         self._stop = False
         self._busy_s = self._idle_s = self._score_s = 0.0
-        self._pauses, self._pause_s, self._paused_at = 0, 0.0, 0.0
-        self._restarted = 0
+        self._paused_at = 0.0
         # A reset (a restore) starts a new epoch: groups the loop claimed before it are
         # dropped, never queued after it.  A loop that dies says so at the next take.
         self._epoch = 0
@@ -152,9 +151,6 @@ class RolloutLoop:
             self._paused = False
             self._cond.notify_all()
         seconds = time.perf_counter() - self._paused_at
-        self._pauses += 1
-        self._pause_s += seconds
-        self._restarted += restarted
         if self._suspended:  # a validation's suspend: its groups start again
             self.submit([])
         return {"pause_s": seconds, "restarted_requests": float(restarted)}
@@ -273,45 +269,11 @@ class RolloutLoop:
                                     for s in samples]
         return batch
 
-    def counters(self) -> dict[str, float]:
-        """Pauses so far, their seconds and the responses restarted by them."""
-        return {"pauses": float(self._pauses), "pause_s": self._pause_s,
-                "restarted_requests": float(self._restarted)}
-
 
 # --------------------------------------------------------------------------- driver calls
 def rollout_loop(runner: TextEnvRunner) -> RolloutLoop:
-    """The runner's loop, made on first use."""
+    """The runner's loop, made on first use (the driver calls its methods through it)."""
     loop = getattr(runner, "rollout_loop", None)
     if loop is None:
         loop = runner.rollout_loop = RolloutLoop(runner)
     return loop
-
-
-def loop_submit(runner: TextEnvRunner, work: dict[int, list[int]]) -> tuple[int, int]:
-    return runner.worker_index, rollout_loop(runner).submit(work.get(runner.worker_index, []))
-
-
-def loop_take(runner: TextEnvRunner, wait_s: float) -> tuple[int, dict[str, Any]]:
-    return runner.worker_index, rollout_loop(runner).take(wait_s)
-
-
-def loop_pause(runner: TextEnvRunner) -> int:
-    rollout_loop(runner).pause()
-    return runner.worker_index
-
-
-def loop_resume(runner: TextEnvRunner) -> tuple[int, dict[str, float]]:
-    return runner.worker_index, rollout_loop(runner).resume()
-
-
-def loop_suspend(runner: TextEnvRunner) -> int:
-    rollout_loop(runner).suspend()
-    return runner.worker_index
-
-
-def loop_reset(runner: TextEnvRunner) -> int:
-    loop = getattr(runner, "rollout_loop", None)
-    if loop is not None:
-        loop.reset()
-    return runner.worker_index

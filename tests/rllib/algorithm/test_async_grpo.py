@@ -1,6 +1,7 @@
 """One-step-off-policy GRPO (``max_staleness``): the synchronous path is untouched at 0,
 no trained trajectory is older than the bound, and the pieces around it (validation,
-explain, the gap metrics, the stale-group guard, checkpoints) do what docs/async.md says."""
+explain, the gap metrics, checkpoints) do what docs/async.md says (the strategy itself:
+tests/rllib/algorithm/sampling/test_one_step_off.py)."""
 
 from __future__ import annotations
 
@@ -108,88 +109,6 @@ def test_unknown_rollout_is_level_is_refused_with_the_levels(value):
         tiny_config(rollout_is=value).validate()
 
 
-# --------------------------------------------------------------------------- stale guard
-class _StubAlgo:
-    """What `PipelinedSampling.draw`/`fill` use of `GRPO`: fresh groups at the current
-    version (every fresh group's rewards vary)."""
-
-    def __init__(self, version: int) -> None:
-        self.version, self.last_rollout = version, None
-        self.fresh_calls: list[int] = []
-
-    def _sample_groups(self, num_prompts: int):
-        self.fresh_calls.append(num_prompts)
-        return _batch([self.version] * num_prompts, first_group=100 * len(self.fresh_calls))
-
-
-def _batch(versions: list[int], varied: list[bool] | None = None, first_group: int = 0):
-    """Groups of 2 trajectories, group g sampled with ``versions[g]``; its two rewards
-    differ when ``varied[g]`` (default: all do)."""
-    from rllib_grpo.data.rollout import build_rollout_batch
-
-    varied = varied or [True] * len(versions)
-    rows = [(g, r) for g in range(len(versions)) for r in range(2)]
-    batch = build_rollout_batch(
-        [[1, 2]] * len(rows), [[3]] * len(rows), [[-0.5]] * len(rows),
-        [float(r) if varied[g] else 0.0 for g, r in rows], [first_group + g for g, _ in rows],
-        [False] * len(rows), [False] * len(rows), [{} for _ in rows], pad_token_id=0)
-    batch.weights_version[:] = [versions[g] for g, _ in rows]
-    return batch
-
-
-def _pipeline(algo, ready):
-    """A pipeline with ``ready`` taken from the runners (no Ray: the driver state only)."""
-    from rllib_grpo.rllib.algorithm.async_pipeline import PipelinedSampling
-    from rllib_grpo.rllib.algorithm.sampling import SamplingServices
-
-    def unused(*args):
-        raise AssertionError("not expected here")
-
-    services = SamplingServices(
-        env_runner_group=None, learner_group=None, sample_groups=algo._sample_groups,
-        claim_prompts=unused, sync_weights=unused, log_value=unused,
-        sample_on_runners=unused, log_fault_counts=unused, aggregate_runner_metrics=unused,
-        record_runner_state=unused)
-    pipeline = PipelinedSampling(services, max_staleness=1)
-    pipeline._learner_version = pipeline._runner_version = algo.version
-    pipeline._ready, pipeline._ready_prompts = ready, ready.num_groups
-    return pipeline
-
-
-def test_groups_older_than_the_bound_are_dropped_and_sampled_again():
-    algo = _StubAlgo(version=5)
-    # The background batch: 4 groups sampled with versions 4, 3, 4, 5 (3 is two updates old).
-    pipeline = _pipeline(algo, _batch([4, 3, 4, 5]))
-    rollout = pipeline.fill(4)
-    assert pipeline.dropped_stale_groups == 1
-    assert algo.fresh_calls == [1]  # exactly the dropped group's place, sampled fresh
-    staleness = 5 - rollout.weights_version
-    assert len(rollout) == 8 and staleness.max() <= 1
-    assert sorted(set(rollout.weights_version.tolist())) == [4, 5]
-    assert rollout.num_groups == 4
-
-
-def test_dynamic_sampling_counts_only_kept_groups_under_staleness():
-    from rllib_grpo.rllib.algorithm.grpo import GRPO
-
-    algo = _StubAlgo(version=5)
-    algo.config = _remote(tiny_config(max_staleness=1, filter_groups=True,
-                                      filter_groups_metric="seq_reward", prompts_per_step=4))
-    logged: dict[str, float] = {}
-    algo._log_dict = logged.update
-    # Background batch: group 1 is two updates old (dropped), group 2 has no signal (filtered).
-    algo._sampling = _pipeline(algo, _batch([4, 3, 4, 4], [True, True, False, True]))
-    rollout = GRPO._sample_step(algo)
-    assert algo.last_rollout is rollout
-    assert rollout.num_groups == 4 and (5 - rollout.weights_version).max() <= 1
-    for g in np.unique(rollout.group_index):  # every trained group carries a signal
-        assert np.std(rollout.scores[rollout.group_index == g]) > 0
-    # 2 groups kept from the background batch + a fresh generation batch of 4 prompts.
-    assert algo.fresh_calls == [4] and algo._sampling.dropped_stale_groups == 1
-    assert logged["train/num_gen_batches"] == 2
-    assert logged["filter_groups/discarded_surplus_groups"] == 2
-
-
 # --------------------------------------------------------------------------- end to end
 def test_max_staleness_0_is_the_synchronous_loop(ray_session):
     """At 0, `training_step` is sample -> update -> sync: the same weights, bit for bit, as
@@ -199,7 +118,7 @@ def test_max_staleness_0_is_the_synchronous_loop(ray_session):
     algo = tiny_config(lr=1e-2, max_staleness=0).build_algo()
     reference = tiny_config(lr=1e-2).build_algo()
     try:
-        assert isinstance(algo._sampling, SynchronousSampling)
+        assert isinstance(algo.sampling, SynchronousSampling)
         for _ in range(2):
             algo.train()
         position = 0
@@ -226,7 +145,7 @@ def test_staleness_1_trains_on_groups_one_update_old_never_more(ray_session):
             learner_version = algo.learner_group._learner._weights_seq_no - 1  # at the update
             staleness.append(set((learner_version - algo.last_rollout.weights_version).tolist()))
             # The next step's groups are in flight while this step returns.
-            assert algo._sampling._tag is not None
+            assert algo.sampling._tag is not None
         # Step 1 has nothing sampled ahead; from step 2 on every group is one update old.
         assert staleness == [{0}, {1}, {1}, {1}]
         assert [r["async/staleness_max"] for r in results] == [0, 1, 1, 1]
@@ -251,7 +170,7 @@ def test_a_checkpoint_discards_in_flight_samples_and_restores_clean(ray_session,
         for _ in range(4):
             algo.train()
         # A checkpoint holds no in-flight samples: its data position is where they begin.
-        assert algo._data_position == 5 * 4  # 4 steps trained + 1 in flight, 4 prompts each
+        assert algo.prompt_order.position == 5 * 4  # 4 steps trained + 1 in flight, 4 prompts each
         path = algo.save_to_path(str(tmp_path / "ckpt"))
         assert algo.get_state(components=DATA_POSITION)[DATA_POSITION] == 4 * 4
         algo.train()  # trains the groups that were in flight at the save
@@ -296,7 +215,7 @@ def test_staleness_1_with_two_fsdp_learners_and_two_env_runners(ray_session):
         # Each step's 4 prompts came from both runners (2 each), one group per prompt.
         assert algo.last_rollout.num_groups == 4
         assert {1, 2} <= set(algo.runner_states)  # both runners returned their share
-        algo._sampling.settle()  # take the request in flight; the runners get the newest
+        algo.sampling.settle()  # take the request in flight; the runners get the newest
         learner_weights = group.get_weights()[DEFAULT_MODULE_ID]
         runner_weights = algo.env_runner_group.foreach_env_runner(
             lambda er: {k: v.detach().cpu() for k, v in er.sampler.model.state_dict().items()},

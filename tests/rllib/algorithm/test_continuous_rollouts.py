@@ -82,14 +82,14 @@ def continuous_run(ray_session):
         for _ in range(UPDATES):
             result = flatten(algo.train())
             updates.append((result, algo.last_rollout))
-        strategy = algo._sampling
+        strategy = algo.sampling
         untrained = min(strategy._outstanding)
         state = algo.get_state()
         before = {"untrained": untrained, "state_position": state[DATA_POSITION],
-                  "ahead": algo._data_position - untrained,
+                  "ahead": algo.prompt_order.position - untrained,
                   "in_flight_prompts": strategy.in_flight_prompts}
         algo.set_state(state)
-        after = {"outstanding": dict(strategy._outstanding), "position": algo._data_position}
+        after = {"outstanding": dict(strategy._outstanding), "position": algo.prompt_order.position}
         after["result"] = flatten(algo.train())
     finally:
         algo.stop()

@@ -158,14 +158,14 @@ def test_phase_timings_are_the_steps_own_values(ray_session):
 
     algo = tiny_config().build_algo()
     try:
-        sample = algo._sample_step
+        sample = algo.sampling.sample
         delays = iter([0.5, 0.0])
 
-        def slow_then_fast():
+        def slow_then_fast(num_prompts):
             time.sleep(next(delays))
-            return sample()
+            return sample(num_prompts)
 
-        algo._sample_step = slow_then_fast
+        algo.sampling.sample = slow_then_fast
         first = _flat(algo.train())
         second = _flat(algo.train())
         assert first["timing_s/sample"] >= 0.5

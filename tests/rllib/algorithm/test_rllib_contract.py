@@ -34,7 +34,7 @@ PRIVATE_RLLIB_NAMES = [
      ["self", "batch", "kwargs"], "rllib/learner/module.py"),
     ("ray.rllib.core.learner.learner_group", "LearnerGroup", "_get_results",
      ["self", "results"], "rllib/learner/learner_group.py, rllib/learner/fsdp.py: gather on every learner; "
-     "rllib/algorithm/async_pipeline.py: the learners' policy version"),
+     "rllib/algorithm/sampling/strategy.py: the learners' policy version"),
     ("ray.rllib.utils.checkpoints", "Checkpointable", "_check_component",
      ["self", "name", "components", "not_components"], "rllib/learner/learner_group.py: get_state"),
     ("ray.rllib.utils.checkpoints", "Checkpointable", "_get_subcomponents",
@@ -74,7 +74,7 @@ PRIVATE_RLLIB_NAMES = [
      "rllib/learner/learner_group.py: the run's placement group outlives the learners"),
     ("ray.rllib.core.learner.learner", "Learner", "_weights_seq_no", None,
      "rllib/learner/weight_sender.py: the sequence number a weight sync carries; "
-     "rllib/learner/learner.py, rllib/algorithm/async_pipeline.py: the policy version (staleness)"),
+     "rllib/learner/learner.py, rllib/algorithm/sampling/strategy.py: the policy version (staleness)"),
 ]
 
 

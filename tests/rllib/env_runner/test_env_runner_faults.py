@@ -100,7 +100,7 @@ def test_a_runner_killed_during_a_background_request_costs_a_resampled_share(
         assert results[-1]["fault_tolerance/resampled_shares"] == 1
         assert max(r["async/staleness_max"] for r in results) <= 1
         # 4 steps trained + 1 in flight, 4 prompts each: the order went on where it stood.
-        assert algo._data_position == 20
+        assert algo.prompt_order.position == 20
         (state,) = algo.env_runner_group.foreach_env_runner(
             lambda er: er.env.get_state(), local_env_runner=False)
         assert state["position"] in (16, 20)  # the in-flight request may still be sampling

@@ -18,14 +18,11 @@ deeper pipeline would not raise the steady rate).  The old log-probs are the lea
 `rllib_grpo.rllib.config.staleness.old_log_probs_from_update`) and the sampler's are kept, so
 ``rollout_is`` weighs the gap.
 
-`PipelinedSampling` is the `rllib_grpo.rllib.algorithm.sampling.SamplingStrategy` that
-`GRPO` uses with ``max_staleness`` >= 1; it reaches the algorithm only through the
-`SamplingServices` it is given.  A lost runner's share of the background request is
-sampled again at once through `ResilientAlgorithm.sample_on_runners`, and so is a stuck
-runner's once it is restarted (the request has the sampling deadline, counted from its
-launch: `rllib_grpo.rllib.algorithm.deadlines`).  Checkpoints hold
-no in-flight samples: the saved data position is where the untrained groups began, so a
-restored run samples those prompts again with its own weights.  See docs/async.md.
+A lost runner's share of the background request is sampled again at once
+(`RunnerRecovery.sample_on_runners`), and so is a stuck runner's once it is restarted (the
+request has the sampling deadline, counted from its launch).  Checkpoints hold no
+in-flight samples: the saved prompt position is where the untrained groups began, so a
+restored run samples those prompts again with its own weights.
 """
 
 from __future__ import annotations
@@ -40,11 +37,7 @@ import numpy as np
 from rllib_grpo.data.recipes import first_groups
 from rllib_grpo.data.rollout import RolloutBatch, concat_rollouts
 from rllib_grpo.rllib.algorithm.deadlines import label_range
-from rllib_grpo.rllib.algorithm.sampling import (
-    SamplingServices,
-    SamplingStrategy,
-    read_learner_version,
-)
+from rllib_grpo.rllib.algorithm.sampling.strategy import SamplingStrategy
 
 _REQUEST_IDS = itertools.count()
 
@@ -63,10 +56,9 @@ def _sample_share(runner: Any, work: dict[int, tuple[int, int]]) -> tuple:
 class PipelinedSampling(SamplingStrategy):
     """Driver side of one-step-off-policy sampling (``max_staleness`` >= 1)."""
 
-    def __init__(self, services: SamplingServices, max_staleness: int) -> None:
-        self.services = services
+    def __init__(self, *args: Any, max_staleness: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.max_staleness = int(max_staleness)
-        self._learner_version: int | None = None  # learner updates done (None: ask)
         self._runner_version: int | None = 0  # what the runners hold (setup pushed v0)
         self._tag: str | None = None  # the background request in flight
         self._sent: list[int] = []  # the runners it went to, and when (monotonic)
@@ -77,13 +69,6 @@ class PipelinedSampling(SamplingStrategy):
         self.dropped_stale_groups = 0
 
     # ---------------------------------------------------------------- versions
-    @property
-    def learner_version(self) -> int:
-        """Learner updates done (RLlib's weights sequence number of learner 0)."""
-        if self._learner_version is None:
-            self._learner_version = read_learner_version(self.services.learner_group)
-        return self._learner_version
-
     def after_update(self) -> None:
         """The learner took one update (its version moved by one); the runners are busy:
         they get the weights when their generation ends."""
@@ -92,22 +77,19 @@ class PipelinedSampling(SamplingStrategy):
     def sync_if_behind(self) -> None:
         """Push the learner's weights when the (idle) runners hold older ones."""
         if self._runner_version != self.learner_version:
-            t0 = time.perf_counter()
-            self.services.sync_weights()
-            self.services.log_value("timing_s/update_weights", time.perf_counter() - t0)
+            self.sync_weights()
             self._runner_version = self.learner_version
 
     # ---------------------------------------------------------------- background requests
     @property
     def in_flight_prompts(self) -> int:
-        """Prompts handed out by the data order whose groups are not trained yet."""
         return sum(count for _, count in self._shares.values()) + self._ready_prompts
 
     def launch(self, num_prompts: int) -> None:
         """Start sampling the next step's ``num_prompts`` groups in the background, on the
         runners' current weights (call with the runners idle and synced)."""
-        group = self.services.env_runner_group
-        slices = self.services.claim_prompts(num_prompts)
+        group = self.runners
+        slices = self.prompts.claim(num_prompts, group.num_remote_env_runners())
         self._shares = {index: share for index, share in enumerate(slices, start=1)
                         if share[1]}
         healthy = set(group.healthy_env_runner_ids())
@@ -122,7 +104,7 @@ class PipelinedSampling(SamplingStrategy):
     def _collect(self) -> None:
         """Wait for the background request, within its deadline (from its launch); a lost
         runner's share is sampled again, as is a stuck one's once it is restarted."""
-        services, group = self.services, self.services.env_runner_group
+        group = self.runners
         t0 = time.perf_counter()
         results: dict[int, tuple] = {}
         if group.num_in_flight_async_reqs(self._tag):
@@ -134,15 +116,15 @@ class PipelinedSampling(SamplingStrategy):
             num_runners = max(self._shares)
             shares = [self._shares[i] if i in missing else None
                       for i in range(1, num_runners + 1)]
-            redone = services.sample_on_runners(lambda er, part: _sample_share(
+            redone = self.recovery.sample_on_runners(lambda er, part: _sample_share(
                 er, {er.worker_index: part}), shares)
             for (_, batch, metrics, state, seconds), index in zip(redone, missing, strict=True):
                 results[index] = (index, batch, metrics, state, seconds)
-        services.log_fault_counts()  # (sample_on_runners logs them only when it ran)
+        self.recovery.log_fault_counts()  # (sample_on_runners logs them only when it ran)
         ordered = [results[i] for i in sorted(results)]
         for index, _, _, state, _ in ordered:
-            services.record_runner_state(index, state)
-        services.aggregate_runner_metrics([m for _, _, m, _, _ in ordered])
+            self.recovery.runner_states[index] = state
+        self.aggregate_runner_metrics([m for _, _, m, _, _ in ordered])
         batches = [b for _, b, _, _, _ in ordered if len(b)]
         if not batches:
             raise RuntimeError("None of the env runners returned samples for the background "
@@ -151,13 +133,13 @@ class PipelinedSampling(SamplingStrategy):
         self._ready = concat_rollouts(batches, pad_token_id=0)
         self._ready_prompts = sum(count for _, count in self._shares.values())
         self._tag, self._shares = None, {}
-        services.log_value("async/wait_sample_s", waited)
+        self.log("async/wait_sample_s", waited)
 
     def _fetch(self, group: Any) -> list[tuple[int, Any]]:
         """The background request's results; a runner that has not answered within the
         sampling deadline, counted from the launch, is restarted (its share is then missing
         and sampled again)."""
-        deadlines = self.services.deadlines
+        deadlines = self.deadlines
         if deadlines is None:
             return list(group.fetch_ready_async_reqs(tags=self._tag, timeout_seconds=None))
         timeout, rule = deadlines.timeout_and_rule("sample")
@@ -167,12 +149,11 @@ class PipelinedSampling(SamplingStrategy):
             ready = list(group.fetch_ready_async_reqs(
                 tags=self._tag, timeout_seconds=max(0.0, self._launched + timeout
                                                     - time.monotonic())))
-        answered = {index for index, _ in ready}
-        stuck = [i for i in sent if i not in answered
-                 and group._worker_manager.is_actor_healthy(i)]
-        if stuck and self.services.restart_stuck_runners is not None:
-            self.services.restart_stuck_runners(stuck, "sampling", timeout, rule)
-        elif not stuck:
+        answered, healthy = {index for index, _ in ready}, set(group.healthy_env_runner_ids())
+        stuck = [i for i in sent if i not in answered and i in healthy]
+        if stuck:
+            self.recovery.restart_stuck_runners(stuck, "sampling", timeout, rule)
+        else:
             deadlines.record("sample", time.monotonic() - self._launched)
         return ready
 
@@ -194,9 +175,9 @@ class PipelinedSampling(SamplingStrategy):
             batch, self._ready, self._ready_prompts = self._ready, None, 0
             return self._drop_stale(batch)
         self.sync_if_behind()
-        return self.services.sample_groups(num_prompts)
+        return self.sample_now(num_prompts)
 
-    def fill(self, num_prompts: int) -> RolloutBatch:
+    def sample(self, num_prompts: int) -> RolloutBatch:
         """``num_prompts`` groups of at most ``max_staleness`` updates (without dynamic
         sampling); dropped stale groups are replaced by fresh ones."""
         batches, num_groups = [], 0
@@ -220,9 +201,9 @@ class PipelinedSampling(SamplingStrategy):
         newest weights and launch the next step's sampling, all before the update."""
         staleness = (self.learner_version - rollout.weights_version).astype(np.float64)
         if staleness.size:
-            self.services.log_value("async/staleness_mean", float(staleness.mean()))
-            self.services.log_value("async/staleness_max", float(staleness.max()))
-        self.services.log_value("async/dropped_stale_groups", self.dropped_stale_groups)
+            self.log("async/staleness_mean", float(staleness.mean()))
+            self.log("async/staleness_max", float(staleness.max()))
+        self.log("async/dropped_stale_groups", self.dropped_stale_groups)
         self.sync_if_behind()
         self.launch(next_prompts)
 
@@ -230,8 +211,7 @@ class PipelinedSampling(SamplingStrategy):
         """Forget the in-flight samples and the versions (after a restore)."""
         if self._tag is not None:
             try:  # drain, so the runners' request counters are free again; results dropped
-                self.services.env_runner_group.fetch_ready_async_reqs(tags=self._tag,
-                                                                      timeout_seconds=None)
+                self.runners.fetch_ready_async_reqs(tags=self._tag, timeout_seconds=None)
             except Exception:  # noqa: BLE001 - a runner lost meanwhile restarts on its own
                 pass
         self._tag, self._shares, self._ready, self._ready_prompts = None, {}, None, 0

@@ -1,7 +1,6 @@
 """Continuous rollouts (``rollout_mode="continuous"``, ``max_staleness`` = K >= 1): the env
 runners never stop generating; weights are loaded between two decode steps.
 
-`ContinuousSampling` is the third `rllib_grpo.rllib.algorithm.sampling.SamplingStrategy`.
 Each remote env runner runs a `rllib_grpo.rllib.env_runner.continuous.RolloutLoop`: its
 engine steps for as long as it has prompt groups, and a group is scored and queued the
 moment its last response ends.  The driver keeps K steps' worth of groups
@@ -11,11 +10,11 @@ moment its last response ends.  The driver keeps K steps' worth of groups
    round) until it has the step's groups, the oldest versions first; a group whose oldest
    token is more than K updates old is dropped and its prompt sampled again
    (``async/dropped_stale_groups``);
-2. **tops up** the runners with new prompts (the data order moves on), so the engines
+2. **tops up** the runners with new prompts (the prompt order moves on), so the engines
    stay full while the learner
 3. **updates**; then
 4. **publishes the new weights in flight**: every runner pauses between two engine steps,
-   the weight sync runs as in the other modes (`GRPO._sync_weights`), and each
+   the weight sync runs as in the other modes (`SamplingStrategy.push_weights`), and each
    runner resumes: the tokens sampled from then on carry the new version, and each
    unfinished response continues under the new weights (``partial_rollout=True``) or is
    sampled again (``False``).
@@ -23,32 +22,20 @@ moment its last response ends.  The driver keeps K steps' worth of groups
 A response's staleness is its oldest token's (``weights_version`` = that token's version;
 ``RolloutBatch.token_versions`` per token).  Lost runners cost only their in-flight groups:
 their prompts go to the healthy runners (or the restarted one).  Checkpoints hold no
-in-flight groups: the saved data position is the first prompt not yet trained.
+in-flight groups: the saved prompt position is the first prompt not yet trained.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import numpy as np
 
 from rllib_grpo.data.rollout import RolloutBatch, concat_rollouts
-from rllib_grpo.rllib.algorithm.sampling import (
-    SamplingServices,
-    SamplingStrategy,
-    read_learner_version,
-)
-from rllib_grpo.rllib.env_runner.continuous import (
-    loop_pause,
-    loop_reset,
-    loop_resume,
-    loop_submit,
-    loop_suspend,
-    loop_take,
-)
+from rllib_grpo.rllib.algorithm.sampling.strategy import SamplingStrategy
+from rllib_grpo.rllib.env_runner.continuous import rollout_loop
 
 TAKE_WAIT_S = 0.05  # each round of taking: how long a runner waits for a first group
 DRIVER = 0  # the "runner" of a finished group the driver holds (remote runners count from 1)
@@ -57,70 +44,56 @@ DRIVER = 0  # the "runner" of a finished group the driver holds (remote runners 
 class ContinuousSampling(SamplingStrategy):
     """Driver side of continuous rollouts (module docstring)."""
 
-    def __init__(self, services: SamplingServices, max_staleness: int, prompts_per_step: int
-                 ) -> None:
-        self.services = services
+    def __init__(self, *args: Any, max_staleness: int, prompts_per_step: int,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.max_staleness = int(max_staleness)
         self.capacity = self.max_staleness * int(prompts_per_step)
         self._outstanding: dict[int, int] = {}  # data position -> runner (or DRIVER)
         self._ready: list[tuple[int, RolloutBatch]] = []  # taken, not yet trained
         self._claimed_end = 0
-        self._learner_version: int | None = None
         self._suspended = False
         self._needs_sync = False
         self.dropped_stale_groups = 0
         self.lost_groups = 0
         self._busy_s: dict[int, float] = {}
         self._idle_s: dict[int, float] = {}
-        self._pauses = 0
-        self._pause_s = 0.0
         self._restarted = 0
-        self._steps = 0
 
     # ---------------------------------------------------------------- runner calls
-    def _on_runners(self, func: Callable[[Any], Any], ids: list[int] | None = None) -> list:
-        """``func`` on the runners ``ids`` (default: the healthy ones) within the deadline
-        of a runner call; a runner stuck past it is restarted (its prompts are then handed
-        out again, as a lost runner's)."""
-        group = self.services.env_runner_group
+    def _on_runners(self, func: Callable[[Any], Any], ids: list[int] | None = None
+                    ) -> dict[int, Any]:
+        """``func(runner)`` on the runners ``ids`` (default: the healthy ones), by runner
+        index, within the deadline of a runner call; a runner stuck past it is restarted
+        (its prompts are then handed out again, as a lost runner's)."""
+        group = self.runners
         ids = sorted(group.healthy_env_runner_ids()) if ids is None else ids
         if not ids:
-            return []
-        deadlines = self.services.deadlines
-        if deadlines is None:
-            return group.foreach_env_runner(func, local_env_runner=False,
-                                            remote_worker_ids=ids, healthy_only=True)
-        timeout, rule = deadlines.timeout_and_rule("runner_call")
+            return {}
+        deadlines = self.deadlines
+        timeout, rule = deadlines.timeout_and_rule("runner_call") if deadlines else (None, "")
         t0 = time.monotonic()
-        results = group.foreach_env_runner(
+        results = dict(group.foreach_env_runner(
             lambda er: (er.worker_index, func(er)), local_env_runner=False,
-            remote_worker_ids=ids, healthy_only=True, timeout_seconds=timeout)
-        answered = {index for index, _ in results}
-        stuck = [i for i in ids if i not in answered
-                 and group._worker_manager.is_actor_healthy(i)]
-        if stuck and self.services.restart_stuck_runners is not None:
-            self.services.restart_stuck_runners(stuck, "a continuous-rollout call", timeout,
+            remote_worker_ids=ids, healthy_only=True, timeout_seconds=timeout))
+        healthy = set(group.healthy_env_runner_ids())
+        stuck = [i for i in ids if i not in results and i in healthy]
+        if stuck and timeout is not None:
+            self.recovery.restart_stuck_runners(stuck, "a continuous-rollout call", timeout,
                                                 rule)
-        elif not stuck:
+        elif deadlines is not None and not stuck:
             deadlines.record("runner_call", time.monotonic() - t0)
-        return [out for _, out in results]
+        return results
 
     def _healthy(self) -> list[int]:
-        healthy = sorted(self.services.env_runner_group.healthy_env_runner_ids())
-        if not healthy and self.services.restore_runners is not None:
-            self.services.restore_runners()
-            healthy = sorted(self.services.env_runner_group.healthy_env_runner_ids())
+        healthy = sorted(self.runners.healthy_env_runner_ids())
+        if not healthy:
+            self.recovery.restore_env_runners(self.runners)
+            healthy = sorted(self.runners.healthy_env_runner_ids())
         if not healthy:
             raise RuntimeError("rollout_mode='continuous': no healthy env runner is left "
                                "(see their errors above).")
         return healthy
-
-    @property
-    def learner_version(self) -> int:
-        """Learner updates done (RLlib's weights sequence number of learner 0)."""
-        if self._learner_version is None:
-            self._learner_version = read_learner_version(self.services.learner_group)
-        return self._learner_version
 
     # ---------------------------------------------------------------- handing out prompts
     def _submit(self, positions: list[int]) -> None:
@@ -138,22 +111,23 @@ class ContinuousSampling(SamplingStrategy):
             self._outstanding[position] = runner
         send = [i for i in healthy if work[i] or self._suspended]
         self._suspended = False
-        self._on_runners(partial(loop_submit, work=work), send)
+        self._on_runners(lambda er: rollout_loop(er).submit(work.get(er.worker_index, [])),
+                         send)
 
     def _top_up(self) -> None:
         """New prompts for the runners, up to K steps' worth handed out."""
         need = self.capacity - len(self._outstanding)
         if need <= 0:
             return
-        positions = [start + k for start, count in self.services.claim_prompts(need)
+        positions = [start + k for start, count in self.prompts.claim(need)
                      for k in range(count)]
         self._claimed_end = max(self._claimed_end, max(positions) + 1)
         self._submit(positions)
 
     def _take(self) -> None:
         """One round: the runners' finished groups; lost runners' prompts handed out again."""
-        results: dict[int, dict[str, Any]] = dict(self._on_runners(
-            partial(loop_take, wait_s=TAKE_WAIT_S)))
+        results: dict[int, dict[str, Any]] = self._on_runners(
+            lambda er: rollout_loop(er).take(TAKE_WAIT_S))
         lost = set(self._outstanding.values()) - set(results) - {DRIVER}
         if lost:  # a lost runner costs only its in-flight groups: sampled again elsewhere
             positions = [p for p, r in self._outstanding.items() if r in lost]
@@ -171,7 +145,7 @@ class ContinuousSampling(SamplingStrategy):
             if out["groups"]:
                 metrics.append(out["metrics"])
         if metrics:
-            self.services.aggregate_runner_metrics(metrics)
+            self.aggregate_runner_metrics(metrics)
 
     def _drop_stale(self) -> None:
         """Drop the held groups whose oldest token is now more than K updates old (a group
@@ -192,7 +166,7 @@ class ContinuousSampling(SamplingStrategy):
             self._needs_sync = False
             self._publish()
         elif self._suspended:
-            self._on_runners(loop_resume)
+            self._on_runners(lambda er: rollout_loop(er).resume())
         self._suspended = False
         self._top_up()
         t0 = time.perf_counter()
@@ -200,21 +174,21 @@ class ContinuousSampling(SamplingStrategy):
         while len(self._ready) < num_prompts:
             self._take()
             self._drop_stale()
-        self.services.log_value("async/wait_sample_s", time.perf_counter() - t0)
+        self.log("async/wait_sample_s", time.perf_counter() - t0)
         self._ready.sort(key=lambda item: (int(item[1].weights_version.min()), item[0]))
         taken, self._ready = self._ready[:num_prompts], self._ready[num_prompts:]
         for position, _ in taken:
             self._outstanding.pop(position, None)
         return concat_rollouts([b for _, b in taken], pad_token_id=0)
 
-    def fill(self, num_prompts: int) -> RolloutBatch:
+    def sample(self, num_prompts: int) -> RolloutBatch:
         return self.draw(num_prompts)
 
     def before_update(self, rollout: RolloutBatch, next_prompts: int) -> None:
         """Refill the engines (they generate during the update) and log the step's
         staleness, queue depth and runner idle share."""
         self._top_up()
-        log = self.services.log_value
+        log = self.log
         versions = rollout.per_token_versions()
         trained = rollout.response_mask if rollout.loss_mask is None else rollout.loss_mask
         staleness = (self.learner_version - versions)[trained > 0]  # (env tokens: not)
@@ -229,7 +203,7 @@ class ContinuousSampling(SamplingStrategy):
         log("async/lost_groups", self.lost_groups)
         log("async/queue_depth", len(self._ready))
         log("async/in_flight_groups", len(self._outstanding) - len(self._ready))
-        self.services.log_fault_counts()
+        self.recovery.log_fault_counts()
 
     def after_update(self) -> None:
         """Publish the new weights in flight: pause every runner between two engine steps,
@@ -240,15 +214,12 @@ class ContinuousSampling(SamplingStrategy):
     def _publish(self) -> None:
         t0 = time.perf_counter()
         ids = self._healthy()
-        self._on_runners(loop_pause, ids)
-        self.services.sync_weights()
-        resumed = dict(self._on_runners(loop_resume, ids))
+        self._on_runners(lambda er: rollout_loop(er).pause(), ids)
+        self.push_weights()
+        resumed = self._on_runners(lambda er: rollout_loop(er).resume(), ids)
         seconds = time.perf_counter() - t0
-        self._steps += 1
-        self._pauses += len(resumed)
-        self._pause_s += seconds
         self._restarted += int(sum(r["restarted_requests"] for r in resumed.values()))
-        log = self.services.log_value
+        log = self.log
         log("timing_s/update_weights", seconds)
         log("async/pauses_per_step", float(len(resumed)))
         log("async/pause_s", seconds)
@@ -265,7 +236,7 @@ class ContinuousSampling(SamplingStrategy):
     def settle(self) -> None:
         """Before a validation: the runners drop their running groups (started again after
         it) and pause; their weights are the newest already (synced after each update)."""
-        self._on_runners(loop_suspend)
+        self._on_runners(lambda er: rollout_loop(er).suspend())
         self._suspended = True
 
     def reset(self) -> None:
@@ -273,7 +244,8 @@ class ContinuousSampling(SamplingStrategy):
         the first untrained prompt, sampled again with the restored weights (pushed to the
         runners, paused, before the next step takes anything)."""
         try:
-            self._on_runners(loop_reset)
+            self._on_runners(lambda er: er.rollout_loop.reset()
+                             if getattr(er, "rollout_loop", None) else None)
         except Exception:  # noqa: BLE001 - a runner lost meanwhile restarts on its own
             pass
         self._outstanding, self._ready, self._suspended = {}, [], False

@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.rllib.algorithm.test_async_grpo import _batch
+from tests.helpers.sampling_parts import FakeDeadlines, Parts
+from tests.helpers.sampling_parts import groups_batch as _batch
 
 P = 4  # prompts per step
 
@@ -58,41 +59,36 @@ class _Group:
     def __init__(self, num, calls):
         self.runners = {i: _Runner(i, calls) for i in range(1, num + 1)}
         self.lost: set[int] = set()
+        self.silent: set[int] = set()  # healthy, but no answer within the call's timeout
 
     def healthy_env_runner_ids(self):
         return [i for i in self.runners if i not in self.lost]
 
-    def foreach_env_runner(self, func, local_env_runner, remote_worker_ids, healthy_only):
+    def foreach_env_runner(self, func, local_env_runner, remote_worker_ids, healthy_only,
+                           timeout_seconds):
         assert not local_env_runner and healthy_only
-        return [func(self.runners[i]) for i in remote_worker_ids if i not in self.lost]
+        return [func(self.runners[i]) for i in remote_worker_ids
+                if i not in self.lost | self.silent]
+
+
+def _runner_calls(calls: list[str]) -> list[str]:
+    """The loops' pauses, resumes and suspends, and the weight syncs, in order."""
+    return [c for c in calls if c not in ("runner_metrics", "log_fault_counts")]
 
 
 def _strategy(num_runners=2, k=2):
-    from rllib_grpo.rllib.algorithm.continuous import ContinuousSampling
-    from rllib_grpo.rllib.algorithm.sampling import SamplingServices
+    from rllib_grpo.rllib.algorithm.sampling import ContinuousSampling
 
-    calls: list[str] = []
-    group = _Group(num_runners, calls)
-    position = [0]
-    logged: dict[str, float] = {}
-
-    def claim(n):
-        start, position[0] = position[0], position[0] + n
-        return [(start, n)]
-
-    services = SamplingServices(
-        env_runner_group=group, learner_group=None, sample_groups=None, claim_prompts=claim,
-        sync_weights=lambda: calls.append("sync"), log_value=logged.__setitem__,
-        sample_on_runners=None, log_fault_counts=lambda: None,
-        aggregate_runner_metrics=lambda metrics: None, record_runner_state=None)
-    strategy = ContinuousSampling(services, max_staleness=k, prompts_per_step=P)
+    parts = Parts()
+    group = parts.runners = _Group(num_runners, parts.calls)
+    strategy = ContinuousSampling(max_staleness=k, prompts_per_step=P, **parts.kwargs())
     strategy._learner_version = 0
-    return strategy, group, calls, logged
+    return strategy, group, parts.calls, parts.logged
 
 
 def test_k_steps_of_groups_are_handed_out_and_the_oldest_trained_first():
     strategy, group, calls, logged = _strategy(k=2)
-    rollout = strategy.fill(P)
+    rollout = strategy.sample(P)
     assert rollout.num_groups == P
     # 2 x 4 positions handed out, spread over both runners.
     assert sorted(strategy._outstanding) == [4, 5, 6, 7]
@@ -101,7 +97,7 @@ def test_k_steps_of_groups_are_handed_out_and_the_oldest_trained_first():
     assert sorted(strategy._outstanding) == list(range(4, 12))  # topped up to 2 steps
     assert logged["async/token_staleness_max"] == 0
     strategy.after_update()
-    assert calls == ["pause", "pause", "sync", "resume", "resume"]
+    assert _runner_calls(calls) == ["pause", "pause", "sync_weights", "resume", "resume"]
     assert logged["async/pauses_per_step"] == 2 and logged["async/restarted_requests"] == 4
     assert strategy.sampler_idle_frac(1.0) == pytest.approx(0.25 / 1.25)
 
@@ -112,7 +108,7 @@ def test_groups_older_than_k_are_dropped_and_their_prompts_sampled_again():
     loop = group.runners[1].rollout_loop
     loop.version = 5
     loop.versions = {1: 3}  # position 1: sampled 2 updates ago: too old for K=1
-    rollout = strategy.fill(P)
+    rollout = strategy.sample(P)
     assert strategy.dropped_stale_groups == 1
     assert (5 - rollout.weights_version).max() <= 1 and rollout.num_groups == P
     # Position 1 was sampled again (at version 5), not skipped.
@@ -123,13 +119,13 @@ def test_groups_older_than_k_are_dropped_and_their_prompts_sampled_again():
 
 def test_a_group_held_while_the_learner_moves_on_is_dropped_when_it_gets_too_old():
     strategy, group, _, _ = _strategy(num_runners=1, k=2)
-    strategy.fill(P)  # 8 handed out at version 0, all finished: 4 trained, 4 held
+    strategy.sample(P)  # 8 handed out at version 0, all finished: 4 trained, 4 held
     assert len(strategy._ready) == 4
     loop = group.runners[1].rollout_loop
     for version in (1, 2, 3):  # three updates: the held groups are now 3 > K old
         strategy._learner_version = version
         loop.version = version
-    rollout = strategy.fill(P)
+    rollout = strategy.sample(P)
     assert strategy.dropped_stale_groups == 4
     assert (3 - rollout.weights_version).max() <= 2
 
@@ -140,7 +136,7 @@ def test_a_lost_runner_costs_only_its_in_flight_groups():
     lost_positions = list(group.runners[2].rollout_loop.running)
     assert lost_positions  # runner 2 holds in-flight groups
     group.lost.add(2)
-    rollout = strategy.fill(P)
+    rollout = strategy.sample(P)
     assert strategy.lost_groups == len(lost_positions)
     # Runner 1 took them over: every handed-out position is trained or still outstanding.
     trained = set(range(8)) - set(strategy._outstanding)
@@ -150,23 +146,49 @@ def test_a_lost_runner_costs_only_its_in_flight_groups():
     assert logged["async/lost_groups"] == len(lost_positions)
 
 
+def test_a_runner_stuck_past_the_deadline_is_restarted_and_its_groups_handed_out_again():
+    """A runner that the pool lists as healthy but that does not answer a call within the
+    runner-call deadline is restarted by the recovery; its in-flight groups go to the
+    other runner, as a lost runner's."""
+    from rllib_grpo.rllib.algorithm.sampling import ContinuousSampling
+
+    parts = Parts()
+    group = parts.runners = _Group(2, parts.calls)
+    strategy = ContinuousSampling(max_staleness=2, prompts_per_step=P,
+                                  **{**parts.kwargs(), "deadlines": FakeDeadlines(parts.calls)})
+    strategy._learner_version = 0
+
+    def restart(stuck, call, timeout_s, rule):  # Ray restarts it: out of service meanwhile
+        parts.calls.append(f"restart{stuck} in {call} after {timeout_s} s")
+        group.lost.update(stuck)
+
+    parts.restart_stuck_runners = restart
+    strategy._top_up()
+    stuck_positions = list(group.runners[2].rollout_loop.running)
+    group.silent.add(2)
+    strategy._take()
+    assert "restart[2] in a continuous-rollout call after 5.0 s" in parts.calls
+    assert strategy.lost_groups == len(stuck_positions)
+    assert {strategy._outstanding[p] for p in stuck_positions} <= {0, 1}  # runner 1's now
+
+
 def test_finished_groups_held_by_the_driver_are_not_lost_with_their_runner():
     strategy, group, _, _ = _strategy(num_runners=2, k=2)
-    strategy.fill(P)  # 8 handed out, all finished: 4 trained, 4 held by the driver
+    strategy.sample(P)  # 8 handed out, all finished: 4 trained, 4 held by the driver
     assert len(strategy._ready) == 4
     held_by_2 = [p for p, _ in strategy._ready if p in group.runners[2].rollout_loop.taken]
     assert held_by_2  # runner 2 finished some of the groups the driver holds
     group.lost.add(2)
     strategy._take()  # a round of taking notices the loss
     assert strategy.lost_groups == 0  # nothing of runner 2 was in flight
-    rollout = strategy.fill(P)
+    rollout = strategy.sample(P)
     assert rollout.num_groups == P
 
 
 def test_checkpoint_position_is_the_first_untrained_prompt_and_reset_forgets_all():
     strategy, _, _, _ = _strategy(num_runners=1, k=2)
     assert strategy.in_flight_prompts == 0
-    strategy.fill(P)  # positions 0-7 handed out, 0-3 trained
+    strategy.sample(P)  # positions 0-7 handed out, 0-3 trained
     assert strategy.in_flight_prompts == 4  # the restored run starts at 8 - 4 = position 4
     strategy.reset()
     assert strategy.in_flight_prompts == 0 and strategy._learner_version is None
@@ -174,8 +196,8 @@ def test_checkpoint_position_is_the_first_untrained_prompt_and_reset_forgets_all
 
 def test_a_validation_suspends_the_runners_and_the_next_step_resumes_them():
     strategy, _, calls, _ = _strategy(num_runners=1, k=1)
-    strategy.fill(P)
+    strategy.sample(P)
     strategy.settle()
-    assert calls == ["suspend"]
-    strategy.fill(P)
-    assert calls == ["suspend", "resume"]
+    assert _runner_calls(calls) == ["suspend"]
+    strategy.sample(P)
+    assert _runner_calls(calls) == ["suspend", "resume"]
