@@ -22,6 +22,7 @@ No vLLM import at module level: a CPU run never loads it.
 from __future__ import annotations
 
 import base64
+import socket
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -106,6 +107,23 @@ def nccl_unique_id() -> str:
     from vllm.distributed.device_communicators.pynccl_wrapper import NCCLLibrary
 
     return base64.b64encode(bytes(NCCLLibrary().ncclGetUniqueId().internal)).decode()
+
+
+def nccl_bootstrap_address(unique_id: str) -> str:
+    """``host:port`` where learner 0's NCCL bootstrap listens, read from the unique id
+    (NCCL's ``ncclBootstrapHandle``: an 8-byte magic, then a ``sockaddr_in``/``_in6``);
+    "learner 0's node" where the id holds no address NCCL would write."""
+    try:
+        raw = base64.b64decode(unique_id)
+    except ValueError:  # binascii.Error: not an id NCCL wrote
+        raw = b""
+    family = int.from_bytes(raw[8:10], "little") if len(raw) >= 28 else 0
+    port = int.from_bytes(raw[10:12], "big") if family else 0
+    if family == socket.AF_INET:
+        return f"{socket.inet_ntop(socket.AF_INET, raw[12:16])}:{port}"
+    if family == socket.AF_INET6 and len(raw) >= 36:
+        return f"[{socket.inet_ntop(socket.AF_INET6, raw[16:32])}]:{port}"
+    return "learner 0's node"
 
 
 def nccl_init_info(unique_id: str, rank_offset: int, world_size: int,

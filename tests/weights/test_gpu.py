@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import multiprocessing
+import socket
 
 import pytest
 import torch
@@ -84,3 +85,19 @@ def test_every_learner_ranks_handles_are_gathered_and_merged():
         process.join(timeout=60)
         assert process.exitcode == 0
     assert merged[0] == merged[1] == {"GPU-0": (0,), "GPU-1": (1,)}
+
+
+def _bootstrap_handle(family: int, port: int, address: bytes) -> str:
+    """An ``ncclUniqueId`` as NCCL's bootstrap writes it: magic, then the socket address."""
+    sockaddr = family.to_bytes(2, "little") + port.to_bytes(2, "big")
+    sockaddr += address if family == socket.AF_INET else bytes(4) + address + bytes(4)
+    return base64.b64encode((0x1234567890ABCDEF).to_bytes(8, "little") + sockaddr
+                            + bytes(128 - 8 - len(sockaddr))).decode()
+
+
+def test_the_bootstrap_address_is_read_from_nccls_unique_id():
+    v4 = _bootstrap_handle(socket.AF_INET, 29500, socket.inet_aton("10.0.0.7"))
+    assert gpu.nccl_bootstrap_address(v4) == "10.0.0.7:29500"
+    v6 = _bootstrap_handle(socket.AF_INET6, 41000, socket.inet_pton(socket.AF_INET6, "fd00::7"))
+    assert gpu.nccl_bootstrap_address(v6) == "[fd00::7]:41000"
+    assert gpu.nccl_bootstrap_address("not an id") == "learner 0's node"

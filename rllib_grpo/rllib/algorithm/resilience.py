@@ -146,19 +146,21 @@ class ResilientAlgorithm(Algorithm):
             "(GRPO.from_checkpoint).")
 
     @contextlib.contextmanager
-    def waiting_on_learners(self, phase: str, call: str) -> Iterator[None]:
-        """A wait on the learners (``phase`` sets its deadline, ``call`` names it): past
-        the deadline the run stops with `HangError`, the remote learners killed (a local
-        learner's wait, in this process, interrupted)."""
+    def waiting_on_learners(self, phase: str, call: str, timeout_s: float | None = None,
+                            rule: str | None = None) -> Iterator[None]:
+        """A wait on the learners (``phase`` sets its deadline unless ``timeout_s``, ``rule``
+        saying whence; ``call`` names it): past the deadline the run stops with `HangError`,
+        the remote learners killed (a local learner's wait, in this process, interrupted)."""
         group = self.learner_group
         if group.is_local:
-            with self.deadlines.watch(phase, f"the local learner ({call})", kill=False):
+            with self.deadlines.watch(phase, f"the local learner ({call})", kill=False,
+                                      timeout_s=timeout_s, rule=rule):
                 yield
             return
         learners = dict(group._worker_manager.actors())
         with self.deadlines.watch(phase, f"{label_range('learner', list(learners))} ({call})",
                                   actors={f"learner {i}": h for i, h in learners.items()},
-                                  interrupt=False):
+                                  interrupt=False, timeout_s=timeout_s, rule=rule):
             yield
 
     # ------------------------------------------------------------------ env runner faults

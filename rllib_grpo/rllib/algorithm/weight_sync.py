@@ -26,8 +26,9 @@ One sync:
    for real ones and the bytes of ``ipc`` and ``nccl`` move by ``shm``, on the CPU.
 3. **Deadlines.**  Every call has the run's deadline of its phase (`algo.deadlines`,
    `rllib_grpo.rllib.algorithm.deadlines`: ``step_timeout_factor`` x the phase's median,
-   at least ``step_timeout_floor_s``, which alone bounds a first sync and every
-   rendezvous).  An env runner that dies during a sync (Ray reports it at once) is named in
+   at least ``step_timeout_floor_s``, which alone bounds a first sync; the NCCL group's
+   rendezvous has ``weight_sync_connect_timeout_s``, its message naming the bootstrap's
+   host and port).  An env runner that dies during a sync (Ray reports it at once) is named in
    one line (index, node, pid, phase, seconds); one past its deadline is named with every
    process's stack written to the trial folder and restarted
    (`ResilientAlgorithm.restart_stuck_runners`).  Either is left out: the sync completes
@@ -307,15 +308,26 @@ class WeightSync:
             offsets[index], world = world, world + len(self.endpoints[index].gpus)
         infos = {i: gpu.nccl_init_info(unique_id, offsets[i], world, self.buffer_bytes)
                  for i in ids}
+        timeout = float(self.algo.config.weight_sync_connect_timeout_s)
+        rule = (f"weight_sync_connect_timeout_s: the NCCL group forms through learner 0's "
+                f"bootstrap at {gpu.nccl_bootstrap_address(unique_id)}; open TCP from the "
+                "engines' nodes to that port and to NCCL's socket ports on the learners' node "
+                "(NCCL_SOCKET_IFNAME picks the interface), or set "
+                "weight_sync_transport='object_store'")
         self._both(partial(learner_nccl_join, unique_id=unique_id, world_size=world),
-                   ids, partial(runner_init_engine, init_infos=infos, names=names), "join nccl")
+                   ids, partial(runner_init_engine, init_infos=infos, names=names), "join nccl",
+                   deadline=(timeout, rule))
         self._joined.add("nccl")
 
     # ---------------------------------------------------------------- calls with deadlines
-    def _on_learners(self, func: Callable[[Any], Any], phase: str) -> list[Any]:
-        """``func`` on every learner within the run's deadline of the phase; a learner's
-        error is the run's, and so is a learner past the deadline (`HangError`)."""
-        with self.algo.waiting_on_learners(f"weight_sync {phase}", f"weight sync: {phase}"):
+    def _on_learners(self, func: Callable[[Any], Any], phase: str,
+                     deadline: tuple[float, str] | None = None) -> list[Any]:
+        """``func`` on every learner within the run's deadline of the phase (or
+        ``deadline``: seconds and the rule that set them); a learner's error is the run's,
+        and so is a learner past the deadline (`HangError`)."""
+        timeout, rule = deadline or (None, None)
+        with self.algo.waiting_on_learners(f"weight_sync {phase}", f"weight sync: {phase}",
+                                           timeout_s=timeout, rule=rule):
             results = self.learners.foreach_learner(func)
         values = []
         for result in results:
@@ -324,7 +336,8 @@ class WeightSync:
             values.append(result.get())
         return values
 
-    def _on_runners(self, ids: Any, func: Callable[[Any], Any], phase: str) -> Any:
+    def _on_runners(self, ids: Any, func: Callable[[Any], Any], phase: str,
+                    deadline: tuple[float, str] | None = None) -> Any:
         """``func`` on the remote runners ``ids`` within the run's deadline of the phase;
         the runners that answered (a list for a list of ids, else ``{index: result}``).
         One that died or passed the deadline is named and left out (one past it is
@@ -333,7 +346,7 @@ class WeightSync:
         if not remote:
             return [] if isinstance(ids, list) else {}
         deadlines = self.algo.deadlines
-        timeout, rule = deadlines.timeout_and_rule(f"weight_sync {phase}")
+        timeout, rule = deadline or deadlines.timeout_and_rule(f"weight_sync {phase}")
         start = time.perf_counter()
         with deadlines.watch(f"weight_sync {phase}", f"{label_range('env runner', remote)} "
                              f"(weight sync: {phase})", timeout_s=math.inf, record=False):
@@ -355,11 +368,12 @@ class WeightSync:
         return [i for i in ids if i in results] if isinstance(ids, list) else results
 
     def _both(self, learner_func: Callable[[Any], Any], ids: list[int],
-              runner_func: Callable[[Any], Any], phase: str) -> None:
+              runner_func: Callable[[Any], Any], phase: str,
+              deadline: tuple[float, str] | None = None) -> None:
         """The learners' and the runners' side of a collective at once (the runners' on a
-        thread), each within the phase's deadline."""
-        runners = self._pool.submit(self._on_runners, ids, runner_func, phase)
-        self._on_learners(learner_func, phase)
+        thread), each within the phase's deadline (or ``deadline``)."""
+        runners = self._pool.submit(self._on_runners, ids, runner_func, phase, deadline)
+        self._on_learners(learner_func, phase, deadline)
         runners.result()
 
     def _left_out(self, missing: list[int], phase: str, elapsed: float, timeout: float,

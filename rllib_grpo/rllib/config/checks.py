@@ -463,6 +463,7 @@ _RANGES: list[tuple[str, Callable[[float], bool], str]] = [
     ("keep_checkpoints", *_NON_NEGATIVE),
     ("max_skipped_steps", *_NON_NEGATIVE),
     ("env_runner_restart_timeout_s", *_POSITIVE),
+    ("weight_sync_connect_timeout_s", *_POSITIVE),
 ]
 
 

@@ -474,6 +474,12 @@ class GRPOSettings:
         "what each env runner gets. Each call of a sync has the step's deadline "
         "(step_timeout_factor): an env runner past it is restarted and left out of the sync, "
         "a learner past it stops the run.")
+    weight_sync_connect_timeout_s: float = knob(
+        300.0, "seconds", "How long learner 0 and the vLLM engines' workers may take to form "
+        "the NCCL weight group (the first sync of engines on GPUs of their own, 'nccl'). Past "
+        "it the run stops with one line naming the host and port of learner 0's NCCL "
+        "bootstrap and what to open between the nodes (a cluster that opens only Ray's ports "
+        "cannot form the group); weight_sync_transport='object_store' needs no such port.")
 
     # --- asynchronous rollouts (docs/async.md) -----------------------------------------
     max_staleness: int = knob(

@@ -6,7 +6,10 @@ engines receive, in order.  Killed and stalled receivers: test_weight_sync_fault
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import socket
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -117,7 +120,7 @@ def _algo(runner_group, learner_group) -> SimpleNamespace:
                                 record=lambda phase, seconds: None)
     return SimpleNamespace(config=tiny_config(), env_runner_group=runner_group,
                            learner_group=learner_group, deadlines=deadlines,
-                           waiting_on_learners=lambda phase, call: contextlib.nullcontext())
+                           waiting_on_learners=lambda phase, call, **_: contextlib.nullcontext())
 
 
 class _Sized:
@@ -327,3 +330,47 @@ def test_remote_learner_reaches_the_drivers_env_runner_through_the_object_store(
         assert algo._weight_sync.transport_names() == {0: "object_store"}
     finally:
         algo.stop()
+
+
+def _never_joins(*_args, **_kwargs) -> None:
+    time.sleep(3600)  # a rendezvous whose other members cannot reach the bootstrap port
+
+
+def test_an_nccl_group_that_cannot_form_stops_within_the_connect_timeout_naming_the_port(
+        monkeypatch, tmp_path):
+    """The rendezvous has ``weight_sync_connect_timeout_s``, not the step's floor (an hour),
+    and its one line says where learner 0's bootstrap listens and what to open."""
+    import uuid
+
+    from rllib_grpo.rllib.algorithm import weight_sync
+    from rllib_grpo.rllib.algorithm.deadlines import Deadlines, HangError
+    from rllib_grpo.rllib.algorithm.resilience import ResilientAlgorithm
+
+    monkeypatch.setattr(weight_sync, "fake_gpus", lambda: False)
+    sync, _, _ = _gpu_sync("nccl", {1: ("GPU-C",)})
+    address = socket.inet_aton("10.0.0.7")
+    unique_id = base64.b64encode(bytes(8) + (socket.AF_INET).to_bytes(2, "little")
+                                 + (29500).to_bytes(2, "big") + address + bytes(112)).decode()
+    monkeypatch.setattr(_Sender, "nccl_unique_id",
+                        lambda self: unique_id if self.rank == 0 else None)
+    monkeypatch.setattr(_Sender, "nccl_join", _never_joins)
+    algo = sync.algo
+    algo.config.weight_sync_connect_timeout_s = 1.0
+    algo.deadlines = Deadlines(uuid.uuid4().hex[:12], factor=3.0, floor_s=3600.0,
+                               folder=lambda: tmp_path)
+    algo.learner_group.group.is_local = True  # the learners' wait runs in this process
+    algo.waiting_on_learners = lambda *args, **kwargs: ResilientAlgorithm.waiting_on_learners(
+        algo, *args, **kwargs)
+    start = time.monotonic()
+    try:
+        with pytest.raises(HangError) as error:
+            sync.sync()
+    finally:
+        algo.deadlines.close()
+        sync.close()
+    assert time.monotonic() - start < 20
+    message = str(error.value)
+    assert "\n" not in message
+    assert ("did not finish within 1.0 s (weight_sync_connect_timeout_s: the NCCL group forms "
+            "through learner 0's bootstrap at 10.0.0.7:29500; open TCP from the engines' nodes "
+            "to that port") in message, message
