@@ -126,7 +126,7 @@ def test_packed_log_probs_equal_padded(arch, attn, varlen, monkeypatch):
         assert layout.input_ids.shape == (1, sum(lengths))
     else:
         assert layout.input_ids.shape[1] == max(lengths)
-        assert layout.num_slots < batch["prompt_ids"].numel() + batch["response_ids"].numel()
+        assert layout.input_ids.numel() < batch["prompt_ids"].numel() + batch["response_ids"].numel()
 
 
 def test_positions_that_do_not_restart_change_the_log_probs():
