@@ -32,7 +32,7 @@ from tests.conftest import (
     learner_to_float64,
     tiny_config,
 )
-from tests.rllib.learner.test_learner_loss import _fixed_batch
+from tests.helpers.learner_updates import fixed_batch
 
 AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
              "seq-mean-token-sum-norm")
@@ -234,7 +234,7 @@ def _update(learner_and_start, columns: dict | None = None, **training) -> dict:
     for optim in learner._named_optimizers.values():
         optim.state.clear()
     learner._weights_seq_no = 0  # the version that trajectories' staleness is counted from
-    columns = {**_fixed_batch(lm.config.vocab_size, pad=0), **(columns or {})}
+    columns = {**fixed_batch(lm.config.vocab_size, pad=0), **(columns or {})}
     results = learner.update(batch=MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(columns)}, 8))
     logged = {k: float(v.peek() if hasattr(v, "peek") else v)
               for k, v in results[DEFAULT_MODULE_ID].items() if "/" in k}
@@ -271,7 +271,7 @@ def _loss_abs_sum(logged: dict, agg_mode: str) -> float:
     from rllib_grpo.algos import agg_loss
 
     config = _config()
-    mask = torch.as_tensor(_fixed_batch(50, pad=0)["response_mask"])  # any vocabulary
+    mask = torch.as_tensor(fixed_batch(50, pad=0)["response_mask"])  # any vocabulary
     weights = agg_loss(mask, mask, agg_mode, global_num_tokens=mask.sum(),
                        global_num_seqs=len(mask), horizon=config.loss_horizon).item()
     adv = max(abs(logged["critic/advantages/max"]), abs(logged["critic/advantages/min"]))

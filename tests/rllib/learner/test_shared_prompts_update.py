@@ -15,10 +15,10 @@ from tests.rllib.learner.test_packing import _assert_same_update, _update, learn
 
 
 def _grouped_columns(vocab: int) -> dict[str, np.ndarray]:
-    """`_fixed_batch`'s two groups of four, each group with one prompt (GRPO's layout)."""
-    from tests.rllib.learner.test_learner_loss import _fixed_batch
+    """`fixed_batch`'s two groups of four, each group with one prompt (GRPO's layout)."""
+    from tests.helpers.learner_updates import fixed_batch
 
-    columns = _fixed_batch(vocab, pad=0)
+    columns = fixed_batch(vocab, pad=0)
     for first in (0, 4):
         for i in range(first + 1, first + 4):
             columns["prompt_ids"][i] = columns["prompt_ids"][first]
