@@ -37,15 +37,7 @@ from rllib_grpo.cli.verl_keys import (
     VERL_TO_SUB_KEY,
 )
 from rllib_grpo.rllib.config.settings import VERL_ALIASES
-from tests.cli.test_tb_completions import read_text_summaries
-
-TINY = {"model_path": "builtin:tiny", "sampler": "hf", "prompts_per_step": 4, "group_size": 4,
-        "max_prompt_length": 16, "max_response_length": 4, "env_config": {"max_operand": 4}}
-TINY_VERL = ["actor_rollout_ref.model.path=builtin:tiny", "actor_rollout_ref.rollout.name=hf",
-             "data.train_batch_size=4", "actor_rollout_ref.rollout.n=4",
-             "data.max_prompt_length=16", "data.max_response_length=4"]
-ENV = "rllib_grpo/Arithmetic-v0"
-RAY_LIMITS = ["--num-cpus", "2", "--object-store-memory", str(300 * 1024**2)]
+from tests.helpers.cli_runs import ENV, RAY_LIMITS, TINY, TINY_VERL, read_text_summaries
 
 
 def _yaml(tmp_path: Path, text: str, name: str = "exp.yaml") -> str:

@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 from rllib_grpo.cli.main import main
-from tests.data.test_images import write_geo3k_parquet
+from tests.helpers.images import write_geo3k_parquet
 from tests.helpers.verl_scripts import script_overrides
 
 SCRIPT = "run_qwen2_5_vl-7b.sh"

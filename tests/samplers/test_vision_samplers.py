@@ -21,7 +21,6 @@ from rllib_grpo.samplers.hf import HFSampler
 from rllib_grpo.samplers.vllm_vision import vllm_requests, vllm_vision_error
 from tests.conftest import float32_log_softmax_bound
 from tests.helpers.log_probs import mean_log_prob
-from tests.models.test_vision import float64_qwen2_vl  # noqa: F401  (a fixture)
 
 PARAMS = SamplingParams(temperature=0.8, max_tokens=6)
 

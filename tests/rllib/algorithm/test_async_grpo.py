@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.conftest import tiny_config
+from tests.helpers.versioned_batches import versioned_batch
 
 
 def _remote(config):
@@ -119,22 +120,7 @@ class _StubAlgo:
 
     def _sample_groups(self, num_prompts: int):
         self.fresh_calls.append(num_prompts)
-        return _batch([self.version] * num_prompts, first_group=100 * len(self.fresh_calls))
-
-
-def _batch(versions: list[int], varied: list[bool] | None = None, first_group: int = 0):
-    """Groups of 2 trajectories, group g sampled with ``versions[g]``; its two rewards
-    differ when ``varied[g]`` (default: all do)."""
-    from rllib_grpo.data.rollout import build_rollout_batch
-
-    varied = varied or [True] * len(versions)
-    rows = [(g, r) for g in range(len(versions)) for r in range(2)]
-    batch = build_rollout_batch(
-        [[1, 2]] * len(rows), [[3]] * len(rows), [[-0.5]] * len(rows),
-        [float(r) if varied[g] else 0.0 for g, r in rows], [first_group + g for g, _ in rows],
-        [False] * len(rows), [False] * len(rows), [{} for _ in rows], pad_token_id=0)
-    batch.weights_version[:] = [versions[g] for g, _ in rows]
-    return batch
+        return versioned_batch([self.version] * num_prompts, first_group=100 * len(self.fresh_calls))
 
 
 def _pipeline(algo, ready):
@@ -159,7 +145,7 @@ def _pipeline(algo, ready):
 def test_groups_older_than_the_bound_are_dropped_and_sampled_again():
     algo = _StubAlgo(version=5)
     # The background batch: 4 groups sampled with versions 4, 3, 4, 5 (3 is two updates old).
-    pipeline = _pipeline(algo, _batch([4, 3, 4, 5]))
+    pipeline = _pipeline(algo, versioned_batch([4, 3, 4, 5]))
     rollout = pipeline.fill(4)
     assert pipeline.dropped_stale_groups == 1
     assert algo.fresh_calls == [1]  # exactly the dropped group's place, sampled fresh
@@ -178,7 +164,7 @@ def test_dynamic_sampling_counts_only_kept_groups_under_staleness():
     logged: dict[str, float] = {}
     algo._log_dict = logged.update
     # Background batch: group 1 is two updates old (dropped), group 2 has no signal (filtered).
-    algo._sampling = _pipeline(algo, _batch([4, 3, 4, 4], [True, True, False, True]))
+    algo._sampling = _pipeline(algo, versioned_batch([4, 3, 4, 4], [True, True, False, True]))
     rollout = GRPO._sample_step(algo)
     assert algo.last_rollout is rollout
     assert rollout.num_groups == 4 and (5 - rollout.weights_version).max() <= 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.rllib.algorithm.test_async_grpo import _batch
+from tests.helpers.versioned_batches import versioned_batch
 
 P = 4  # prompts per step
 
@@ -29,7 +29,7 @@ class _Loop:
         return len(self.running)
 
     def take(self, wait_s):
-        done = [(p, _batch([self.versions.pop(p, self.version)], first_group=p))
+        done = [(p, versioned_batch([self.versions.pop(p, self.version)], first_group=p))
                 for p in self.running]
         self.taken += self.running
         self.running = []

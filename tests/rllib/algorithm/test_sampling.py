@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from tests.conftest import tiny_config
-from tests.rllib.algorithm.test_async_grpo import _batch
+from tests.helpers.versioned_batches import versioned_batch
 
 
 class _Driver:
@@ -39,7 +39,7 @@ class _Driver:
 
     def sample_groups(self, num_prompts: int):
         self.calls.append(f"sample_groups({num_prompts})")
-        return _batch(self.versions[:1] * num_prompts)
+        return versioned_batch(self.versions[:1] * num_prompts)
 
     def claim_prompts(self, num_prompts: int) -> list[tuple[int, int]]:
         self.calls.append(f"claim_prompts({num_prompts})")
@@ -66,7 +66,7 @@ class _RunnerGroup:
     def fetch_ready_async_reqs(self, tags, timeout_seconds):
         self.driver.calls.append("collect")
         self.tags.remove(tags)
-        return [(1, (1, _batch([0] * 4), {}, {"position": 4}, 0.1))]
+        return [(1, (1, versioned_batch([0] * 4), {}, {"position": 4}, 0.1))]
 
 
 class _LearnerGroup:
