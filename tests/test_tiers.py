@@ -1,6 +1,6 @@
 """The two test tiers (tests/helpers/tiers.py): under ``-m 'not ray'`` a test that uses a Ray
-fixture is left out, and one that starts Ray itself fails with the guard's message instead of
-starting it; the full tier runs both."""
+fixture is left out, and one that starts Ray itself, or in a subprocess, fails instead of
+starting it; the full tier selects the tests that use a Ray fixture."""
 
 from __future__ import annotations
 
@@ -30,6 +30,14 @@ def test_starts_ray_itself():
     ray.shutdown()
 
 
+def test_starts_ray_in_a_subprocess():
+    import subprocess
+    import sys
+
+    code = "import ray; ray.init(address='local', num_cpus=1, include_dashboard=False)"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
 def test_needs_no_ray():
     assert 1 + 1 == 2
 '''
@@ -49,9 +57,10 @@ def _run_probe(tmp_path, marker_expression: str, *selection: str) -> str:
 
 def test_the_fast_tier_leaves_ray_fixtures_out_and_refuses_to_start_ray(tmp_path):
     out = _run_probe(tmp_path, "not ray and not slow")
-    assert "1 failed, 1 passed, 1 deselected" in out, out
+    assert "2 failed, 1 passed, 1 deselected" in out, out
     assert "FAILED" in out and "test_starts_ray_itself" in out
     assert "RayStartedInFastTier" in out and "the fast tier (-m 'not ray')" in out
+    assert "test_starts_ray_in_a_subprocess" in out and "the-fast-tier-starts-no-ray" in out
     assert "the ray_session fixture ran" not in out
 
 

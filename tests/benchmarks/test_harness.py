@@ -13,6 +13,9 @@ from benchmarks.common import OVERHEAD_PARTS, PHASES
 from benchmarks.harness import main
 from tests.conftest import REPO_ROOT
 
+# The harness builds the algorithm: a Ray of its own.
+pytestmark = pytest.mark.ray
+
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory) -> dict:

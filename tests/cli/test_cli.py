@@ -295,6 +295,7 @@ def _checkpoint(output: str) -> Path:
     return path
 
 
+@pytest.mark.ray  # `trainings`: rllib train runs, each on its own Ray
 def test_train_from_flags_writes_a_checkpoint(trainings):
     root, outputs, codes = trainings
     assert codes["flags"] == 0, outputs["flags"][-3000:]
@@ -310,6 +311,7 @@ def test_train_from_flags_writes_a_checkpoint(trainings):
     assert list(checkpoint.parent.glob("events.out.tfevents.*"))
 
 
+@pytest.mark.ray  # `trainings`: rllib train runs, each on its own Ray
 def test_train_from_yaml_with_verl_overrides(trainings):
     root, outputs, codes = trainings
     out = outputs["verl"]
@@ -326,6 +328,7 @@ def test_train_from_yaml_with_verl_overrides(trainings):
     assert any(tag.startswith("completions") for tag in texts), texts
 
 
+@pytest.mark.ray  # `trainings`: rllib train runs, each on its own Ray
 def test_train_with_a_reward_model_on_two_cpus_runs(trainings):
     """verl's `reward_model.enable=True` on a 2-CPU Ray: the trial reserves the reward
     worker's CPU beside the main process, and the iteration runs."""
@@ -361,6 +364,7 @@ finally:
 """
 
 
+@pytest.mark.ray  # starts a Ray cluster and rllib train
 def test_rllib_train_joins_the_cluster_in_ray_address():
     """`ray job submit -- rllib train ...` sets RAY_ADDRESS for its entrypoint: the run joins
     that cluster (its custom resource is seen) instead of starting a new local Ray, and a

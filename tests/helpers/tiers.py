@@ -4,14 +4,16 @@
 that need no Ray cluster.  A test is in the ``ray`` tier when it uses a Ray fixture (marked
 here at collection) or when its module says so (``pytestmark = pytest.mark.ray``: modules that
 build an algorithm, start Ray or run a training in a subprocess).  When the marker expression
-leaves the ``ray`` tier out, ``ray.init`` raises in this process, so a test that starts Ray
-without the marker fails the fast tier instead of slowing it down.  tests/conftest.py loads
-these hooks; tests/test_tiers.py checks them.
+leaves the ``ray`` tier out, a test that starts Ray without the marker fails instead of
+slowing the fast tier down: ``ray.init`` raises in this process, and Ray's temporary folder
+(``RAY_TMPDIR``, inherited by subprocesses) is a path no process can create.
+tests/conftest.py loads these hooks; tests/test_tiers.py checks them.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import re
 from typing import Any
 
@@ -22,6 +24,9 @@ import pytest
 RAY_FIXTURES = frozenset({"ray_session", "own_ray_session"})
 RAY_MARKER_HELP = ("ray: starts Ray (a Ray fixture, an algorithm, a training in a subprocess); "
                    "`make test-fast` leaves these out")
+# Ray's temporary folder in the fast tier: under /dev/null, so that a Ray started in a
+# subprocess fails at once, naming it.
+NO_RAY_TMPDIR = "/dev/null/the-fast-tier-starts-no-ray"
 # In a marker expression: the ``ray`` tier is deselected.
 _WITHOUT_RAY = re.compile(r"\bnot\s+ray\b")
 
@@ -45,6 +50,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", RAY_MARKER_HELP)
     if not fast_tier(config):
         return
+    os.environ["RAY_TMPDIR"] = NO_RAY_TMPDIR
     import ray
     import ray._private.worker
 
