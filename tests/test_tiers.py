@@ -50,7 +50,8 @@ def _run_probe(tmp_path, marker_expression: str, *selection: str) -> str:
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "tests.helpers.tiers", "-p", "no:cacheprovider",
          "-q", "-rf", "--rootdir", str(tmp_path), "-m", marker_expression,
-         *[f"{tmp_path / 'test_probe.py'}::{name}" for name in selection]],
+         *([f"{tmp_path / 'test_probe.py'}::{name}" for name in selection]
+           or [str(tmp_path / "test_probe.py")])],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     return result.stdout + result.stderr
 
