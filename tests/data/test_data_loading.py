@@ -17,7 +17,7 @@ from rllib_grpo.data.datasets import (
     render_prompt,
 )
 from rllib_grpo.envs._file_env import fixture_path
-from tests.helpers.tokenizers import CharTokenizer
+from tests.helpers.char_tokenizer import CharTokenizer
 
 PLAIN_ROWS = [
     {"prompt": "1+1=", "answer": 2, "id": "a"},
