@@ -179,7 +179,7 @@ def _merge_rounding(policy) -> dict[str, torch.Tensor]:
 def _weight_rounding_bound(model, batch, rounding: dict[str, torch.Tensor]) -> float:
     """First-order bound on how far ``model``'s log-probs move when its weights move by at
     most ``rounding`` (elementwise): max over response tokens t of Σ |∂ log p_t/∂W|·δW."""
-    from rllib_grpo.rllib.module import response_log_probs
+    from rllib_grpo.rllib.learner.module import response_log_probs
 
     params = dict(model.named_parameters())
     worst = 0.0
