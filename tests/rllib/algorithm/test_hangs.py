@@ -114,7 +114,7 @@ def test_a_learner_stuck_in_its_update_stops_the_run(ray_session):
         text = _stack_file(message)
         assert "=== waited on: learner 0 (BlocksInUpdate), pid " in text
         blocking = _line_of(learner_cls.update, "the blocking line")
-        assert f'File "{__file__}", line {blocking} in update' in text
+        assert f'File "{inspect.getsourcefile(blocking_learner)}", line {blocking} in update' in text
     finally:
         algo.stop()
 
