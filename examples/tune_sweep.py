@@ -10,7 +10,7 @@ import argparse
 import ray
 from ray import tune
 
-import rllib_grpo  # noqa: F401  (registers "GRPO" with Tune)
+import rllib_grpo
 from rllib_grpo import GRPOConfig
 from rllib_grpo.cli.resume import ContinueTrialResults
 
@@ -40,6 +40,7 @@ def main() -> None:
     # address="local": a new Ray for this run, even where a `ray start` cluster is up.
     ray.init(address="local", num_cpus=2, object_store_memory=500 * 1024**2,
              include_dashboard=False)
+    rllib_grpo.register()  # "GRPO" by name for Tune (or pass the class: config.algo_class)
     tuner = tune.Tuner(
         "GRPO",
         param_space=sweep_config(args.model, args.sampler),

@@ -1,8 +1,9 @@
 """rllib-grpo: GRPO fine-tuning of language models as a first-class Ray RLlib algorithm.
 
-``import rllib_grpo`` registers the built-in text environments with gymnasium and
-makes ``"GRPO"`` known to Ray Tune in any import order (`rllib_grpo.registration`),
-both without importing Ray or transformers.  ``GRPO`` and ``GRPOConfig`` are imported
+``import rllib_grpo`` registers the built-in text environments with gymnasium without
+importing Ray or transformers.  Importing the algorithm (``from rllib_grpo import GRPO``)
+registers ``"GRPO"`` with Ray Tune, as RLlib's own algorithms do; `register` does it
+explicitly.  ``GRPO`` and ``GRPOConfig`` are imported
 lazily, so ``import rllib_grpo.algos`` stays free of Ray and transformers.
 
 Layers (lower never imports higher): ``algos`` (math) -> ``data``, ``rewards``, ``envs``
@@ -14,7 +15,6 @@ from __future__ import annotations
 from typing import Any
 
 from rllib_grpo import logs as _logs
-from rllib_grpo import registration as _registration
 
 __version__ = "0.1.0"
 
@@ -35,11 +35,11 @@ def __getattr__(name: str) -> Any:
 
 
 def register() -> None:
-    """Register ``"GRPO"`` with Ray Tune now (idempotent); ``import rllib_grpo`` already
-    makes Tune find it on first lookup (`rllib_grpo.registration`)."""
-    from rllib_grpo.registration import register_now
+    """Register ``"GRPO"`` with Ray Tune (idempotent), so that ``tune.Tuner("GRPO", ...)``
+    and ``rllib train --algo GRPO`` find it; importing the algorithm does the same."""
+    from rllib_grpo.rllib.algorithm.grpo import register as register_grpo
 
-    register_now("GRPO")
+    register_grpo()
 
 
 def _register_envs() -> None:
@@ -51,6 +51,5 @@ def _register_envs() -> None:
 
 
 _register_envs()
-_registration.install()
 # In a Ray worker started by a quiet console (`rllib_grpo.logs`), hide the same noise.
 _logs.apply_from_env()

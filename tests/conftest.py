@@ -11,6 +11,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 
+# The ``ray`` marker and the fast tier's guard (`make test-fast`).
+from tests.helpers.tiers import pytest_collection_modifyitems, pytest_configure  # noqa: E402, F401
+
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TESTS_DIR.parent
 # tests/gpu/ holds scripts for GPU machines, run by hand (their docstrings say how): never
@@ -22,17 +25,39 @@ os.environ.setdefault("RLLIB_GRPO_MODEL_CACHE", os.path.join(
     os.environ.get("PYTEST_CACHE_DIR", "/tmp"), "rllib_grpo_test_models"))
 
 
+def _start_test_ray():
+    """A small Ray of the tests' own (2 CPUs), even when another cluster runs on this machine."""
+    import ray
+
+    ray.init(address="local", num_cpus=2, object_store_memory=300 * 1024**2,
+             include_dashboard=False, log_to_driver=False, configure_logging=False)
+    return ray
+
+
 @pytest.fixture(scope="session")
 def ray_session():
+    """The Ray the tests share: started once, shut down at the end of the session."""
     import ray
 
     if not ray.is_initialized():
-        # A Ray of its own, even when another cluster runs on this machine.
-        ray.init(address="local", num_cpus=2, object_store_memory=300 * 1024**2,
-                 include_dashboard=False,
-                 log_to_driver=False, configure_logging=False)
+        _start_test_ray()
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def own_ray_session():
+    """A fresh Ray for one module whose actors need every CPU (two learners on two CPUs), so
+    that no other module's actors can hold them.  The shared session, if it was up, is
+    started again afterwards for the modules that use `ray_session`."""
+    import ray
+
+    shared_was_up = ray.is_initialized()
+    ray.shutdown()
+    yield _start_test_ray()
+    ray.shutdown()
+    if shared_was_up:
+        _start_test_ray()
 
 
 def tiny_config(**training):
@@ -114,7 +139,7 @@ def adam_step_bound(grad_diff: float, optimizer, weight_scale: float, steps: int
 def float32_log_softmax_bound(logit_scale: float, value_scale: float) -> float:
     """How far the float32 log-probs of two float64 computations can be apart when both
     round their logits (equal to ~1e-15) to float32 for the log-softmax, as the package does
-    (``.float()`` in `response_log_probs`, `forward_log_probs` and the transformers
+    (``.float()`` in `response_log_probs`, the tests' `forward_log_probs` and the transformers
     sampler).  Where a logit rounds the other way the inputs are <= 2 float32 roundings
     apart (the logit's and its division by T: 2·eps32·Z, Z = ``logit_scale`` = max|logit/T|);
     log-softmax is 2-Lipschitz in the max norm and each output's own rounding may differ by
@@ -153,3 +178,32 @@ def float64_rms_norm(monkeypatch):  # tests/models/test_shared_prefix.py
             return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
 
         monkeypatch.setattr(norm, "forward", forward)
+
+
+@pytest.fixture
+def float64_qwen2_vl(monkeypatch):
+    """Qwen2-VL's RMSNorm and vision rotary embedding in their input's dtype for float64
+    inputs: like `float64_rms_norm`, transformers computes them in float32 whatever the input
+    (tests/models/test_vision.py, tests/samplers/test_vision_samplers.py)."""
+    import torch
+    from transformers.models.qwen2_vl import modeling_qwen2_vl as qwen2_vl
+
+    norm = qwen2_vl.Qwen2VLRMSNorm.forward
+
+    def forward(self, hidden_states, _original=norm):
+        if hidden_states.dtype != torch.float64:
+            return _original(self, hidden_states)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+    rotary = qwen2_vl.apply_rotary_pos_emb_vision
+
+    def apply_rotary(q, k, cos, sin, _original=rotary):
+        if q.dtype != torch.float64:
+            return _original(q, k, cos, sin)
+        cos, sin = cos.unsqueeze(-2).to(q.dtype), sin.unsqueeze(-2).to(q.dtype)
+        return (q * cos + qwen2_vl.rotate_half(q) * sin,
+                k * cos + qwen2_vl.rotate_half(k) * sin)
+
+    monkeypatch.setattr(qwen2_vl.Qwen2VLRMSNorm, "forward", forward)
+    monkeypatch.setattr(qwen2_vl, "apply_rotary_pos_emb_vision", apply_rotary)

@@ -32,23 +32,37 @@ def _run(code: str) -> str:
     return result.stdout
 
 
-def test_tune_resolves_grpo_when_rllib_grpo_is_imported_first():
+def test_importing_the_package_starts_neither_ray_nor_transformers():
     out = _run("""
         import sys
         import rllib_grpo
-        assert "ray" not in sys.modules and "transformers" not in sys.modules
-        from ray import tune
-        from ray.tune.registry import get_trainable_cls
-        print(get_trainable_cls("GRPO").__name__)
+        print(sorted(m for m in ("ray", "transformers") if m in sys.modules))
     """)
-    assert out.strip().endswith("GRPO")
+    assert out.strip() == "[]"
 
 
-def test_tune_resolves_grpo_when_ray_is_imported_first():
+def test_tune_resolves_grpo_once_the_algorithm_is_imported():
     out = _run("""
         from ray.tune.registry import get_trainable_cls
-        import ray.rllib
-        import rllib_grpo
-        print(get_trainable_cls("GRPO").__name__)
+        from rllib_grpo import GRPO
+        print(get_trainable_cls("GRPO") is GRPO)
     """)
-    assert out.strip().endswith("GRPO")
+    assert out.strip().endswith("True")
+
+
+def test_register_makes_grpo_known_to_tune():
+    out = _run("""
+        from ray.tune.registry import get_trainable_cls
+        import rllib_grpo
+
+        def known():
+            try:
+                return get_trainable_cls("GRPO").__name__ == "GRPO"
+            except Exception:  # TuneError: unknown trainable
+                return False
+
+        before = known()
+        rllib_grpo.register()
+        print(before, known())
+    """)
+    assert out.strip().endswith("False True")

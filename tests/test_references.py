@@ -46,8 +46,9 @@ def test_repository_paths_in_docstrings_exist():
     assert not missing, "\n".join(missing)
 
 
-# What tests/gpu/ scripts import from this repository (the package, the benchmarks).
-OURS = ("rllib_grpo", "benchmarks")
+# What tests/gpu/ scripts import from this repository (the package, the benchmarks, the
+# tests' helpers).
+OURS = ("rllib_grpo", "benchmarks", "tests")
 
 
 def test_the_gpu_scripts_import_what_the_package_has():

@@ -128,10 +128,6 @@ class Progress:
                              dynamic_ncols=True, leave=True)
         self._startup_shown = False
 
-    @property
-    def uses_bar(self) -> bool:
-        return self._bar is not None
-
     def update(self, result: Mapping[str, Any]) -> None:
         """Show one result (and, the first time it appears, the start-up time)."""
         if not self._startup_shown and (line := startup_line(result)):

@@ -47,10 +47,6 @@ class VisionInputs:
     pixel_values: np.ndarray
     image_grid_thw: np.ndarray
 
-    @property
-    def num_patches(self) -> int:
-        return int(self.pixel_values.shape[0])
-
 
 def decode_image(item: Any, base_dir: Path | None = None) -> Any:
     """One image of a row as an RGB PIL image; `RowError` if it does not decode.

@@ -185,11 +185,6 @@ SYNC_WEIGHT, SYNC_A, SYNC_B = "weights/", "lora_A/", "lora_B/"
 SYNC_KIND, SYNC_SCALING = "lora_kind", "lora_scaling"
 
 
-def is_lora_sync(meta: Mapping[str, Any]) -> bool:
-    """Whether a weight sync's manifest meta carries a flattened `LoRAPayload`."""
-    return SYNC_KIND in meta
-
-
 def base_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The frozen base weights under their HF names (CPU copies)."""
     state = model.get_base_model().state_dict()  # type: ignore[operator]

@@ -109,11 +109,6 @@ class PackedMicroBatch:
     packed_index: np.ndarray | None = None
     model_inputs: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
-    @property
-    def num_slots(self) -> int:
-        """Token slots the forward pass computes (real tokens + row tails)."""
-        return self.input_ids.numel()
-
 
 def forward_kwargs(packed: PackedMicroBatch) -> dict[str, torch.Tensor]:
     """The forward's ``attention_mask`` argument where the layout carries its own mask, and

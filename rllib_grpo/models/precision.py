@@ -35,14 +35,8 @@ def cpu_has_bf16_matmul(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Whether this CPU multiplies bf16 natively (a flag of `BF16_CPU_FLAGS` in
     ``cpuinfo``'s flags / Features lines; False where the file cannot be read).
 
-<<<<<<< HEAD
     Only there does bf16 compute pay on CPU (a learner step takes less CPU time in bf16
     autocast than in fp32); without such instructions bf16 is emulated and slower.
-=======
-    Only there does bf16 compute pay on CPU: on SmolLM2-135M's learner step (1 thread,
-    avx512_bf16, no AMX) bf16 autocast took 17 s of CPU time against fp32's 26 s
-    (benchmarks/learner.py); without such instructions bf16 is emulated and slower.
->>>>>>> house-bench
     """
     try:
         with open(cpuinfo, encoding="utf-8", errors="replace") as f:

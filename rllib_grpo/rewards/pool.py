@@ -265,10 +265,6 @@ class RewardPool:
         except (Exception, SystemExit) as err:
             return False, err
 
-    def worker_pids(self) -> list[int]:
-        """Process ids of the idle workers (process mode; every worker between calls)."""
-        return [w.pid for w in self._idle if w.pid is not None]
-
     def close(self) -> None:
         """End every worker."""
         for worker in self._idle:

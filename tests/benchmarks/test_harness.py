@@ -21,6 +21,9 @@ from benchmarks.harness import (
 
 MACHINE = {"cpu": "Some CPU", "cores": 2, "memory_gib": 24, "gpu": "none", "torch": "2.13"}
 
+# The harness builds the algorithm: a Ray of its own.
+pytestmark = pytest.mark.ray
+
 
 def results_of(suite: str, machine: dict | None = None) -> dict:
     return {"suite": suite, "title": f"{suite} title", "description": f"What {suite} measures.",

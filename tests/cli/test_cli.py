@@ -37,15 +37,7 @@ from rllib_grpo.cli.verl_keys import (
     VERL_TO_SUB_KEY,
 )
 from rllib_grpo.rllib.config.settings import VERL_ALIASES
-from tests.cli.test_tb_completions import read_text_summaries
-
-TINY = {"model_path": "builtin:tiny", "sampler": "hf", "prompts_per_step": 4, "group_size": 4,
-        "max_prompt_length": 16, "max_response_length": 4, "env_config": {"max_operand": 4}}
-TINY_VERL = ["actor_rollout_ref.model.path=builtin:tiny", "actor_rollout_ref.rollout.name=hf",
-             "data.train_batch_size=4", "actor_rollout_ref.rollout.n=4",
-             "data.max_prompt_length=16", "data.max_response_length=4"]
-ENV = "rllib_grpo/Arithmetic-v0"
-RAY_LIMITS = ["--num-cpus", "2", "--object-store-memory", str(300 * 1024**2)]
+from tests.helpers.cli_runs import ENV, RAY_LIMITS, TINY, TINY_VERL, read_text_summaries
 
 
 def _yaml(tmp_path: Path, text: str, name: str = "exp.yaml") -> str:
@@ -303,6 +295,7 @@ def _checkpoint(output: str) -> Path:
     return path
 
 
+@pytest.mark.ray  # `trainings`: rllib train runs, each on its own Ray
 def test_train_from_flags_writes_a_checkpoint(trainings):
     root, outputs, codes = trainings
     assert codes["flags"] == 0, outputs["flags"][-3000:]
@@ -318,6 +311,7 @@ def test_train_from_flags_writes_a_checkpoint(trainings):
     assert list(checkpoint.parent.glob("events.out.tfevents.*"))
 
 
+@pytest.mark.ray  # `trainings`: rllib train runs, each on its own Ray
 def test_train_from_yaml_with_verl_overrides(trainings):
     root, outputs, codes = trainings
     out = outputs["verl"]
@@ -334,6 +328,7 @@ def test_train_from_yaml_with_verl_overrides(trainings):
     assert any(tag.startswith("completions") for tag in texts), texts
 
 
+@pytest.mark.ray  # `trainings`: rllib train runs, each on its own Ray
 def test_train_with_a_reward_model_on_two_cpus_runs(trainings):
     """verl's `reward_model.enable=True` on a 2-CPU Ray: the trial reserves the reward
     worker's CPU beside the main process, and the iteration runs."""
@@ -369,6 +364,7 @@ finally:
 """
 
 
+@pytest.mark.ray  # starts a Ray cluster and rllib train
 def test_rllib_train_joins_the_cluster_in_ray_address():
     """`ray job submit -- rllib train ...` sets RAY_ADDRESS for its entrypoint: the run joins
     that cluster (its custom resource is seen) instead of starting a new local Ray, and a

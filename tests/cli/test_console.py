@@ -34,7 +34,6 @@ def test_progress_line_skips_missing_and_nan_metrics_and_reads_nested_keys():
 def test_progress_prints_lines_and_the_startup_time_once_when_not_a_terminal():
     out = io.StringIO()
     progress = Progress(10, stream=out)
-    assert not progress.uses_bar
     progress.update(GRPO_RESULT)
     progress.update({**GRPO_RESULT, "training_iteration": 8})
     progress.close()
@@ -51,7 +50,6 @@ class _Terminal(io.StringIO):
 def test_progress_draws_a_bar_with_eta_and_the_metrics_on_a_terminal():
     out = _Terminal()
     progress = Progress(4, stream=out)
-    assert progress.uses_bar
     progress.update(GRPO_RESULT)
     progress.close()
     text = out.getvalue()

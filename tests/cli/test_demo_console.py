@@ -13,6 +13,9 @@ import pytest
 
 from rllib_grpo.logs import KNOWN_NOISE
 
+# Each test runs the demo, which starts its own Ray.
+pytestmark = pytest.mark.ray
+
 # What /work/shared/checks/quiet-demo.sh counts as a progress line.
 PROGRESS = re.compile(r"^\s*(iter|step)|it/s|%\||reward|━|█")
 # Banners and per-step lines seen before the console was quieted (Ray, RLlib, vLLM, tqdm).

@@ -78,6 +78,7 @@ class _Stop(Exception):
     pass
 
 
+@pytest.mark.ray  # starts Ray twice
 def test_demo_starts_a_ray_of_its_own_even_beside_a_running_cluster(monkeypatch, tmp_path):
     """Without address="local", ray.init joins a `ray start` cluster found on the machine
     and refuses the demo's num_cpus ("When connecting to an existing cluster ...")."""

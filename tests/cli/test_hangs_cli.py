@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.test_cli import ENV, RAY_LIMITS, TINY
 from tests.conftest import REPO_ROOT, tiny_config
+from tests.helpers.cli_runs import ENV, RAY_LIMITS, TINY
+from tests.helpers.hangs import blocking_learner
 
 # A GRPO whose learner blocks in its second update (`blocking_learner`), run by `rllib
 # train` as any algorithm Tune knows by name.
@@ -26,7 +27,7 @@ from ray.tune.registry import register_trainable
 
 from rllib_grpo.cli.main import main
 from rllib_grpo.rllib.algorithm.grpo import GRPO
-from tests.rllib.algorithm.test_hangs import blocking_learner
+from tests.helpers.hangs import blocking_learner
 
 
 class GRPOWithAStuckLearner(GRPO):
@@ -44,8 +45,6 @@ sys.exit(main(["train", *sys.argv[1:]]))
 @pytest.mark.slow  # ~40 s: rllib train starts its own Ray and Tune
 @pytest.mark.timeout(180)
 def test_rllib_train_stops_on_a_stuck_learner_with_a_non_zero_exit(tmp_path):
-    from tests.rllib.algorithm.test_hangs import blocking_learner
-
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
     # (A floor that the sampling and the first update meet on a busy 2-core machine.)

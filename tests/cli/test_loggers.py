@@ -13,6 +13,7 @@ import pytest
 from rllib_grpo.cli.build import assemble, build_config
 from rllib_grpo.cli.tune import logger_callbacks, mlflow_metric_name
 from tests.conftest import tiny_config
+from tests.helpers.cli_runs import ENV, RAY_LIMITS, TINY_VERL
 
 
 def _errors(config) -> list[str]:
@@ -73,7 +74,6 @@ def mlflow_run(tmp_path_factory):
     the MLflow file store MLFLOW_TRACKING_URI names (mlflow 3 refuses file stores unless
     MLFLOW_ALLOW_FILE_STORE=true: not set here, `rllib train` allows the store named)."""
     pytest.importorskip("mlflow")
-    from tests.cli.test_cli import ENV, RAY_LIMITS, TINY_VERL
 
     root = tmp_path_factory.mktemp("loggers")
     env = {**{k: v for k, v in os.environ.items() if k != "MLFLOW_ALLOW_FILE_STORE"},
@@ -121,7 +121,6 @@ def test_a_real_offline_wandb_run_ends_and_logs_verls_names(tmp_path):
     its end (it was reported to hang there) with output captured through pipes, as a CI
     job's, and the offline run holds verl's metric names."""
     pytest.importorskip("wandb")
-    from tests.cli.test_cli import ENV, RAY_LIMITS, TINY_VERL
 
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path),
            "WANDB_SILENT": "true", "RAY_DEDUP_LOGS": "0"}

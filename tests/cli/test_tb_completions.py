@@ -3,8 +3,6 @@ the result every N iterations, the Tune callback writes it into the trial's fold
 
 from __future__ import annotations
 
-import struct
-from pathlib import Path
 from types import SimpleNamespace
 
 from rllib_grpo.cli.tune import (
@@ -16,31 +14,12 @@ from rllib_grpo.cli.tune import (
     install_completions,
     progress_line,
 )
+from tests.helpers.cli_runs import read_text_summaries
 
 INFOS = [
     {"prompt": "3+4=", "response": "7", "reward": 1.0, "acc": True},
     {"prompt": "2+2=", "response": "5|x", "reward": 0.0, "acc": False},
 ]
-
-
-def read_text_summaries(folder: Path) -> dict[str, list[tuple[int, str]]]:
-    """``{tag: [(step, text), ...]}`` from every TensorBoard event file in ``folder``."""
-    from tensorboardX.proto import event_pb2
-
-    texts: dict[str, list[tuple[int, str]]] = {}
-    for path in sorted(folder.glob("events.out.tfevents.*")):
-        data = path.read_bytes()
-        offset = 0
-        while offset < len(data):  # TFRecord: u64 length, u32 crc, payload, u32 crc
-            (length,) = struct.unpack("<Q", data[offset:offset + 8])
-            payload = data[offset + 12:offset + 12 + length]
-            offset += 12 + length + 4
-            event = event_pb2.Event.FromString(payload)
-            for value in event.summary.value:
-                if value.metadata.plugin_data.plugin_name == "text":
-                    text = b"".join(value.tensor.string_val).decode()
-                    texts.setdefault(value.tag, []).append((event.step, text))
-    return texts
 
 
 def _algorithm(every: int, infos=INFOS):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.conftest import tiny_config
-from tests.rllib.learner.test_learner_loss import _fixed_batch
+from tests.helpers.learner_updates import fixed_batch
 
 
 def _verl_lambda_lrs(lr_lambda, steps: int) -> list[float]:
@@ -111,7 +111,7 @@ def _batch(learner, rows=None):
     from ray.rllib.core import DEFAULT_MODULE_ID
     from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
-    columns = _fixed_batch(vocab=learner.module[DEFAULT_MODULE_ID].lm.config.vocab_size, pad=0)
+    columns = fixed_batch(vocab=learner.module[DEFAULT_MODULE_ID].lm.config.vocab_size, pad=0)
     if rows is not None:
         columns = {k: v[np.asarray(rows)] for k, v in columns.items()}
     return MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(columns)}, env_steps=8)

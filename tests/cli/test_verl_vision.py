@@ -14,8 +14,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from rllib_grpo.cli.main import main
-from tests.data.test_images import write_geo3k_parquet
+from tests.helpers.images import write_geo3k_parquet
 from tests.helpers.verl_scripts import script_overrides
 
 SCRIPT = "run_qwen2_5_vl-7b.sh"
@@ -76,6 +78,7 @@ def test_explain_states_image_tokens_and_refuses_a_text_only_model(tmp_path, cap
     assert len(errors) == 1 and "model_path='builtin:demo-vlm'" in errors[0]
 
 
+@pytest.mark.ray  # rllib train: its own Ray
 def test_two_training_steps_of_verls_geo3k_command_line(tmp_path):
     args = [*cpu_overrides(tmp_path), "trainer.total_training_steps=2", "trainer.save_freq=-1",
             "trainer.default_local_dir=" + str(tmp_path / "runs"),

@@ -4,7 +4,6 @@ paths, malformed or missing images counted and skipped (or refused with ``strict
 
 from __future__ import annotations
 
-import io
 import json
 
 import numpy as np
@@ -12,45 +11,7 @@ import pytest
 
 from rllib_grpo.data.datasets import load_prompts
 from rllib_grpo.data.images import image_messages
-
-INSTRUCTION = ("You FIRST think about the reasoning process as an internal monologue and then "
-               "provide the final answer. The reasoning process MUST BE enclosed within <think> "
-               "</think> tags. The final answer MUST BE put in \\boxed{}.")
-
-
-def _png(colour: tuple[int, int, int], size: tuple[int, int] = (40, 30)) -> bytes:
-    from PIL import Image
-
-    buffer = io.BytesIO()
-    Image.new("RGB", size, colour).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-def geo3k_rows(n: int, split: str = "train") -> list[dict]:
-    """Rows as verl's examples/data_preprocess/geo3k.py writes them (its ``process_fn``):
-    the figure as datasets' Image struct, the problem with its leading ``<image>``."""
-    rows = []
-    for index in range(n):
-        problem = f"<image>Find x. Side {index + 2}."
-        rows.append({
-            "data_source": "hiyouga/geometry3k",
-            "prompt": [{"role": "user", "content": problem + " " + INSTRUCTION}],
-            "images": [{"bytes": _png((10 * index, 100, 200)), "path": None}],
-            "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": str(index + 2)},
-            "extra_info": {"split": split, "index": index, "answer": str(index + 2),
-                           "question": problem},
-        })
-    return rows
-
-
-def write_geo3k_parquet(path, n: int = 4, split: str = "train", rows: list[dict] | None = None):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    pq.write_table(pa.Table.from_pylist(rows if rows is not None else geo3k_rows(n, split)),
-                   path)
-    return path
+from tests.helpers.images import geo3k_rows, png_bytes, write_geo3k_parquet
 
 
 def test_geo3k_parquet_round_trip(tmp_path):
@@ -75,7 +36,7 @@ def test_geo3k_parquet_round_trip(tmp_path):
 
 def test_jsonl_rows_name_image_files_relative_to_the_file(tmp_path):
     (tmp_path / "figs").mkdir()
-    (tmp_path / "figs" / "a.png").write_bytes(_png((1, 2, 3)))
+    (tmp_path / "figs" / "a.png").write_bytes(png_bytes((1, 2, 3)))
     rows = [{"prompt": "<image> and <image>: same colour?", "answer": "yes",
              "pictures": ["figs/a.png", str(tmp_path / "figs" / "a.png")]}]
     path = tmp_path / "data.jsonl"
@@ -88,7 +49,7 @@ def test_jsonl_rows_name_image_files_relative_to_the_file(tmp_path):
 
 def test_a_malformed_or_missing_image_is_counted_and_skipped(tmp_path):
     rows = geo3k_rows(5)
-    rows[1]["images"] = [{"bytes": _png((0, 0, 0))[:40], "path": None}]  # truncated
+    rows[1]["images"] = [{"bytes": png_bytes((0, 0, 0))[:40], "path": None}]  # truncated
     rows[3]["images"] = [{"bytes": None, "path": str(tmp_path / "gone.png")}]
     rows[4]["images"] = [{"bytes": b"not an image at all", "path": None}]
     path = write_geo3k_parquet(tmp_path / "train.parquet", rows=rows)

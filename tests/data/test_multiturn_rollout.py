@@ -14,60 +14,26 @@ from rllib_grpo.data.rollout import concat_rollouts, data_metrics
 from rllib_grpo.data.trajectory import EpisodeLimits
 from rllib_grpo.envs.guess_number import GuessNumberEnv
 from rllib_grpo.envs.tool_arithmetic import ToolArithmeticEnv
-from rllib_grpo.models.demo_agents import build_agent_tokenizer
 from rllib_grpo.rllib.config.checks import find_errors
 from rllib_grpo.rllib.env_runner.multiturn import (
     EpisodeSampler,
     check_multi_turn_config,
     episode_seed,
 )
-from rllib_grpo.samplers import Sample, SamplingParams
-
-TOKENIZER = build_agent_tokenizer()
-EOS = TOKENIZER.eos_token_id
-
-
-class ScriptedSampler:
-    """Answers with ``script(context_text)`` + EOS; log-prob of token i is -(i+1)/100."""
-
-    def __init__(self, script):
-        self.script = script
-        self.calls: list[dict] = []
-
-    def generate(self, prompts, n, params, *, seeds=None):
-        self.calls.append({"num_prompts": len(prompts), "n": n, "seeds": seeds,
-                           "max_tokens": params.max_tokens})
-        out = []
-        for prompt in prompts:
-            text = self.script(TOKENIZER.decode(prompt))
-            ids = [*TOKENIZER.encode(text, add_special_tokens=False), EOS]
-            finish = "stop"
-            if len(ids) > params.max_tokens:
-                ids, finish = ids[: params.max_tokens], "length"
-            out.append([Sample(ids, [-(i + 1) / 100 for i in range(len(ids))], finish)
-                        for _ in range(n)])
-        return out
-
-
-def calculator_agent(context: str) -> str:
-    """Call the calculator on the prompt's expression, then answer with the result."""
-    if "<result>" in context:
-        return context.rsplit("<result>", 1)[1].split("</result>")[0]
-    return f"<tool>calculator: {context.split('=')[0]}</tool>"
-
-
-def _prompts(env, n):
-    prompts = []
-    for _ in range(n):
-        obs, info = env.reset()
-        prompts.append({"text": obs, **info})
-    return prompts
+from rllib_grpo.samplers import SamplingParams
+from tests.helpers.scripted_agents import (
+    TOKENIZER,
+    ScriptedSampler,
+    binary_search,
+    calculator_agent,
+    reset_prompts,
+)
 
 
 def _run(env, script, limits, *, num_prompts=2, group_size=3):
     sampler = ScriptedSampler(script)
     runner = EpisodeSampler(env, sampler, TOKENIZER, limits, seed=7)
-    episodes = runner.sample(_prompts(env, num_prompts), list(range(num_prompts)), group_size,
+    episodes = runner.sample(reset_prompts(env, num_prompts), list(range(num_prompts)), group_size,
                              SamplingParams(max_tokens=limits.max_response_length))
     return runner, sampler, episodes, runner.to_batch(episodes, pad_token_id=0)
 
@@ -131,16 +97,6 @@ def test_env_turn_limit_and_observation_cut():
     row_env = batch.response_ids[0][batch.loss_mask[0] == 0][: batch.response_lengths[0]]
     assert TOKENIZER.decode(row_env[:4]) == "<result>560"  # cut to 4 tokens
     assert [i["truncation"] for i in batch.infos] == ["turn_limit"] * 6
-
-
-def binary_search(context: str) -> str:
-    """GuessNumber from the feedback in the context: wins in 1-3 turns."""
-    low, high = 1, 7
-    parts = context.split("guess 1-7:")[1].split("<eos>")
-    for guess, reply in zip(parts[:-1], parts[1:], strict=True):
-        value = int(guess.split(":")[-1])
-        low, high = (value + 1, high) if reply.startswith("higher") else (low, value - 1)
-    return str((low + high) // 2)
 
 
 def test_per_turn_rewards_are_discounted_by_gamma():

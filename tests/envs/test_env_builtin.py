@@ -18,6 +18,7 @@ from rllib_grpo.envs.arithmetic import ARITHMETIC_ALPHABET, ArithmeticEnv, make_
 from rllib_grpo.envs.countdown import make_countdown_records
 from rllib_grpo.envs.prepare_data import convert_gsm8k_row, convert_math_row, main
 from rllib_grpo.rewards import compute_score
+from tests.helpers.images import write_geo3k_parquet
 
 SMALL = {"rllib_grpo/Arithmetic-v0": {"num_problems": 50}, "rllib_grpo/Countdown-v0": {"num_problems": 50},
          "rllib_grpo/Prompts-v0": {"path": str(fixture_path("gsm8k_fixture.jsonl"))},
@@ -45,7 +46,6 @@ VISION = ("rllib_grpo/ShapeCount-v0", "rllib_grpo/Geo3K-v0")
 def _vision_kwargs(env_id, tmp_path):
     from rllib_grpo.models import resolve_model
     from rllib_grpo.models.vision import ImagePromptProcessor
-    from tests.data.test_images import write_geo3k_parquet
 
     processor = ImagePromptProcessor.from_pretrained(resolve_model("builtin:tiny-vlm"))
     if env_id == "rllib_grpo/Geo3K-v0":

@@ -12,7 +12,7 @@ from rllib_grpo.envs.shapes import ShapeCountEnv, make_shape_records
 from rllib_grpo.models import resolve_model
 from rllib_grpo.models.tokenizers import load_tokenizer
 from rllib_grpo.models.vision import ImagePromptProcessor
-from tests.data.test_images import write_geo3k_parquet
+from tests.helpers.images import write_geo3k_parquet
 
 
 @pytest.fixture(scope="module")

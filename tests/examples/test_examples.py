@@ -10,6 +10,9 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 
+# Each example trains: its own Ray in a subprocess.
+pytestmark = pytest.mark.ray
+
 ROOT = REPO_ROOT
 
 

@@ -233,8 +233,8 @@ def c2_packing(root):
 def c3_sampler(root):
     """The transformers sampler on the GPU; its default device; scores memory."""
     from rllib_grpo.samplers import SamplingParams, make_sampler
-    from rllib_grpo.samplers.base import max_log_prob_diff
     from rllib_grpo.samplers.hf import HFSampler
+    from tests.helpers.log_probs import max_log_prob_diff
 
     path = model_dir(root, "small")
     # As TextEnvRunner builds it with sampler="auto" and no sampler_config (vLLM blocked here,

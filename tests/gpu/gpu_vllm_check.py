@@ -188,9 +188,9 @@ def check_sync(model_dir: str, vocab: int) -> None:
     import torch
 
     from rllib_grpo.samplers import SamplingParams
-    from rllib_grpo.samplers.base import max_log_prob_diff
     from rllib_grpo.weights.gpu import ipc_init_info
     from rllib_grpo.weights.shm import SharedWeights, plan_manifest, split_aliases
+    from tests.helpers.log_probs import max_log_prob_diff
 
     learner = _perturbed_learner(model_dir)
     engine = make_engine(model_dir, weight_transfer_backend="ipc")

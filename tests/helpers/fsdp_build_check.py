@@ -138,10 +138,10 @@ def _rank(rank: int, init_file: str, spec: dict[str, Any], out: str) -> None:
     from torch.distributed.tensor import DTensor
 
     from rllib_grpo.rllib.learner.module import response_log_probs
-    from tests.rllib.learner.test_learner_loss import _fixed_batch
+    from tests.helpers.learner_updates import fixed_batch
 
     vocab = module.lm.config.vocab_size
-    batch = {k: torch.as_tensor(v) for k, v in _fixed_batch(vocab, pad=0).items()}
+    batch = {k: torch.as_tensor(v) for k, v in fixed_batch(vocab, pad=0).items()}
     with module.reference_on(learner._device):
         ref_log_probs = module.reference_log_probs(batch)
     if module.ref_lm is not None:

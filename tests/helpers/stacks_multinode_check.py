@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 def main() -> None:
     from rllib_grpo.rllib import stacks
-    from tests.rllib.test_stacks import StuckWorker
+    from tests.helpers.stuck_worker import StuckWorker
 
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "object_store_memory": 100 * 1024**2, "include_dashboard": False})

@@ -4,7 +4,7 @@ Float64 models (llama and qwen2, grouped-query heads), so rounding cannot decide
 
 * padded rows (left-padded prompts), packed rows (several sequences per row, masks made
   from position ids) and shared-prompt rows (a boolean 4-D mask) give the log-probs and
-  entropies of sdpa's padded rows, within `_log_probs_bound` (their float32 rounding),
+  entropies of sdpa's padded rows, within `log_probs_bound` (their float32 rounding),
   also where rows longer than `MATMUL_MAX_KV_LEN` go to sdpa (its masks converted);
 * the gradients are sdpa's (GRAD_REL64 of the largest);
 * cached decoding (the transformers sampler) gives sdpa's logits at every step;
@@ -23,13 +23,12 @@ from rllib_grpo.models.attention import (
     register_matmul_attention,
 )
 from tests.conftest import EPS64, GRAD_REL64
-from tests.models.test_shared_prefix import _grouped_batch, _shared_log_probs
-from tests.rllib.learner.test_packing import _lm, _log_probs_bound
+from tests.helpers.tiny_lms import grouped_batch, log_probs_bound, shared_log_probs, tiny_lm
 
 
 def _pair(arch: str) -> tuple[torch.nn.Module, torch.nn.Module]:
     register_matmul_attention()
-    return _lm(arch, "sdpa", torch.float64), _lm(arch, MATMUL_ATTENTION, torch.float64)
+    return tiny_lm(arch, "sdpa", torch.float64), tiny_lm(arch, MATMUL_ATTENTION, torch.float64)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
@@ -41,16 +40,16 @@ def test_log_probs_equal_sdpa_s(arch, layout, max_kv_len, monkeypatch):
 
     monkeypatch.setattr("rllib_grpo.models.attention.MATMUL_MAX_KV_LEN", max_kv_len)
     sdpa, matmul = _pair(arch)
-    batch = _grouped_batch()
+    batch = grouped_batch()
     reference = response_log_probs(sdpa, batch, 0.7, with_entropy=True)
     if layout == "padded":
         got = response_log_probs(matmul, batch, 0.7, with_entropy=True)
     elif layout == "packed":
         got = packed_response_log_probs(matmul, batch, 0.7, with_entropy=True)
     else:
-        got = _shared_log_probs(matmul, batch, 0.7, capacity=14)
+        got = shared_log_probs(matmul, batch, 0.7, capacity=14)
     mask = batch["response_mask"].bool()
-    bound = _log_probs_bound(sdpa, batch, 0.7, reference)
+    bound = log_probs_bound(sdpa, batch, 0.7, reference)
     for key in ("log_probs", "entropy"):
         assert (got[key] - reference[key])[mask].abs().max() <= bound
 
@@ -60,7 +59,7 @@ def test_gradients_equal_sdpa_s(arch, float64_rms_norm):
     from rllib_grpo.rllib.learner.module import response_log_probs
 
     sdpa, matmul = _pair(arch)
-    batch = _grouped_batch(seed=1)
+    batch = grouped_batch(seed=1)
     weights = torch.linspace(-1.0, 1.0, batch["response_mask"].numel(), dtype=torch.float64)
     weights = weights.view_as(batch["response_mask"]) * batch["response_mask"]
 
@@ -70,7 +69,7 @@ def test_gradients_equal_sdpa_s(arch, float64_rms_norm):
         return [p.grad.clone() for p in lm.parameters()]
 
     expected = grads(sdpa, response_log_probs(sdpa, batch, 1.0)["log_probs"])
-    got = grads(matmul, _shared_log_probs(matmul, batch, 1.0, capacity=14)["log_probs"])
+    got = grads(matmul, shared_log_probs(matmul, batch, 1.0, capacity=14)["log_probs"])
     largest = max(g.abs().max().item() for g in expected)
     assert largest > 0
     assert max((a - b).abs().max().item() for a, b in zip(expected, got, strict=True)) \
@@ -104,7 +103,7 @@ def test_without_its_mask_the_log_probs_move():
     from rllib_grpo.rllib.learner.module import response_log_probs
 
     sdpa, matmul = _pair("llama")
-    batch = _grouped_batch()
+    batch = grouped_batch()
     reference = response_log_probs(sdpa, batch, 1.0)["log_probs"]
     from transformers import AttentionInterface
 
@@ -120,10 +119,10 @@ def test_without_its_mask_the_log_probs_move():
 
 def test_the_switch_is_for_cpus_at_16_bits_and_plain_attention_only():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert prefer_matmul_attention(_lm("qwen2", "sdpa"), cpu, "bfloat16")
-    assert prefer_matmul_attention(_lm("llama", "sdpa"), cpu, "float16")
-    assert not prefer_matmul_attention(_lm("llama", "sdpa"), cpu, "float32")
-    assert not prefer_matmul_attention(_lm("llama", "sdpa"), cuda, "bfloat16")
+    assert prefer_matmul_attention(tiny_lm("qwen2", "sdpa"), cpu, "bfloat16")
+    assert prefer_matmul_attention(tiny_lm("llama", "sdpa"), cpu, "float16")
+    assert not prefer_matmul_attention(tiny_lm("llama", "sdpa"), cpu, "float32")
+    assert not prefer_matmul_attention(tiny_lm("llama", "sdpa"), cuda, "bfloat16")
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.for_model("gemma2", vocab_size=50, hidden_size=64, num_hidden_layers=1,

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from tests.conftest import EPS32, REPO_ROOT, float32_log_softmax_bound, tiny_config
-from tests.rllib.learner.test_fsdp import _config as fsdp_config
+from tests.helpers.learner_updates import learner_config
 
 LORA = {"lora_rank": 4, "lora_alpha": 8, "lr": 1e-2}
 ROOT = REPO_ROOT
@@ -63,7 +63,7 @@ def fsdp_run(ray_session, tmp_path_factory):
     """A 2-learner FSDP2 run after one step: checkpoint, learner log-probs, full weights."""
     from ray.rllib.core import DEFAULT_MODULE_ID
 
-    algo = fsdp_config(2).build_algo()
+    algo = learner_config(2).build_algo()
     try:
         algo.train()
         batch = _forward_batch(algo.last_rollout)
@@ -179,7 +179,7 @@ def _merge_rounding(policy) -> dict[str, torch.Tensor]:
 def _weight_rounding_bound(model, batch, rounding: dict[str, torch.Tensor]) -> float:
     """First-order bound on how far ``model``'s log-probs move when its weights move by at
     most ``rounding`` (elementwise): max over response tokens t of Σ |∂ log p_t/∂W|·δW."""
-    from rllib_grpo.rllib.module import response_log_probs
+    from rllib_grpo.rllib.learner.module import response_log_probs
 
     params = dict(model.named_parameters())
     worst = 0.0

@@ -17,14 +17,14 @@ import torch
 
 from rllib_grpo.models.lm_head import fused_head, token_stats_mode
 from tests.conftest import EPS32, float32_log_softmax_bound
-from tests.rllib.learner.test_packing import _lm, _padded_batch
+from tests.helpers.tiny_lms import padded_batch, tiny_lm
 
 BF16_EPS = 2.0 ** -7
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_plain_heads_are_fused(arch):
-    lm = _lm(arch, "sdpa")
+    lm = tiny_lm(arch, "sdpa")
     decoder, weight = fused_head(lm)
     assert decoder is lm.model and weight is lm.lm_head.weight
     assert token_stats_mode(lm, "auto") == "fused"
@@ -34,8 +34,8 @@ def test_heads_that_are_not_exactly_a_matmul_are_not_fused():
     from peft import LoraConfig, get_peft_model
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    lora = get_peft_model(_lm("llama", "sdpa"), LoraConfig(r=2, target_modules=["q_proj"]))
-    biased = _lm("llama", "sdpa")
+    lora = get_peft_model(tiny_lm("llama", "sdpa"), LoraConfig(r=2, target_modules=["q_proj"]))
+    biased = tiny_lm("llama", "sdpa")
     biased.lm_head = torch.nn.Linear(64, 50, bias=True)
     config = AutoConfig.for_model("gemma2", vocab_size=50, hidden_size=64, num_hidden_layers=1,
                                   num_attention_heads=2, num_key_value_heads=1, head_dim=32,
@@ -64,7 +64,7 @@ def _loss_and_grads(lm, batch, packed, mode):
 @pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
 @pytest.mark.parametrize("mode", ["fused", "chunked", "auto"])
 def test_every_mode_gives_the_full_modes_values_and_gradients(packed, mode):
-    lm, batch = _lm("llama", "sdpa", torch.float64), _padded_batch()
+    lm, batch = tiny_lm("llama", "sdpa", torch.float64), padded_batch()
     if mode == "fused" and not packed:
         mode = "auto"  # padded rows chunk the model's logits
     full, full_grads = _loss_and_grads(lm, batch, packed, "full")
@@ -92,7 +92,7 @@ def test_bf16_autocast_fused_within_one_bf16_rounding_of_the_full_logits():
     casts the hidden states and the head to bf16 as autocast does for ``lm_head``."""
     from rllib_grpo.rllib.learner.module import response_log_probs
 
-    lm, batch = _lm("llama", "sdpa"), _padded_batch()
+    lm, batch = tiny_lm("llama", "sdpa"), padded_batch()
     mask = batch["response_mask"].bool()
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         full = response_log_probs(lm, batch, 0.7, with_entropy=True, packed=True)

@@ -122,13 +122,13 @@ def test_remote_env_runner_merges_adapter_syncs(ray_session):
 
 
 def test_a_payload_travels_as_named_tensors_and_is_rebuilt_whole():
-    from rllib_grpo.models.lora import LoRAPayload, is_lora_sync
+    from rllib_grpo.models.lora import SYNC_KIND, LoRAPayload
 
     payload = LoRAPayload("full", {"model.norm.weight": torch.ones(3)},
                           {"model.layers.0.mlp.up_proj": (torch.zeros(2, 3), torch.ones(4, 2))},
                           scaling=2.0)
     tensors, meta = payload.to_tensors(), payload.sync_meta()
-    assert is_lora_sync(meta) and not is_lora_sync({})
+    assert meta[SYNC_KIND] == "full"
     rebuilt = LoRAPayload.from_tensors(tensors, meta)
     assert (rebuilt.kind, rebuilt.scaling) == ("full", 2.0)
     assert rebuilt.weights.keys() == payload.weights.keys()
@@ -214,7 +214,7 @@ def test_adapter_sync_into_vllm_matches_the_merged_policy():
     from rllib_grpo.models import build_char_tokenizer, resolve_model
     from rllib_grpo.models.lora import AdapterMerger
     from rllib_grpo.samplers import SamplingParams, make_sampler
-    from rllib_grpo.samplers.base import max_log_prob_diff, mean_log_prob
+    from tests.helpers.log_probs import max_log_prob_diff, mean_log_prob
 
     module = _module(**LORA, lora_target_modules=["q_proj", "gate_proj", "o_proj"])
     path = resolve_model("builtin:tiny")

@@ -16,41 +16,13 @@ import pytest
 import torch
 
 from tests.conftest import GRAD_REL64
-from tests.rllib.learner.test_packing import _lm, _log_probs_bound
-
-
-def _grouped_batch(seed: int = 0, prompt: int = 6, response: int = 5, vocab: int = 50,
-                   groups: tuple[int, ...] = (4, 3, 1)) -> dict[str, torch.Tensor]:
-    """``len(groups)`` distinct left-padded prompts, ``groups[g]`` responses each
-    (right-padded, 0..response tokens: one empty, one full)."""
-    gen = torch.Generator().manual_seed(seed)
-    rows = sum(groups)
-    batch = {"prompt_ids": torch.zeros(rows, prompt, dtype=torch.long),
-             "prompt_mask": torch.zeros(rows, prompt, dtype=torch.long),
-             "response_ids": torch.zeros(rows, response, dtype=torch.long),
-             "response_mask": torch.zeros(rows, response)}
-    b = 0
-    for g, size in enumerate(groups):
-        p = int(torch.randint(2, prompt + 1, (1,), generator=gen)) if g else prompt
-        tokens = torch.randint(4, vocab, (p,), generator=gen)
-        for _ in range(size):
-            r = int(torch.randint(1, response + 1, (1,), generator=gen))
-            r = 0 if b == 1 else response if b == 0 else r
-            batch["prompt_ids"][b, prompt - p:] = tokens
-            batch["prompt_mask"][b, prompt - p:] = 1
-            batch["response_ids"][b, :r] = torch.randint(4, vocab, (r,), generator=gen)
-            batch["response_mask"][b, :r] = 1
-            b += 1
-    return batch
-
-
-def _shared_log_probs(lm, batch, temperature, capacity, token_stats="full"):
-    from rllib_grpo.models.packing import packed_response_log_probs
-    from rllib_grpo.models.shared_prefix import pack_shared_prompts
-
-    layout = pack_shared_prompts(batch, capacity=capacity)
-    return packed_response_log_probs(lm, batch, temperature, with_entropy=True, layout=layout,
-                                     token_stats=token_stats)
+from tests.helpers.tiny_lms import (
+    grouped_batch,
+    log_probs_bound,
+    padded_batch,
+    shared_log_probs,
+    tiny_lm,
+)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
@@ -60,11 +32,11 @@ def test_shared_prompt_log_probs_equal_padded(arch, capacity, token_stats):
     from rllib_grpo.models.shared_prefix import pack_shared_prompts
     from rllib_grpo.rllib.learner.module import response_log_probs
 
-    lm, batch = _lm(arch, "sdpa", torch.float64), _grouped_batch()
+    lm, batch = tiny_lm(arch, "sdpa", torch.float64), grouped_batch()
     padded = response_log_probs(lm, batch, 0.7, with_entropy=True)
-    shared = _shared_log_probs(lm, batch, 0.7, capacity, token_stats)
+    shared = shared_log_probs(lm, batch, 0.7, capacity, token_stats)
     mask = batch["response_mask"].bool()
-    bound = _log_probs_bound(lm, batch, 0.7, padded)
+    bound = log_probs_bound(lm, batch, 0.7, padded)
     for key in ("log_probs", "entropy"):
         assert (shared[key] - padded[key])[mask].abs().max() <= bound
         assert (shared[key][~mask] == 0).all()
@@ -81,7 +53,7 @@ def test_shared_prompt_log_probs_equal_padded(arch, capacity, token_stats):
 def test_shared_prompt_gradients_equal_padded(arch, float64_rms_norm):
     from rllib_grpo.rllib.learner.module import response_log_probs
 
-    lm, batch = _lm(arch, "sdpa", torch.float64), _grouped_batch(seed=1)
+    lm, batch = tiny_lm(arch, "sdpa", torch.float64), grouped_batch(seed=1)
     weights = torch.linspace(-1.0, 1.0, batch["response_mask"].numel(), dtype=torch.float64)
     weights = weights.view_as(batch["response_mask"])
 
@@ -91,7 +63,7 @@ def test_shared_prompt_gradients_equal_padded(arch, float64_rms_norm):
         return [p.grad.clone() for p in lm.parameters()]
 
     padded = grads(response_log_probs(lm, batch, 1.0)["log_probs"])
-    shared = grads(_shared_log_probs(lm, batch, 1.0, capacity=14)["log_probs"])
+    shared = grads(shared_log_probs(lm, batch, 1.0, capacity=14)["log_probs"])
     largest = max(g.abs().max().item() for g in padded)
     assert largest > 0
     assert max((a - b).abs().max().item() for a, b in zip(padded, shared, strict=True)) \
@@ -104,8 +76,8 @@ def test_responses_that_see_each_other_change_the_log_probs():
     from rllib_grpo.models.packing import packed_response_log_probs
     from rllib_grpo.models.shared_prefix import pack_shared_prompts
 
-    lm, batch = _lm("llama", "sdpa", torch.float64), _grouped_batch()
-    right = _shared_log_probs(lm, batch, 1.0, 64)["log_probs"]
+    lm, batch = tiny_lm("llama", "sdpa", torch.float64), grouped_batch()
+    right = shared_log_probs(lm, batch, 1.0, 64)["log_probs"]
     layout = pack_shared_prompts(batch, capacity=64)
     length = layout.attention_mask.shape[-1]
     layout.attention_mask = layout.attention_mask | torch.tril(
@@ -116,13 +88,12 @@ def test_responses_that_see_each_other_change_the_log_probs():
 
 def test_nothing_is_shared_without_a_dense_mask_or_a_repeated_prompt():
     from rllib_grpo.models.shared_prefix import shared_prefix_layout
-    from tests.rllib.learner.test_packing import _padded_batch
 
-    grouped = _grouped_batch()
-    assert shared_prefix_layout(_lm("llama", "sdpa"), grouped) is not None
-    assert shared_prefix_layout(_lm("llama", "eager"), grouped) is None
-    distinct = _padded_batch()  # random prompts, none repeated
-    assert shared_prefix_layout(_lm("llama", "sdpa"), distinct) is None
+    grouped = grouped_batch()
+    assert shared_prefix_layout(tiny_lm("llama", "sdpa"), grouped) is not None
+    assert shared_prefix_layout(tiny_lm("llama", "eager"), grouped) is None
+    distinct = padded_batch()  # random prompts, none repeated
+    assert shared_prefix_layout(tiny_lm("llama", "sdpa"), distinct) is None
 
 
 def test_the_learner_module_shares_prompts_when_asked():
@@ -135,7 +106,7 @@ def test_the_learner_module_shares_prompts_when_asked():
         calls.append(batch["prompt_ids"].shape[0])
         return real(lm, batch)
 
-    lm, batch = _lm("llama", "sdpa", torch.float64), _grouped_batch()
+    lm, batch = tiny_lm("llama", "sdpa", torch.float64), grouped_batch()
     module_lib.shared_prefix_layout, saved = spy, module_lib.shared_prefix_layout
     try:
         module_lib.response_log_probs(lm, batch, 1.0, packed=True)

@@ -38,33 +38,6 @@ def processor(model_path):
     return ImagePromptProcessor.from_pretrained(model_path)
 
 
-@pytest.fixture
-def float64_qwen2_vl(monkeypatch):
-    """Qwen2-VL's RMSNorm and vision rotary embedding in their input's dtype for float64
-    inputs (module docstring)."""
-    from transformers.models.qwen2_vl import modeling_qwen2_vl as qwen2_vl
-
-    norm = qwen2_vl.Qwen2VLRMSNorm.forward
-
-    def forward(self, hidden_states, _original=norm):
-        if hidden_states.dtype != torch.float64:
-            return _original(self, hidden_states)
-        variance = hidden_states.pow(2).mean(-1, keepdim=True)
-        return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
-
-    rotary = qwen2_vl.apply_rotary_pos_emb_vision
-
-    def apply_rotary(q, k, cos, sin, _original=rotary):
-        if q.dtype != torch.float64:
-            return _original(q, k, cos, sin)
-        cos, sin = cos.unsqueeze(-2).to(q.dtype), sin.unsqueeze(-2).to(q.dtype)
-        return (q * cos + qwen2_vl.rotate_half(q) * sin,
-                k * cos + qwen2_vl.rotate_half(k) * sin)
-
-    monkeypatch.setattr(qwen2_vl.Qwen2VLRMSNorm, "forward", forward)
-    monkeypatch.setattr(qwen2_vl, "apply_rotary_pos_emb_vision", apply_rotary)
-
-
 def test_the_tokenizer_reloads_as_saved_and_the_model_is_a_qwen2_vl(model_path):
     """The byte-level tokenizer survives transformers' Qwen2 rebuild (AutoTokenizer)."""
     from transformers import AutoTokenizer

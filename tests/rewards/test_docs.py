@@ -7,11 +7,14 @@ After changing a case table, regenerate them with ``python -m tests.rewards.test
 import json
 
 from tests.conftest import REPO_ROOT
-from tests.rewards.test_arith_countdown import ARITHMETIC_CASES, COUNTDOWN_CASES
-from tests.rewards.test_gsm8k import GSM8K_CASES
-from tests.rewards.test_math import MATH_CASES
-from tests.rewards.test_math_dapo import MATH_DAPO_CASES
-from tests.rewards.test_safety import FAILURE_CASES
+from tests.helpers.reward_cases import (
+    ARITHMETIC_CASES,
+    COUNTDOWN_CASES,
+    FAILURE_CASES,
+    GSM8K_CASES,
+    MATH_CASES,
+    MATH_DAPO_CASES,
+)
 
 DOC = REPO_ROOT / "docs" / "rewards.md"
 BEGIN, END = "<!-- cases:begin -->", "<!-- cases:end -->"

@@ -4,44 +4,7 @@ import pytest
 
 from rllib_grpo.rewards import compute_score, extract_boxed, extract_math_answer
 from rllib_grpo.rewards._latex import latex_to_sympy_syntax
-
-# (case, response, ground truth, scorer kwargs, expected score, expected pred)
-MATH_CASES = [
-    ("plain boxed", r"So $x = \boxed{6}$.", "6", {}, 1.0, "6"),
-    ("nested braces", r"\boxed{\frac{\sqrt{3}}{2}}", r"\frac{\sqrt3}{2}", {}, 1.0, r"\frac{\sqrt{3}}{2}"),
-    ("last box wins", r"first \boxed{5}, corrected: \boxed{7}", "7", {}, 1.0, "7"),
-    ("fbox", r"\fbox{7}", "7", {}, 1.0, "7"),
-    ("boxed with space", r"$\boxed 5$", "5", {}, 1.0, "5"),
-    ("\\frac12 shorthand", r"\boxed{\frac12}", r"\frac{1}{2}", {}, 1.0, r"\frac12"),
-    ("0.5 vs \\frac{1}{2}", r"\boxed{0.5}", r"\frac{1}{2}", {}, 1.0, "0.5"),
-    ("\\dfrac", r"\boxed{\dfrac{1}{2}}", r"\frac12", {}, 1.0, r"\dfrac{1}{2}"),
-    ("\\tfrac vs decimal", r"\boxed{\tfrac{3}{4}}", "0.75", {}, 1.0, r"\tfrac{3}{4}"),
-    ("a/b vs \\frac", r"\boxed{1/3}", r"\frac{1}{3}", {}, 1.0, "1/3"),
-    ("spaces", r"\boxed{ 5 \sqrt{2} }", r"5\sqrt{2}", {}, 1.0, r"5 \sqrt{2}"),
-    ("\\left( \\right)", r"\boxed{(3,\frac{\pi}{2})}", r"\left( 3, \frac{\pi}{2} \right)", {}, 1.0,
-     r"(3,\frac{\pi}{2})"),
-    ("degrees", r"\boxed{120^\circ}", "120", {}, 1.0, r"120^\circ"),
-    ("degrees with braces", r"\boxed{30^{\circ}}", r"30^\circ", {}, 1.0, r"30^{\circ}"),
-    ("\\text units", r"\boxed{10\text{ cm}}", "10", {}, 1.0, r"10\text{ cm}"),
-    ("\\text answer", r"\boxed{\text{Thursday}}", r"\text{Thursday}", {}, 1.0, r"\text{Thursday}"),
-    ("\\! thousands", r"\boxed{12,\!000}", r"12{,}000", {}, 1.0, r"12,\!000"),
-    ("dollars", r"\boxed{\$5}", "5", {}, 1.0, r"\$5"),
-    ("x = prefix", r"\boxed{x=5}", "5", {}, 1.0, "x=5"),
-    ("sympy: simplified radical", r"\boxed{\sqrt{8}}", r"2\sqrt{2}", {}, 1.0, r"\sqrt{8}"),
-    ("sympy: expanded polynomial", r"\boxed{x^2+2x+1}", "(x+1)^2", {}, 1.0, "x^2+2x+1"),
-    ("sympy: cube root", r"\boxed{\sqrt[3]{8}}", "2", {}, 1.0, r"\sqrt[3]{8}"),
-    ("Answer: fallback", "So the total is 12.\nAnswer: 12", "12", {}, 1.0, "12"),
-    ("last Answer: on one line wins", "Answer: 10. No wait, Answer: 12", "12", {}, 1.0, "12"),
-    ("wrong value", r"\boxed{\frac{1}{3}}", "0.333", {}, 0.0, r"\frac{1}{3}"),
-    ("wrong polynomial", r"\boxed{x^2+1}", "(x+1)^2", {}, 0.0, "x^2+1"),
-    ("tuple order matters", r"\boxed{(1,4)}", "(4,1)", {}, 0.0, "(1,4)"),
-    ("interval brackets matter", r"\boxed{[1,2)}", "(1,2)", {}, 0.0, "[1,2)"),
-    ("power tower refused", r"\boxed{9^{9^{9}}}", "1", {}, 0.0, "9^{9^{9}}"),
-    ("no box", "The answer is 6.", "6", {}, 0.0, None),
-    ("unbalanced box", r"\boxed{6", "6", {}, 0.0, None),
-    ("empty box", r"\boxed{}", "6", {}, 0.0, None),
-    ("empty response", "", "6", {}, 0.0, None),
-]
+from tests.helpers.reward_cases import MATH_CASES
 
 
 @pytest.mark.parametrize(("case", "response", "truth", "kwargs", "score", "pred"), MATH_CASES)

@@ -5,21 +5,7 @@ import pytest
 
 from rllib_grpo.rewards import compute_score, known_data_sources
 from rllib_grpo.rewards.math_dapo import normalize_final_answer
-
-# (case, response, ground truth, scorer kwargs, expected score, expected pred)
-MATH_DAPO_CASES = [
-    ("right answer scores +1", "Thinking...\nAnswer: 34", "34", {}, 1.0, "34"),
-    ("wrong answer scores -1", "Answer: 35", "34", {}, -1.0, "35"),
-    ("no answer scores -1", "I do not know.", "34", {}, -1.0, None),
-    ("last Answer: line wins", "Answer: 12\nAnswer: 34", "34", {}, 1.0, "34"),
-    ("last Answer: on one line wins", "Answer: 12, no: Answer: 34", "34", {}, 1.0, "34"),
-    ("Minerva normalisation", "Answer: $\\frac12$", "\\frac{1}{2}", {}, 1.0, "\\frac{1}{2}"),
-    ("units dropped", "Answer: 5 degrees", "5", {}, 1.0, "5"),
-    ("thousands comma", "Answer: 1,000", "1000", {}, 1.0, "1000"),
-    ("only the last 300 chars", "Answer: 34\n" + "x" * 300, "34", {}, -1.0, None),
-    ("boxed fallback", "so it is \\boxed{34}", "34", {}, 1.0, "34"),
-    ("boxed fallback compares verbatim", "so it is \\boxed{34.0}", "34", {}, -1.0, "34.0"),
-]
+from tests.helpers.reward_cases import MATH_DAPO_CASES
 
 
 @pytest.mark.parametrize(("case", "response", "truth", "kwargs", "score", "pred"), MATH_DAPO_CASES)

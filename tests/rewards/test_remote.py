@@ -3,47 +3,14 @@ OpenAI-compatible judges, retries and timeouts."""
 
 from __future__ import annotations
 
-import json
 import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from rllib_grpo.rewards.judge import JudgeRule
 from rllib_grpo.rewards.remote import OpenAIJudge, RemoteReward, url_error
-
-
-class _Server:
-    """A local HTTP server answering POSTs with ``handler(path, body) -> (status, dict)``."""
-
-    def __init__(self, handler):
-        self.requests: list[tuple[str, dict]] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 - http.server's name
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.requests.append((self.path, body))
-                status, answer = handler(self.path, body, len(outer.requests))
-                data = json.dumps(answer).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_port}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+from tests.helpers.reward_server import RewardServer, openrlhf_handler
 
 
 @pytest.fixture
@@ -51,20 +18,15 @@ def server():
     servers = []
 
     def start(handler):
-        servers.append(_Server(handler))
+        servers.append(RewardServer(handler))
         return servers[-1]
     yield start
     for s in servers:
         s.close()
 
 
-def _openrlhf(path, body, count):
-    rewards = [float(len(q)) for q in body["query"]]
-    return 200, {"rewards": rewards, "scores": rewards, "extra_logs": {"n": len(rewards)}}
-
-
 def test_openrlhf_protocol_one_post_per_batch(server):
-    s = server(_openrlhf)
+    s = server(openrlhf_handler)
     remote = RemoteReward(s.url + "/get_reward")
     got = remote.score_batch(["1+2=", [{"role": "user", "content": "hi"}]], ["3", "yo"], [3, None])
     assert got == [5.0, 4.0]
@@ -76,7 +38,7 @@ def test_openrlhf_protocol_one_post_per_batch(server):
 
 
 def test_5xx_answers_are_retried(server):
-    s = server(lambda p, b, n: (503, {}) if n < 3 else _openrlhf(p, b, n))
+    s = server(lambda p, b, n: (503, {}) if n < 3 else openrlhf_handler(p, b, n))
     remote = RemoteReward(s.url, retries=3)
     assert remote.score_batch(["a"], ["b"], [None]) == [2.0]
     assert len(s.requests) == 3
@@ -107,7 +69,7 @@ def test_url_error_names_unreachable_and_malformed_urls(server):
         port = sock.getsockname()[1]
     assert "unreachable" in url_error(f"http://127.0.0.1:{port}/reward")
     assert "must be http" in url_error("ftp://x")
-    assert url_error(server(_openrlhf).url) is None
+    assert url_error(server(openrlhf_handler).url) is None
 
 
 def _chat(path, body, count):

@@ -17,6 +17,7 @@ from rllib_grpo.rewards import (
     register_reward_fn,
     resolve_reward_fn,
 )
+from tests.helpers.reward_cases import FAILURE_CASES, STOPS
 
 
 def raising_fn(data_source, solution_str, ground_truth, extra_info=None):
@@ -97,23 +98,6 @@ def test_none_or_a_dict_without_score_stops_naming_the_function(fn, shown, isola
     message = str(caught.value)
     assert fn.__name__ in message and __file__ in message and shown in message
     scorer.close()
-
-
-SCORES_0 = "the sample scores 0 with `reward_error`; counted, logged, training goes on"
-STOPS = "`RewardContractError`: the run stops, naming the function, its file and the value"
-# (what the reward function does, its body, what follows): docs/rewards.md's failure
-# table is generated from these rows (tests/rewards/test_docs.py).
-FAILURE_CASES = [
-    ("raises", "raise KeyError('boom')", SCORES_0),
-    ("exits", "raise SystemExit(3)", SCORES_0),
-    ("runs longer than `timeout_s`", "time.sleep(1.0)", SCORES_0),
-    ("returns no number", "return '1.0'", SCORES_0),
-    ("returns NaN", "return math.nan", SCORES_0),
-    ("returns a score infinite in float32", "return 1e39", SCORES_0),
-    ("returns a dict whose score is no number", "return {'score': 'high'}", SCORES_0),
-    ("returns None", "return None", STOPS),
-    ("returns a dict without `score`", "return {'acc': True}", STOPS),
-]
 
 
 @pytest.mark.parametrize(("case", "body", "outcome"), FAILURE_CASES)

@@ -16,23 +16,7 @@ import uuid
 
 import pytest
 
-
-class StuckWorker:
-    """A run's process that registers, then blocks in `wait_forever` until killed."""
-
-    def __init__(self, run_id: str) -> None:
-        from rllib_grpo.rllib.stacks import enable_stack_dumps
-
-        enable_stack_dumps(run_id, "reward worker rm[0] (StuckWorker)")
-        # A child process that did not register: named in the file, never signalled.
-        self.child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
-
-    def child_pid(self) -> int:
-        return self.child.pid
-
-    def wait_forever(self) -> None:
-        while True:
-            time.sleep(0.05)  # the stuck frame
+from tests.helpers.stuck_worker import StuckWorker
 
 
 def _stuck_line() -> int:
@@ -59,7 +43,7 @@ def test_the_stack_file_holds_the_stuck_frame_of_a_blocked_actor(ray_session, tm
         assert "Python stacks of the 2 processes of run" in text
         assert "=== reward worker rm[0] (StuckWorker), pid " in text
         assert "=== algorithm (driver), pid " in text
-        assert f'File "{__file__}", line {_stuck_line()} in wait_forever' in text
+        assert f'File "{inspect.getsourcefile(StuckWorker)}", line {_stuck_line()} in wait_forever' in text
         assert f"--- child process {child}: " in text and "time.sleep(300)" in text
         assert psutil.Process(child).status() != psutil.STATUS_ZOMBIE  # never signalled
     finally:

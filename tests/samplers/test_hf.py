@@ -13,9 +13,9 @@ import torch
 
 from rllib_grpo.models import build_char_tokenizer, load_causal_lm, resolve_model
 from rllib_grpo.samplers import Sampler, SamplingParams, make_sampler
-from rllib_grpo.samplers.base import max_log_prob_diff, mean_log_prob
 from rllib_grpo.samplers.hf import HFSampler
 from tests.conftest import float32_log_softmax_bound
+from tests.helpers.log_probs import max_log_prob_diff, mean_log_prob
 
 # More than 50 tokens: transformers' hidden top_k=50 default would show in the log-probs.
 ALPHABET = string.printable[:80]

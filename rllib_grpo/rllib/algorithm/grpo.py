@@ -373,6 +373,12 @@ def startup_origin() -> float:
     return time.time() if in_actor else psutil.Process().create_time()
 
 
-# Importing the algorithm registers it, like RLlib's own; `rllib_grpo.registration` makes
-# ``"GRPO"`` resolvable before that.
-register_trainable("GRPO", GRPO)
+def register() -> None:
+    """Register `GRPO` with Ray Tune's registry under ``"GRPO"`` (idempotent)."""
+    register_trainable("GRPO", GRPO)
+
+
+# Importing the algorithm registers it, as RLlib's own algorithms are known to Tune.  Tune's
+# registry keeps the class in Ray's GCS once Ray is up, so Ray workers (a Tune trial's actor)
+# find it there without importing this module first.
+register()

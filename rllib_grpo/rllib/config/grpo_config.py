@@ -23,7 +23,6 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.serialization import deserialize_type
 
-from rllib_grpo.registration import LAZY_TRAINABLES
 from rllib_grpo.rllib.config.layout import PlacementPlan
 from rllib_grpo.rllib.config.settings import (
     DERIVED_FIELDS,
@@ -48,7 +47,7 @@ FSDP_LEARNER = "rllib_grpo.rllib.learner.fsdp.FSDPGRPOLearner"
 LEARNER_GROUP = "rllib_grpo.rllib.learner.learner_group.GRPOLearnerGroup"
 RL_MODULE = "rllib_grpo.rllib.learner.module.CausalLMRLModule"
 ENV_RUNNER = "rllib_grpo.rllib.env_runner.env_runner.TextEnvRunner"
-ALGORITHM = LAZY_TRAINABLES["GRPO"].replace(":", ".")
+ALGORITHM = "rllib_grpo.rllib.algorithm.grpo.GRPO"
 # The algorithm stores its run's placement group on its (frozen) config under this name, for
 # the learner group it builds (`GRPOConfig.build_learner_group`).
 RUN_PLACEMENT_GROUP = "_run_placement_group"

@@ -20,7 +20,6 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
-    FSDPModule,
     MixedPrecisionPolicy,
     OffloadPolicy,
     fully_shard,
@@ -185,10 +184,6 @@ def fill_shards_from_rank0(lm: torch.nn.Module, weights: dict[str, torch.Tensor]
             assert weights is not None
             tensor.copy_(weights[name])
         dist.broadcast(tensor, src=0)
-
-
-def is_sharded(lm: torch.nn.Module) -> bool:
-    return isinstance(lm, FSDPModule)
 
 
 def rank() -> int:

@@ -21,6 +21,9 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 
+# Ray clusters with fake GPUs, in subprocesses.
+pytestmark = pytest.mark.ray
+
 
 def _run(spec: dict, timeout: int = 600) -> dict:
     proc = subprocess.run([sys.executable, "tests/helpers/fake_gpu_check.py", json.dumps(spec)],

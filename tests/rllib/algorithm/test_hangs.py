@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import tiny_config
+from tests.helpers.hangs import blocking_learner
 
 STACK_FILE = r"\. Python stacks of every process of the run: (?P<file>\S+\.txt)"
 
@@ -89,21 +90,6 @@ def test_a_stuck_env_runner_is_restarted_and_its_share_sampled_again(
         algo.stop()
 
 
-# --------------------------------------------------------------------- a stuck learner
-def blocking_learner(block_from_update: int) -> type:
-    """A GRPO learner whose update blocks forever from its ``block_from_update``-th on."""
-    from rllib_grpo.rllib.learner.learner import GRPOLearner
-
-    class BlocksInUpdate(GRPOLearner):
-        def update(self, *args, **kwargs):
-            if self._weights_seq_no + 1 >= block_from_update:
-                while True:
-                    time.sleep(0.1)  # the blocking line
-            return super().update(*args, **kwargs)
-
-    return BlocksInUpdate
-
-
 @pytest.mark.timeout(120)
 def test_a_learner_stuck_in_its_update_stops_the_run(ray_session):
     from rllib_grpo.rllib.algorithm.deadlines import HangError
@@ -128,7 +114,7 @@ def test_a_learner_stuck_in_its_update_stops_the_run(ray_session):
         text = _stack_file(message)
         assert "=== waited on: learner 0 (BlocksInUpdate), pid " in text
         blocking = _line_of(learner_cls.update, "the blocking line")
-        assert f'File "{__file__}", line {blocking} in update' in text
+        assert f'File "{inspect.getsourcefile(blocking_learner)}", line {blocking} in update' in text
     finally:
         algo.stop()
 

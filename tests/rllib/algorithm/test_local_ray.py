@@ -14,6 +14,9 @@ import pytest
 from rllib_grpo.rllib.algorithm.local_ray import modules_to_prefetch, ray_system_config
 from rllib_grpo.rllib.config.grpo_config import GRPOConfig
 
+# Each test starts the local Ray (in a subprocess).
+pytestmark = pytest.mark.ray
+
 REPO = Path(__file__).resolve().parents[3]
 ALGORITHM_MODULE = "rllib_grpo.rllib.algorithm.grpo"
 ENV_RUNNER_MODULE = "rllib_grpo.rllib.env_runner.env_runner"

@@ -28,6 +28,9 @@ from rllib_grpo.cli.resume import trim_results
 from rllib_grpo.rllib.algorithm.checkpoints import verify_checkpoint
 from tests.conftest import REPO_ROOT
 
+# Trainings in subprocesses, each on its own Ray.
+pytestmark = pytest.mark.ray
+
 RAY_LIMITS = ["--num-cpus", "2", "--object-store-memory", str(300 * 1024**2)]
 SETTINGS = ["--env", "rllib_grpo/GSM8K-v0", "data.train_files=data/train.jsonl",
             "env_config={data_source: arithmetic}", "model_path=builtin:tiny", "sampler=hf",

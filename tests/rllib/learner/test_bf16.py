@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from tests.conftest import REPO_ROOT, TESTS_DIR, tiny_config
-from tests.rllib.learner.test_learner_loss import _fixed_batch
+from tests.helpers.learner_updates import fixed_batch
 
 
 def _spaces():
@@ -52,7 +52,7 @@ def _weight_change(model_dtype: str, master: str = "float32", steps: int = 3) ->
                           master_weights_dtype=master).build_learner(spaces=_spaces())
     lm = _module(learner).lm
     before = {k: v.double().clone() for k, v in lm.state_dict().items()}
-    batch = _fixed_batch(lm.config.vocab_size, pad=0)
+    batch = fixed_batch(lm.config.vocab_size, pad=0)
     for _ in range(steps):
         _update(learner, batch)
     return torch.cat([(v.double() - before[k]).flatten() for k, v in lm.state_dict().items()])
@@ -84,7 +84,7 @@ def test_dtypes_of_master_weights_optimizer_reference_and_weight_sync():
     learner = tiny_config(model_dtype="bfloat16", use_kl_loss=True).build_learner(
         spaces=_spaces())
     module = _module(learner)
-    _update(learner, _fixed_batch(module.lm.config.vocab_size, pad=0))
+    _update(learner, fixed_batch(module.lm.config.vocab_size, pad=0))
     assert {p.dtype for p in module.lm.parameters()} == {torch.float32}
     optim = next(iter(learner._named_optimizers.values()))
     moments = [s["exp_avg"] for s in optim.state.values()]
@@ -219,7 +219,7 @@ def test_old_log_probs_in_eval_mode_update_in_train_mode(tmp_path):
                          group_size=4, use_kl_loss=True, skip_old_log_prob_pass=False)
     learner = config.build_learner(spaces=_spaces())
     module = _module(learner)
-    batch = _fixed_batch(module.lm.config.vocab_size, pad=0)
+    batch = fixed_batch(module.lm.config.vocab_size, pad=0)
     tensors = {k: torch.as_tensor(v) for k, v in batch.items() if k in TENSOR_COLUMNS}
     passes = []  # (train mode, gradients on) of every policy forward
     module.lm.register_forward_pre_hook(

@@ -1,19 +1,17 @@
 """RLlib's DDP learners (``fsdp=False``, 2 Ray Train workers, gloo on CPU): gradients are
 accumulated locally over a mini-batch's micro-batches (``no_sync``) and all-reduced once,
 on its last micro-batch, and the update still equals one learner's (on float64 models, with
-the bounds derived in `tests/rllib/learner/test_fsdp.py`)."""
+the bounds derived in `tests/helpers/learner_updates.py`).  On a Ray of its own
+(`own_ray_session`): the two learners need both CPUs."""
 
 from __future__ import annotations
 
-import pytest
-
-from tests.rllib.learner.test_fsdp import (
+from tests.helpers.learner_updates import (
     CASES,
-    _assert_same_update,
-    _config,
-    _float64_learner_group,
-    _two_cpus_free,
-    _weights,
+    assert_same_update,
+    float64_learner_group,
+    learner_config,
+    policy_weights,
 )
 
 # Micro-batches per learner and mini-batch, and mini-batches per step, of each case.
@@ -41,24 +39,22 @@ def _all_reduce_rounds(group) -> list[int]:
     return rounds
 
 
-def test_ddp_learners_all_reduce_once_per_minibatch_with_the_same_update(ray_session):
+def test_ddp_learners_all_reduce_once_per_minibatch_with_the_same_update(own_ray_session):
     from ray.rllib.core.rl_module.torch.torch_rl_module import TorchDDPRLModule
 
     from rllib_grpo.rllib.config.grpo_config import TEXT_SPACE
 
-    if not _two_cpus_free(ray_session):
-        pytest.skip("other learners still hold both CPUs")
     spaces = {"default_policy": (TEXT_SPACE, TEXT_SPACE)}
-    one = _float64_learner_group(_config(0), spaces)
-    ddp = _float64_learner_group(_config(2, fsdp=False), spaces)
+    one = float64_learner_group(learner_config(0), spaces)
+    ddp = float64_learner_group(learner_config(2, fsdp=False), spaces)
     try:
         assert all(ddp._get_results(ddp.foreach_learner(
             lambda learner: isinstance(learner.module["default_policy"], TorchDDPRLModule))))
         ddp.foreach_learner(_count_all_reduces)  # before the first backward
         for case, (micro_batches, minibatches) in ROUNDS.items():
-            _assert_same_update(one, ddp, case, _weights(one))
+            assert_same_update(one, ddp, case, policy_weights(one))
             assert micro_batches > 1 and case in CASES
-            # One round per mini-batch on each learner (it was one per micro-batch).
+            # One round per mini-batch on each learner (not one per micro-batch).
             assert _all_reduce_rounds(ddp) == [minibatches, minibatches], case
     finally:
         ddp.shutdown()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 
-import numpy as np
 import pytest
 import torch
 
@@ -23,29 +22,7 @@ from tests.conftest import (
     learner_to_float64,
     tiny_config,
 )
-
-
-def _fixed_batch(vocab: int, pad: int, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    n, p_len, r_len = 8, 5, 4
-    prompt_lengths = [5, 3, 5, 4, 2, 5, 3, 4]
-    response_lengths = [4, 1, 3, 0, 4, 2, 4, 3]  # includes an empty response
-    prompt_ids = np.full((n, p_len), pad, np.int64)
-    prompt_mask = np.zeros((n, p_len), np.int64)
-    response_ids = np.full((n, r_len), pad, np.int64)
-    response_mask = np.zeros((n, r_len), np.float32)
-    for i, (pl, rl) in enumerate(zip(prompt_lengths, response_lengths, strict=True)):
-        prompt_ids[i, p_len - pl:] = rng.integers(4, vocab, pl)
-        prompt_mask[i, p_len - pl:] = 1
-        response_ids[i, :rl] = rng.integers(4, vocab, rl)
-        response_mask[i, :rl] = 1
-    return {
-        "prompt_ids": prompt_ids, "prompt_mask": prompt_mask,
-        "response_ids": response_ids, "response_mask": response_mask,
-        "rollout_log_probs": np.zeros((n, r_len), np.float32),
-        "scores": np.array([1, 0, 0, 1, 0, 0, 0, 1], np.float32),
-        "group_index": np.array([0, 0, 0, 0, 1, 1, 1, 1], np.int64),
-    }
+from tests.helpers.learner_updates import fixed_batch
 
 
 def _reference_step(lm, ref_lm, batch, c) -> tuple[float, float]:
@@ -100,7 +77,7 @@ def test_learner_update_matches_hand_built_step(agg_mode):
     lm = copy.deepcopy(module.lm)
     ref_lm = copy.deepcopy(module.ref_lm)
     vocab = lm.config.vocab_size
-    batch = _fixed_batch(vocab, pad=0)
+    batch = fixed_batch(vocab, pad=0)
 
     # Perturb the policy so old != ref and the KL has a gradient.
     with torch.no_grad():
@@ -163,7 +140,7 @@ def test_offloaded_reference_visits_the_device_once_per_pass(monkeypatch):
     reference_log_probs = module.reference_log_probs
     monkeypatch.setattr(module, "reference_log_probs",
                         lambda *a, **kw: forwards.append(1) or reference_log_probs(*a, **kw))
-    columns = _fixed_batch(module.lm.config.vocab_size, pad=0)
+    columns = fixed_batch(module.lm.config.vocab_size, pad=0)
     batch = {k: torch.as_tensor(v) for k, v in columns.items()}
     passes = learner._old_and_reference_log_probs(batch)
     assert len(forwards) == 4 and moves == ["in", "out"]

@@ -25,72 +25,15 @@ import pytest
 import torch
 
 from tests.conftest import (
-    EPS32,
     GRAD_REL64,
-    adam_step_bound,
     float32_sum_bound,
-    learner_to_float64,
-    tiny_config,
 )
-from tests.rllib.learner.test_learner_loss import _fixed_batch
+from tests.helpers import local_learner
+from tests.helpers.learner_updates import fixed_batch
+from tests.helpers.tiny_lms import log_probs_bound, padded_batch, tiny_lm
 
 AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
              "seq-mean-token-sum-norm")
-
-
-def _padded_batch(seed: int = 0, rows: int = 8, prompt: int = 6, response: int = 7,
-                  vocab: int = 50) -> dict[str, torch.Tensor]:
-    """Left-padded prompts (1..prompt tokens), right-padded responses (0..response)."""
-    gen = torch.Generator().manual_seed(seed)
-    prompt_lengths = torch.randint(1, prompt + 1, (rows,), generator=gen)
-    response_lengths = torch.randint(0, response + 1, (rows,), generator=gen)
-    response_lengths[0] = 0  # an empty response
-    response_lengths[1] = response  # a full one
-    batch = {"prompt_ids": torch.zeros(rows, prompt, dtype=torch.long),
-             "prompt_mask": torch.zeros(rows, prompt, dtype=torch.long),
-             "response_ids": torch.zeros(rows, response, dtype=torch.long),
-             "response_mask": torch.zeros(rows, response)}
-    for b in range(rows):
-        p, r = int(prompt_lengths[b]), int(response_lengths[b])
-        batch["prompt_ids"][b, prompt - p:] = torch.randint(4, vocab, (p,), generator=gen)
-        batch["prompt_mask"][b, prompt - p:] = 1
-        batch["response_ids"][b, :r] = torch.randint(4, vocab, (r,), generator=gen)
-        batch["response_mask"][b, :r] = 1
-    return batch
-
-
-def _lm(arch: str, attn: str, dtype: torch.dtype = torch.float32):
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.for_model(arch, vocab_size=50, hidden_size=64, num_hidden_layers=2,
-                                  num_attention_heads=2, num_key_value_heads=1,
-                                  intermediate_size=128, max_position_embeddings=64)
-    config._attn_implementation = attn
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config).to(dtype).eval()
-
-
-def _log_probs_bound(lm, batch, temperature: float, padded: dict) -> float:
-    """How far the float32 log-probs and entropies of two float64 forwards of ``batch``
-    can be apart.
-
-    The two forwards' float64 logits agree to ~1e-15, and `response_log_probs` rounds them
-    to float32 (`.float()`, then / T) before log-softmax and entropy.  Where a logit rounds
-    the other way the inputs are <= 2 float32 roundings apart (2·eps32·Z, Z = max|logits/T|);
-    log-softmax is 2-Lipschitz in the max norm and the entropy max(2, 2Z)-Lipschitz, and the
-    outputs' own float32 rounding adds 2 ulps (log-softmax) and ~sqrt(V) = 7 ulps (the
-    entropy's sum over the V = 50 vocabulary entries) of their scale: < 16 ulps of
-    max(Z, |log p|, H) for Z <= 2 (asserted)."""
-    ids = torch.cat([batch["prompt_ids"], batch["response_ids"]], dim=1)
-    attention = torch.cat([batch["prompt_mask"], batch["response_mask"]], dim=1).long()
-    with torch.no_grad():
-        logits = lm(input_ids=ids, attention_mask=attention,
-                    position_ids=(attention.cumsum(-1) - 1).clamp(min=0)).logits
-    z = (logits[attention.bool()] / temperature).abs().max().item()  # real positions
-    assert z <= 2.0, z
-    mask = batch["response_mask"].bool()
-    scale = max(z, *(padded[key][mask].abs().max().item() for key in ("log_probs", "entropy")))
-    return 16 * EPS32 * scale
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
@@ -111,11 +54,11 @@ def test_packed_log_probs_equal_padded(arch, attn, varlen, monkeypatch):
 
     monkeypatch.setattr(torch.nn.functional, "softmax", float64_softmax)
     monkeypatch.setattr(packing, "uses_varlen_attention", lambda lm: varlen)
-    lm, batch = _lm(arch, attn, torch.float64), _padded_batch()
+    lm, batch = tiny_lm(arch, attn, torch.float64), padded_batch()
     padded = response_log_probs(lm, batch, 0.7, with_entropy=True)
     packed = response_log_probs(lm, batch, 0.7, with_entropy=True, packed=True)
     mask = batch["response_mask"].bool()
-    bound = _log_probs_bound(lm, batch, 0.7, padded)
+    bound = log_probs_bound(lm, batch, 0.7, padded)
     for key in ("log_probs", "entropy"):
         assert (packed[key] - padded[key])[mask].abs().max() <= bound
         assert (packed[key][~mask] == 0).all()
@@ -126,7 +69,7 @@ def test_packed_log_probs_equal_padded(arch, attn, varlen, monkeypatch):
         assert layout.input_ids.shape == (1, sum(lengths))
     else:
         assert layout.input_ids.shape[1] == max(lengths)
-        assert layout.num_slots < batch["prompt_ids"].numel() + batch["response_ids"].numel()
+        assert layout.input_ids.numel() < batch["prompt_ids"].numel() + batch["response_ids"].numel()
 
 
 def test_positions_that_do_not_restart_change_the_log_probs():
@@ -134,7 +77,7 @@ def test_positions_that_do_not_restart_change_the_log_probs():
     sequence per row, and the log-probs move."""
     from rllib_grpo.models import packing
 
-    lm, batch = _lm("llama", "sdpa"), _padded_batch()
+    lm, batch = tiny_lm("llama", "sdpa"), padded_batch()
     layout = packing.pack_micro_batch(batch, varlen=True)
     positions = torch.arange(layout.input_ids.shape[1])[None]
     with torch.no_grad():
@@ -148,7 +91,7 @@ def test_packed_forward_without_response_tokens_still_reaches_the_model():
     through the model: sharded learners reduce their gradients there together."""
     from rllib_grpo.rllib.learner.module import response_log_probs
 
-    lm, batch = _lm("llama", "sdpa"), _padded_batch()
+    lm, batch = tiny_lm("llama", "sdpa"), padded_batch()
     batch["response_mask"].zero_()
     out = response_log_probs(lm, batch, 1.0, with_entropy=True, packed=True)
     assert (out["log_probs"] == 0).all() and out["log_probs"].requires_grad
@@ -192,77 +135,6 @@ def test_token_budget_caps_every_micro_batch():
 # ------------------------------------------------------------------ the learner
 
 
-@pytest.fixture(scope="module")
-def learner():
-    """One tiny learner; each case swaps its config and resets weights and Adam."""
-    from ray.rllib.core import DEFAULT_MODULE_ID
-
-    from rllib_grpo.rllib.config.grpo_config import TEXT_SPACE
-
-    learner = _config().build_learner(spaces={DEFAULT_MODULE_ID: (TEXT_SPACE, TEXT_SPACE)})
-    learner_to_float64(learner)  # see the module docstring
-    module = learner.module[DEFAULT_MODULE_ID]
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # move the policy off the reference: old != ref, a KL gradient
-        for p in module.lm.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=gen))
-    return learner, {k: v.clone() for k, v in module.lm.state_dict().items()}
-
-
-def _config(**training):
-    settings = dict(prompts_per_step=2, group_size=4, micro_batch_size_per_learner=2,
-                    use_kl_loss=True, kl_loss_coef=0.1, entropy_coeff=0.01, lr=1e-4,
-                    temperature=0.7, grad_clip=1e6, max_prompt_length=5, max_response_length=4)
-    return tiny_config(**{**settings, **training})
-
-
-def _update(learner_and_start, columns: dict | None = None, **training) -> dict:
-    """One update of the fixed batch (``columns`` replaced) from the start weights with
-    ``training`` settings."""
-    from ray.rllib.core import DEFAULT_MODULE_ID
-    from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
-
-    learner, start = learner_and_start
-    runners = training.pop("num_env_runners", 0)
-    config = _config(**training)
-    if runners:
-        config.env_runners(num_env_runners=runners, create_local_env_runner=False)
-    config.validate()
-    learner.config = config.copy(copy_frozen=False)
-    lm = learner.module[DEFAULT_MODULE_ID].lm
-    lm.load_state_dict(start)
-    for optim in learner._named_optimizers.values():
-        optim.state.clear()
-    learner._weights_seq_no = 0  # the version that trajectories' staleness is counted from
-    columns = {**_fixed_batch(lm.config.vocab_size, pad=0), **(columns or {})}
-    results = learner.update(batch=MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(columns)}, 8))
-    logged = {k: float(v.peek() if hasattr(v, "peek") else v)
-              for k, v in results[DEFAULT_MODULE_ID].items() if "/" in k}
-    return {"grads": {n: p.grad.clone() for n, p in lm.named_parameters()},
-            "weights": {k: v.clone() for k, v in lm.state_dict().items()}, "logged": logged}
-
-
-def _max_diff(a: dict, b: dict) -> float:
-    return max((a[k] - b[k]).abs().max().item() for k in a)
-
-
-def _relative_diff(a: dict, b: dict) -> float:
-    """Largest difference relative to the largest value (token-sum gradients grow with the
-    batch's token count)."""
-    return _max_diff(a, b) / max(v.abs().max().item() for v in b.values())
-
-
-def _assert_same_update(learner_and_start, a: dict, b: dict) -> None:
-    """Two float64 updates from the same weights: gradients equal to float64 rounding and
-    weights up to what one AdamW step makes of their difference (tests/conftest.py)."""
-    learner, start = learner_and_start
-    assert _relative_diff(a["grads"], b["grads"]) <= GRAD_REL64
-    optimizer = next(iter(learner._named_optimizers.values()))
-    bound = adam_step_bound(_max_diff(a["grads"], b["grads"]), optimizer,
-                            max(v.abs().max().item() for v in start.values()))
-    assert _max_diff(a["weights"], b["weights"]) <= bound
-
-
 def _loss_abs_sum(logged: dict, agg_mode: str) -> float:
     """The aggregate of |per-token loss terms| of an update of the fixed batch, from its
     logged values: the policy term is -A·ratio with ratio 1 (the first step from the old
@@ -270,8 +142,8 @@ def _loss_abs_sum(logged: dict, agg_mode: str) -> float:
     aggregates); the aggregation's token weights sum to ``agg_loss(mask, mask)``."""
     from rllib_grpo.algos import agg_loss
 
-    config = _config()
-    mask = torch.as_tensor(_fixed_batch(50, pad=0)["response_mask"])  # any vocabulary
+    config = local_learner.learner_config()
+    mask = torch.as_tensor(fixed_batch(50, pad=0)["response_mask"])  # any vocabulary
     weights = agg_loss(mask, mask, agg_mode, global_num_tokens=mask.sum(),
                        global_num_seqs=len(mask), horizon=config.loss_horizon).item()
     adv = max(abs(logged["critic/advantages/max"]), abs(logged["critic/advantages/min"]))
@@ -283,10 +155,10 @@ def _loss_abs_sum(logged: dict, agg_mode: str) -> float:
 @pytest.mark.parametrize("agg_mode", AGG_MODES)
 def test_packed_update_equals_padded_update(learner, agg_mode, budget):
     sizes = dict(use_dynamic_bsz=True, max_tokens_per_micro_batch=budget) if budget else {}
-    padded = _update(learner, loss_agg_mode=agg_mode, use_remove_padding=False, **sizes)
-    packed = _update(learner, loss_agg_mode=agg_mode, use_remove_padding=True, **sizes)
-    assert _max_diff(padded["weights"], learner[1]) > 1e-5  # the update moved the weights
-    _assert_same_update(learner, packed, padded)
+    padded = local_learner.update(learner, loss_agg_mode=agg_mode, use_remove_padding=False, **sizes)
+    packed = local_learner.update(learner, loss_agg_mode=agg_mode, use_remove_padding=True, **sizes)
+    assert local_learner.max_diff(padded["weights"], learner[1]) > 1e-5  # the update moved the weights
+    local_learner.assert_same_update(learner, packed, padded)
     # The loss is a float32 sum (float32 log-probs) over the 8 x 4 response slots, the
     # micro-batches (<= 8) and its 3 terms.
     assert packed["logged"]["actor/loss"] == pytest.approx(
@@ -320,7 +192,7 @@ def test_old_log_prob_reference_and_update_passes_share_micro_batches(learner, m
                         spy("old", learner_module.response_log_probs))
     monkeypatch.setattr(module, "reference_log_probs", spy("ref", module.reference_log_probs))
     monkeypatch.setattr(module, "forward_train", spy("update", module.forward_train))
-    _update(learner, prompts_per_minibatch=1, use_dynamic_bsz=True,
+    local_learner.update(learner, prompts_per_minibatch=1, use_dynamic_bsz=True,
             max_tokens_per_micro_batch=13)
     assert len(passes["update"]) >= 4  # 2 mini-batches x >= 2 micro-batches
     assert passes["old"] == passes["update"]
@@ -333,16 +205,16 @@ def test_on_policy_shortcut_gives_the_same_update_without_the_old_pass(learner, 
     from rllib_grpo.rllib.learner import forward_passes as learner_module
 
     sizes = dict(use_dynamic_bsz=True, max_tokens_per_micro_batch=budget) if budget else {}
-    separate = _update(learner, skip_old_log_prob_pass=False, **sizes)
+    separate = local_learner.update(learner, skip_old_log_prob_pass=False, **sizes)
     calls = []
     original = learner_module.response_log_probs
     monkeypatch.setattr(learner_module, "response_log_probs",
                         lambda *a, **k: calls.append(1) or original(*a, **k))
-    shortcut = _update(learner, skip_old_log_prob_pass=True, **sizes)
+    shortcut = local_learner.update(learner, skip_old_log_prob_pass=True, **sizes)
     assert not calls  # no separate old-log-prob forward
     assert shortcut["logged"]["timing_s/old_log_prob"] == 0.0
     assert separate["logged"]["timing_s/old_log_prob"] > 0.0
-    _assert_same_update(learner, shortcut, separate)
+    local_learner.assert_same_update(learner, shortcut, separate)
     # The same forward, with and without a graph: the same float32 log-probs, and the
     # metrics computed from them by the same code (measured: equal, bit for bit).
     for key in ("actor/loss", "actor/pg_loss", "actor/kl_loss", "actor/entropy",
@@ -360,33 +232,33 @@ def test_shortcut_gives_the_same_rollout_is_weights_and_gap_metrics(learner, lev
                "weights_version": np.array([0, 0, 0, 0, -1, -1, -1, -1], np.int64)}
     training = dict(rollout_is=level, rollout_is_threshold=2.0, max_staleness=1,
                     num_env_runners=1)
-    separate = _update(learner, columns, skip_old_log_prob_pass=False, **training)
-    shortcut = _update(learner, columns, skip_old_log_prob_pass=True, **training)
+    separate = local_learner.update(learner, columns, skip_old_log_prob_pass=False, **training)
+    shortcut = local_learner.update(learner, columns, skip_old_log_prob_pass=True, **training)
     assert shortcut["logged"]["timing_s/old_log_prob"] == 0.0
     assert 0.0 < separate["logged"]["rollout_corr/is_truncated_frac"] < 1.0
-    assert _relative_diff(shortcut["grads"], separate["grads"]) <= GRAD_REL64
+    assert local_learner.relative_diff(shortcut["grads"], separate["grads"]) <= GRAD_REL64
     for key in ("rollout_corr/is_weight_mean", "rollout_corr/is_truncated_frac",
                 "training/rollout_log_probs_diff_max/staleness_1",
                 "training/rollout_probs_diff_mean/staleness_0", "actor/pg_loss"):
         assert shortcut["logged"][key] == pytest.approx(separate["logged"][key], abs=1e-6), key
-    without = _update(learner, columns, **{**training, "rollout_is": None})
-    assert _relative_diff(without["grads"], separate["grads"]) > 1e-3  # the weights matter
+    without = local_learner.update(learner, columns, **{**training, "rollout_is": None})
+    assert local_learner.relative_diff(without["grads"], separate["grads"]) > 1e-3  # the weights matter
 
 
 def test_shortcut_only_when_each_sample_feeds_one_step_from_the_same_weights():
     from rllib_grpo.rllib.config.staleness import old_log_probs_from_update
 
-    assert old_log_probs_from_update(_config())
+    assert old_log_probs_from_update(local_learner.learner_config())
     for off in (dict(skip_old_log_prob_pass=False), dict(prompts_per_minibatch=1),
                 dict(num_epochs=2), dict(use_kl_in_reward=True, use_kl_loss=False),
                 dict(lora_rank=4, lora_dropout=0.1)):
-        assert not old_log_probs_from_update(_config(**off)), off
+        assert not old_log_probs_from_update(local_learner.learner_config(**off)), off
 
 
 def test_every_update_logs_throughput(learner, monkeypatch):
     # A peak for the CPU (known GPUs only have one), so that perf/mfu/actor is logged.
     monkeypatch.setattr("rllib_grpo.rllib.learner.learner.peak_flops", lambda device: 1e12)
-    logged = _update(learner)["logged"]
+    logged = local_learner.update(learner)["logged"]
     assert logged["timing_s/update_policy"] > 0
     assert logged["perf/actor_tokens_per_s"] > 0
     params = sum(p.numel() for p in learner[0].module["default_policy"].lm.parameters())

@@ -11,14 +11,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.rllib.learner.test_packing import _assert_same_update, _update, learner  # noqa: F401
+from tests.helpers import local_learner
 
 
 def _grouped_columns(vocab: int) -> dict[str, np.ndarray]:
-    """`_fixed_batch`'s two groups of four, each group with one prompt (GRPO's layout)."""
-    from tests.rllib.learner.test_learner_loss import _fixed_batch
+    """`fixed_batch`'s two groups of four, each group with one prompt (GRPO's layout)."""
+    from tests.helpers.learner_updates import fixed_batch
 
-    columns = _fixed_batch(vocab, pad=0)
+    columns = fixed_batch(vocab, pad=0)
     for first in (0, 4):
         for i in range(first + 1, first + 4):
             columns["prompt_ids"][i] = columns["prompt_ids"][first]
@@ -27,7 +27,7 @@ def _grouped_columns(vocab: int) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum-norm"])
-def test_an_update_with_shared_prompts_is_the_unshared_update(learner, agg, float64_rms_norm,  # noqa: F811
+def test_an_update_with_shared_prompts_is_the_unshared_update(learner, agg, float64_rms_norm,
                                                               monkeypatch):
     from ray.rllib.core import DEFAULT_MODULE_ID
 
@@ -47,12 +47,12 @@ def test_an_update_with_shared_prompts_is_the_unshared_update(learner, agg, floa
     settings = dict(loss_agg_mode=agg, micro_batch_size_per_learner=4)
     try:
         module.share_prompts = False
-        unshared = _update(learner, columns, **settings)
+        unshared = local_learner.update(learner, columns, **settings)
         assert shared_layouts == []
         module.share_prompts = True
-        shared = _update(learner, columns, **settings)
+        shared = local_learner.update(learner, columns, **settings)
     finally:
         module.share_prompts = True
     # Two micro-batches of one group each: policy (and reference) forwards all shared.
     assert shared_layouts and all(shared_layouts)
-    _assert_same_update(learner, unshared, shared)
+    local_learner.assert_same_update(learner, unshared, shared)
