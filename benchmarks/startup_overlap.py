@@ -29,6 +29,7 @@ def measure(mode: str, sampler: str) -> dict[str, float]:
     import ray
 
     from benchmarks.trl_runs import SideBySideSpec, build_ours
+    from rllib_grpo.rllib import cpu_tuning
     from rllib_grpo.rllib.algorithm import local_ray
 
     config = build_ours(SideBySideSpec(model_dir="builtin:qwen2-5m7"), sampler)
@@ -39,7 +40,7 @@ def measure(mode: str, sampler: str) -> dict[str, float]:
         ray.init(address="local", include_dashboard=False,
                  _system_config=local_ray.ray_system_config(config), **kwargs)
         ray_up = time.perf_counter()
-        local_ray._import_quietly(local_ray.modules_to_prefetch(config))
+        cpu_tuning._import_quietly(cpu_tuning.modules_to_prefetch(config))
     else:
         local_ray.init_local_ray(config, **kwargs)
         ray_up = float("nan")  # inside init_local_ray

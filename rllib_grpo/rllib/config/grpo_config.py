@@ -37,7 +37,6 @@ from rllib_grpo.rllib.config.settings import (
     did_you_mean,
     is_dtype_setting,
 )
-from rllib_grpo.startup import startup_part
 
 # The classes a GRPO run is made of, by import path (RLlib resolves learner classes by path
 # too): the config sits below the learner's and the env runner's rooms, which import it.
@@ -220,17 +219,9 @@ class GRPOConfig(AlgorithmConfig, GRPOSettings):
                             placement_group=None):
         """RLlib's learner group, or `GRPOLearnerGroup` for remote GRPO learners: it shards
         by whole groups, gathers (FSDP) state on every learner, not learner 0 alone, and
-        places the learners in the run's placement group (`RUN_PLACEMENT_GROUP`).
-        Timed as the start-up's ``learner`` part (`rllib_grpo.startup`)."""
+        places the learners in the run's placement group (`RUN_PLACEMENT_GROUP`)."""
         if placement_group is None:
             placement_group = getattr(self, RUN_PLACEMENT_GROUP, None)
-        with startup_part("learner"):
-            return self._build_learner_group(env=env, spaces=spaces,
-                                             rl_module_spec=rl_module_spec,
-                                             placement_group=placement_group)
-
-    def _build_learner_group(self, *, env: Any, spaces: Any, rl_module_spec: Any,
-                             placement_group: Any) -> Any:
         if self.num_learners < 1 or not issubclass(self.learner_class,
                                                    deserialize_type(LEARNER, error=True)):
             return super().build_learner_group(env=env, spaces=spaces,
