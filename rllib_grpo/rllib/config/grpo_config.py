@@ -75,10 +75,10 @@ class ClassByPath(InstanceField):
     """A class-valued RLlib field held as its import path (``"pkg.module.Class"``) until
     first read, then as the class.
 
-    The algorithm and the env runner import transformers (~3 s on the 2-core machine):
-    held by path, ``GRPOConfig()`` costs RLlib's import only and that import can run
-    while Ray starts (`rllib_grpo.rllib.algorithm.local_ray`).  A config pickled to a
-    worker carries the path.
+    The algorithm and the env runner import transformers: held by path, ``GRPOConfig()``
+    costs RLlib's import only, and a CPU run imports the rest while Ray starts
+    (`rllib_grpo.rllib.cpu_tuning.cpu_start_up`).  A config pickled to a worker carries
+    the path.
     """
 
     def __get__(self, config: Any, owner: type | None = None) -> Any:
