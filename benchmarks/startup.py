@@ -66,9 +66,8 @@ def timed(self, *args, **kwargs):
         marks.append((t0, time.time()))
         if len(marks) == 2:
             (a0, a1), (b0, b1) = marks
-            parts = {{k: v for k, v in getattr(self, "_startup_parts", {{}}).items()}}
             print({MARKER!r} + json.dumps({{"startup": a0 - start, "first_step": a1 - a0,
-                  "second_step": b1 - b0, "first_step_done": a1 - start, "parts": parts}}),
+                  "second_step": b1 - b0, "first_step_done": a1 - start}}),
                   flush=True)
 algorithm.GRPO.training_step = timed
 reward_fn = os.environ.get("STARTUP_PROBE_REWARD_FN")

@@ -15,8 +15,8 @@ still a dependency.  Layers, lowest first (a module may import its own layer or 
     5   cli                      entry points: rllib train, rllib-grpo explain, the demo
 
 The learner's and the env runner's rooms share a layer but may not import each other: they
-run in different processes.  ``rllib_grpo/logs.py`` and ``rllib_grpo/startup.py`` import nothing of the package (layer 0); the package root and the
-``python -m rllib_grpo.demo`` shim are entry points (layer 6).
+run in different processes.  ``rllib_grpo/logs.py`` imports nothing of the package (layer
+0); the package root and the ``python -m rllib_grpo.demo`` shim are entry points (layer 6).
 
     python tools/check_layers.py      # prints each problem; exit 1 if any
 """
@@ -29,8 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "rllib_grpo"
-LAYERS = {"logs": 0, "startup": 0, "algos": 1, "data": 2, "rewards": 2,
-          "envs": 2,
+LAYERS = {"logs": 0, "algos": 1, "data": 2, "rewards": 2, "envs": 2,
           "weights": 3.0, "models": 3.1, "samplers": 3.2, "rllib": 4.0, "rllib.config": 4.0,
           "rllib.learner": 4.1, "rllib.env_runner": 4.1, "rllib.algorithm": 4.2, "cli": 5,
           "demo": 6, "": 6}

@@ -21,7 +21,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any, TextIO
 
-from rllib_grpo.startup import STARTUP_KEY, STARTUP_PARTS, startup_part_key, startup_summary
+# The algorithm's first result: seconds from launch to the first training step.
+STARTUP_KEY = "timing_s/startup"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,17 +93,12 @@ def waiting_line(waiting_on: str, seconds: float, *, prefix: str = "") -> str:
 
 
 def startup_line(result: Mapping[str, Any]) -> str | None:
-    """``start-up: 11.6s (ray 2.1, engine 5.0, ..., other 1.2) from launch to the first
-    training step`` when the result carries ``timing_s/startup`` (and its parts,
-    `rllib_grpo.startup.STARTUP_PARTS`)."""
+    """``start-up: 11.6s from launch to the first training step`` when the result carries
+    ``timing_s/startup``."""
     seconds = lookup(result, STARTUP_KEY)
     if not isinstance(seconds, int | float) or math.isnan(seconds):
         return None
-    parts = {part: value for part in STARTUP_PARTS
-             if isinstance(value := lookup(result, startup_part_key(part)), int | float)
-             and not math.isnan(value)}
-    return (f"start-up: {startup_summary(seconds, parts)} from launch to the first training "
-            f"step ({STARTUP_KEY})")
+    return f"start-up: {seconds:.1f}s from launch to the first training step ({STARTUP_KEY})"
 
 
 class Progress:

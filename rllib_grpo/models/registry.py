@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from rllib_grpo.models.loading import BuiltinBuilder, save_model_dir
-from rllib_grpo.startup import startup_part
 
 # Modules whose import registers built-in models; imported by name on first use.
 BUILTIN_MODULES = ("rllib_grpo.models.builtins", "rllib_grpo.models.demo",
@@ -88,8 +87,7 @@ def resolve_model(
         params = {**params, **(builder_kwargs or {})}
         folder = Path(cache_dir or default_cache_dir()) / _cache_key(name_or_path, params)
         if not folder.is_dir():
-            with startup_part("model"):
-                _build_atomically(builder_fn, params, folder)
+            _build_atomically(builder_fn, params, folder)
         return str(folder)
     if builder_kwargs:
         raise ValueError(f"builder_kwargs only apply to built-in models, not {name_or_path!r}")

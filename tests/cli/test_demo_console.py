@@ -36,8 +36,7 @@ def _run_demo(tmp_path: Path, sampler: str, iterations: int = 3) -> tuple[int, l
     return proc.returncode, proc.stdout.splitlines()
 
 
-def _check_console(code: int, lines: list[str], tmp_path: Path, iterations: int,
-                   engine_part: bool = False) -> None:
+def _check_console(code: int, lines: list[str], tmp_path: Path, iterations: int) -> None:
     text = "\n".join(lines)
     assert code == 0, text[-3000:]
     assert not [line for line in lines if NOISE.search(line)], text
@@ -50,12 +49,8 @@ def _check_console(code: int, lines: list[str], tmp_path: Path, iterations: int,
     for line in steps:
         for label in ("reward ", "acc ", "len ", "kl ", "step ", " tok/s"):
             assert label in line, line
-    # ... with where the time went (rllib_grpo.startup's parts).  The transformers
-    # sampler is built in well under the 0.05 s a part needs to be shown, so only a vLLM
-    # engine's start is required on the line.
-    engine = r"engine \d+\.\d, .*" if engine_part else ""
-    assert re.search(rf"^start-up: \d+\.\d+s \(ray \d+\.\d, .*{engine}other \d+\.\d\) from "
-                     r"launch to the first training step", text, re.MULTILINE), text
+    assert re.search(r"^start-up: \d+\.\ds from launch to the first training step", text,
+                     re.MULTILINE), text
     out = tmp_path / "out"
     assert f"reward curve:   {out / 'reward_curve.png'}" in text
     assert (out / "reward_curve.png").is_file()
@@ -79,4 +74,4 @@ def test_demo_console_with_vllm_has_no_engine_logs(tmp_path):
     """vLLM prints an engine banner and three lines per weight reload unless quieted."""
     pytest.importorskip("vllm")
     code, lines = _run_demo(tmp_path, "vllm")
-    _check_console(code, lines, tmp_path, iterations=3, engine_part=True)
+    _check_console(code, lines, tmp_path, iterations=3)

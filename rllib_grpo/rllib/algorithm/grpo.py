@@ -56,12 +56,13 @@ from rllib_grpo.rllib.algorithm.weight_sync import WeightSync
 from rllib_grpo.rllib.config.grpo_config import RUN_PLACEMENT_GROUP, GRPOConfig
 from rllib_grpo.rllib.learner.perf import LEARNER_METRIC_NAMESPACES
 from rllib_grpo.rllib.stacks import RUN_ID_ATTRIBUTE
-from rllib_grpo.startup import STARTUP_KEY, startup_breakdown, startup_part, startup_part_key
 
 logger = logging.getLogger(__name__)
 REMOTE_RUNNERS = "remote_env_runners"
 DATA_POSITION = "data_position"  # prompts served so far, in the env runners' shared order
 NO_SIGNAL_WARNING_AFTER = 3  # training steps in a row where most groups carry no signal
+# Seconds from launch to the first training step, in the first result.
+STARTUP_KEY = "timing_s/startup"
 
 
 class GRPO(EvaluatingAlgorithm):
@@ -95,9 +96,7 @@ class GRPO(EvaluatingAlgorithm):
 
     def _set_up(self, config: Any) -> None:
         """`setup`'s body, within the start-up deadline (``startup_timeout_s``)."""
-        # The start-up line's "algorithm" part (its env runners' engines and its learners
-        # are parts of their own, `rllib_grpo.startup`).
-        with startup_part("algorithm"), self.deadlines.startup(self.config.startup_timeout_s):
+        with self.deadlines.startup(self.config.startup_timeout_s):
             # Every process in its seat of one placement group (rllib_grpo.rllib.algorithm.
             # placement_group); none for a CPU-only run built outside Tune.
             self._placement = RunPlacement.start(self.config, self.config.startup_timeout_s)
@@ -113,8 +112,7 @@ class GRPO(EvaluatingAlgorithm):
             if self._placement is not None:
                 self._placement.check_learners(self.learner_group)
         self._no_signal_streak = 0
-        self._startup_seconds: float | None = None
-        self._startup_parts: dict[str, float] = {}
+        self._startup_logged = False
         self.last_rollout: RolloutBatch | None = None
         # The paper's loop, sample -> update -> sync, runs against a sampling strategy
         # (`rllib_grpo.rllib.algorithm.sampling`) built from the parts it works with.
@@ -150,14 +148,9 @@ class GRPO(EvaluatingAlgorithm):
     def training_step(self) -> None:
         """sample -> update the policy on the groups -> the new weights to the samplers."""
         t_step = time.perf_counter()
-        if self._startup_seconds is None:
-            now = time.time()
-            self._startup_seconds = now - self._startup_origin
-            self._startup_parts = startup_breakdown(self._startup_origin, now)
-        # Every step, so that every result carries it (a one-off value reads NaN later).
-        self._log_value(STARTUP_KEY, self._startup_seconds)
-        self._log_dict({startup_part_key(part): seconds
-                        for part, seconds in self._startup_parts.items()})
+        if not self._startup_logged:
+            self._startup_logged = True
+            self._log_value(STARTUP_KEY, time.time() - self._startup_origin)
 
         # The paper's loop; when the new weights reach the samplers is the strategy's.
         rollout = self._sample_step()
@@ -357,8 +350,7 @@ class GRPO(EvaluatingAlgorithm):
 
 
 def startup_origin() -> float:
-    """When start-up began, for ``timing_s/startup`` (seconds until the first training step;
-    ``timing_s/startup/<part>``: where they went, `rllib_grpo.startup`).
+    """When start-up began, for ``timing_s/startup`` (seconds until the first training step).
 
     In a driver: when the process started (imports and ``ray.init`` included).  Inside a
     Ray actor (a Tune trial), whose process may have idled in Ray's worker pool: now, as

@@ -38,7 +38,6 @@ from rllib_grpo.rllib.config.settings import (
     did_you_mean,
     is_dtype_setting,
 )
-from rllib_grpo.startup import startup_part
 
 # The classes a GRPO run is made of, by import path (RLlib resolves learner classes by path
 # too): the config sits below the learner's and the env runner's rooms, which import it.
@@ -75,10 +74,10 @@ class ClassByPath(InstanceField):
     """A class-valued RLlib field held as its import path (``"pkg.module.Class"``) until
     first read, then as the class.
 
-    The algorithm and the env runner import transformers (~3 s on the 2-core machine):
-    held by path, ``GRPOConfig()`` costs RLlib's import only and that import can run
-    while Ray starts (`rllib_grpo.rllib.algorithm.local_ray`).  A config pickled to a
-    worker carries the path.
+    The algorithm and the env runner import transformers: held by path, ``GRPOConfig()``
+    costs RLlib's import only, and a CPU run imports the rest while Ray starts
+    (`rllib_grpo.rllib.cpu_tuning.cpu_start_up`).  A config pickled to a worker carries
+    the path.
     """
 
     def __get__(self, config: Any, owner: type | None = None) -> Any:
@@ -221,17 +220,9 @@ class GRPOConfig(AlgorithmConfig, GRPOSettings):
                             placement_group=None):
         """RLlib's learner group, or `GRPOLearnerGroup` for remote GRPO learners: it shards
         by whole groups, gathers (FSDP) state on every learner, not learner 0 alone, and
-        places the learners in the run's placement group (`RUN_PLACEMENT_GROUP`).
-        Timed as the start-up's ``learner`` part (`rllib_grpo.startup`)."""
+        places the learners in the run's placement group (`RUN_PLACEMENT_GROUP`)."""
         if placement_group is None:
             placement_group = getattr(self, RUN_PLACEMENT_GROUP, None)
-        with startup_part("learner"):
-            return self._build_learner_group(env=env, spaces=spaces,
-                                             rl_module_spec=rl_module_spec,
-                                             placement_group=placement_group)
-
-    def _build_learner_group(self, *, env: Any, spaces: Any, rl_module_spec: Any,
-                             placement_group: Any) -> Any:
         if self.num_learners < 1 or not issubclass(self.learner_class,
                                                    deserialize_type(LEARNER, error=True)):
             return super().build_learner_group(env=env, spaces=spaces,

@@ -421,9 +421,10 @@ class GRPOSettings:
     keep_freed_host_memory: bool = knob(
         True, "flag", "CPU learners: memory that tensors free stays in the process for the "
         "next step's tensors instead of going back to the kernel (glibc's malloc: no mmap "
-        "for large blocks, no trim; rllib_grpo.models.host_memory), sparing the page faults "
-        "of the logits and activations every step; the process's resident memory then stays "
-        "at its peak. A no-op on GPU learners and where the C library is not glibc.")
+        "for large blocks, no trim; rllib_grpo.rllib.cpu_tuning). Spares the page faults "
+        "of the logits and activations every step; the process's resident memory "
+        "then stays at its peak, and the peak grows. A no-op on GPU learners and where the "
+        "C library is not glibc.")
     token_stats: str | None = knob(
         None, "mode", "How the learner gets response log-probs and entropies from the "
         "model's last hidden states (rllib_grpo.models.lm_head). None = 'auto' where the "

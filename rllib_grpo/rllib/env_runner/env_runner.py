@@ -59,7 +59,6 @@ from rllib_grpo.rllib.env_runner.rewards import install_reward_mixture, reward_m
 from rllib_grpo.rllib.placement import hide_unassigned_gpus, hold_engine_shards, whereabouts
 from rllib_grpo.rllib.stacks import enable_stack_dumps_for
 from rllib_grpo.samplers import SamplingParams, make_sampler
-from rllib_grpo.startup import startup_part
 from rllib_grpo.weights.shm import SharedWeights
 
 COMPONENT_RL_MODULE = "rl_module"
@@ -110,13 +109,12 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         if is_multi_turn(self.env):
             check_multi_turn_config(c)  # before the (expensive) sampler starts
         self._val_env: gym.Env | None = None
-        with startup_part("engine"):  # the start-up line's part (`rllib_grpo.startup`)
-            kind = sampler_kind(c)
-            self.engine_shards = hold_engine_shards(c.startup_timeout_s)  # fake GPUs only
-            self.sampler = make_sampler(
-                kind, model_path=model_path, dtype=c.sampler_dtype, seed=seed,
-                **engine_options(c, model_path, kind, self.worker_index),
-            )
+        kind = sampler_kind(c)
+        self.engine_shards = hold_engine_shards(c.startup_timeout_s)  # fake GPUs only
+        self.sampler = make_sampler(
+            kind, model_path=model_path, dtype=c.sampler_dtype, seed=seed,
+            **engine_options(c, model_path, kind, self.worker_index),
+        )
         self._weights_seq_no = 0
         self._group_counter = 0
         self._torch_gen_seed = seed

@@ -41,12 +41,11 @@ from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.annotations import override
 
 from rllib_grpo.algos import agg_loss, get_kl_controller, kl_penalty, policy_loss
-from rllib_grpo.models.attention import prefer_matmul_attention
-from rllib_grpo.models.host_memory import keep_freed_host_memory
 from rllib_grpo.models.offload import offload_optimizer_states
 from rllib_grpo.models.packing import prefer_varlen_attention
 from rllib_grpo.models.vision_forward import VISION_COLUMN
 from rllib_grpo.rllib.choreography import free_device_memory
+from rllib_grpo.rllib.cpu_tuning import tune_cpu_learner
 from rllib_grpo.rllib.learner.advantage_step import step_advantages
 from rllib_grpo.rllib.learner.distributed import (
     all_reduce,
@@ -129,16 +128,13 @@ class GRPOLearner(TorchLearner):
         self.skipped_steps = 0
         self.lr_schedule = LRSchedule.from_config(c)  # None: RLlib applies a list schedule
         self.phase_times = PhaseTimes(self._device)
-        if c.keep_freed_host_memory and self._device.type == "cpu":
-            keep_freed_host_memory()  # each step reuses the last one's pages
-        # GPU: flash-attention's varlen kernel if present; CPU at 16 bits: matmul attention.
-        for rl_module in self.module.values():
-            for lm in (rl_module.unwrapped().lm, getattr(rl_module.unwrapped(), "ref_lm", None)):
-                if lm is None:
-                    continue
-                if not (c.use_remove_padding
-                        and prefer_varlen_attention(lm, self._device, c.compute_dtype)):
-                    prefer_matmul_attention(lm, self._device, c.compute_dtype)
+        models = [lm for rl_module in self.module.values()
+                  for lm in (rl_module.unwrapped().lm, getattr(rl_module.unwrapped(), "ref_lm", None))
+                  if lm is not None]
+        tune_cpu_learner(c, self._device, models)
+        if c.use_remove_padding:  # GPU: flash-attention's varlen kernel if present
+            for lm in models:
+                prefer_varlen_attention(lm, self._device, c.compute_dtype)
 
     @cached_property
     def weight_sender(self) -> WeightSender:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import EPS64, tiny_config
+from tests.conftest import tiny_config
 
 VERL_METRICS = (
     "critic/score/mean", "critic/rewards/mean", "critic/advantages/max", "response_length/mean",
@@ -156,6 +156,8 @@ def test_phase_timings_are_the_steps_own_values(ray_session):
     an exponential average, which read ~0.5 s again)."""
     import time
 
+    import psutil
+
     algo = tiny_config().build_algo()
     try:
         sample = algo.sampling.sample
@@ -171,15 +173,8 @@ def test_phase_timings_are_the_steps_own_values(ray_session):
         assert first["timing_s/sample"] >= 0.5
         assert second["timing_s/sample"] < first["timing_s/sample"] - 0.4
         assert second["timing_s/sample"] <= second["timing_s/step"]
-        # Start-up: the parts (`rllib_grpo.startup`) add up to the whole, in every result;
-        # a sum of segment lengths in float64 is within n·eps64·total of the whole.
-        from rllib_grpo.startup import STARTUP_PARTS, recorded_parts
-
-        total = second["timing_s/startup"]
-        parts = {part: second[f"timing_s/startup/{part}"] for part in STARTUP_PARTS}
-        bound = (2 * len(recorded_parts()) + 2) * EPS64 * total
-        assert abs(sum(parts.values()) - total) <= bound, (parts, total)
-        assert parts["engine"] > 0 and parts["learner"] > 0 and parts["algorithm"] > 0
-        assert all(first[f"timing_s/startup/{part}"] == value for part, value in parts.items())
+        # Start-up: the first result says how long it took to reach the first step.
+        assert 0 < first["timing_s/startup"] < time.time() - psutil.Process().create_time()
+        assert not [key for key in first if key.startswith("timing_s/startup/")]
     finally:
         algo.stop()

@@ -1,4 +1,5 @@
-"""`init_local_ray`: Ray started for one run, the run's imports made while it starts."""
+"""`init_local_ray`: Ray started for one run, a CPU run's imports made while it starts
+(`rllib_grpo.rllib.cpu_tuning.cpu_start_up`)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from rllib_grpo.rllib.algorithm.local_ray import modules_to_prefetch, ray_system_config
+from rllib_grpo.rllib.algorithm.local_ray import ray_system_config
 from rllib_grpo.rllib.config.grpo_config import GRPOConfig
+from rllib_grpo.rllib.cpu_tuning import modules_to_prefetch
 
 # Each test starts the local Ray (in a subprocess).
 pytestmark = pytest.mark.ray
@@ -59,19 +61,17 @@ PROBE = textwrap.dedent("""
     import json, sys
     from rllib_grpo.rllib.config.grpo_config import GRPOConfig
     from rllib_grpo.rllib.algorithm.local_ray import init_local_ray
-    from rllib_grpo.startup import recorded_parts
     config = GRPOConfig().training(model_path="builtin:tiny", sampler="hf")
     before = {m: m in sys.modules for m in sys.argv[1:]}
     init_local_ray(config, num_cpus=1, object_store_memory=80 * 1024**2,
                    log_to_driver=False, configure_logging=False)
     import ray
     after = {m: m in sys.modules for m in sys.argv[1:]}
-    parts = [part for part, _, _ in recorded_parts()]
     workers = ray._private.worker.global_worker.node._ray_params._system_config
     import gc
     collections = {"enabled": gc.isenabled(), "frozen": gc.get_freeze_count()}
     ray.shutdown()
-    print(json.dumps({"before": before, "after": after, "parts": parts,
+    print(json.dumps({"before": before, "after": after,
                       "system_config": workers, "gc": collections}))
 """)
 
@@ -106,12 +106,11 @@ def test_a_config_is_built_without_importing_transformers() -> None:
 def test_a_config_imports_nothing_heavy_and_init_local_ray_imports_the_run() -> None:
     """In a fresh interpreter: ``GRPOConfig()`` leaves transformers and the algorithm
     unimported (they load while Ray starts), and `init_local_ray` returns with them
-    imported and frozen, Ray up with no idle workers, its time recorded as the ``ray`` part."""
+    imported and frozen, Ray up with no idle workers."""
     modules = ["transformers", ALGORITHM_MODULE, ENV_RUNNER_MODULE, LEARNER_MODULE]
     report = _run_probe(PROBE, modules)
     assert report["before"] == dict.fromkeys(modules, False)
     assert report["after"] == dict.fromkeys(modules, True)
-    assert report["parts"] == ["ray"]
     assert report["system_config"]["enable_worker_prestart"] is False
     # the imports' objects are frozen (collections skip them) and collections are back on
     assert report["gc"]["enabled"] is True and report["gc"]["frozen"] > 100_000
@@ -121,8 +120,8 @@ def test_collections_pause_inside_and_resume_with_the_objects_frozen(
         monkeypatch: pytest.MonkeyPatch) -> None:
     import gc
 
-    from rllib_grpo.rllib.algorithm import local_ray
-    from rllib_grpo.rllib.algorithm.local_ray import collections_paused
+    from rllib_grpo.rllib import cpu_tuning
+    from rllib_grpo.rllib.cpu_tuning import collections_paused
 
     collections: list[int] = []
 
@@ -133,7 +132,7 @@ def test_collections_pause_inside_and_resume_with_the_objects_frozen(
     gc.callbacks.append(count)
     frozen_before = gc.get_freeze_count()
     at_exit: list[object] = []
-    monkeypatch.setattr(local_ray.atexit, "register", at_exit.append)
+    monkeypatch.setattr(cpu_tuning.atexit, "register", at_exit.append)
     try:
         with collections_paused():
             assert not gc.isenabled()
@@ -163,6 +162,7 @@ def test_ray_starts_and_the_imports_run_with_collections_paused(
 
     import ray
 
+    from rllib_grpo.rllib import cpu_tuning
     from rllib_grpo.rllib.algorithm import local_ray
 
     seen: dict[str, bool] = {}
@@ -174,7 +174,7 @@ def test_ray_starts_and_the_imports_run_with_collections_paused(
         seen["imports"] = gc.isenabled()
 
     monkeypatch.setattr(ray, "init", fake_init)
-    monkeypatch.setattr(local_ray, "_import_quietly", fake_imports)
+    monkeypatch.setattr(cpu_tuning, "_import_quietly", fake_imports)
     try:
         local_ray.init_local_ray(GRPOConfig())
     finally:
@@ -199,9 +199,10 @@ RACE_MODULE = textwrap.dedent("""
 RACE_PROBE = textwrap.dedent("""
     import json
     import psutil
+    from rllib_grpo.rllib import cpu_tuning
     from rllib_grpo.rllib.algorithm import local_ray
     from rllib_grpo.rllib.config.grpo_config import GRPOConfig
-    local_ray.modules_to_prefetch = lambda config: ["ray_race_module"]
+    cpu_tuning.modules_to_prefetch = lambda config: ["ray_race_module"]
     local_ray.init_local_ray(GRPOConfig(), num_cpus=1, object_store_memory=80 * 1024**2,
                              log_to_driver=False, configure_logging=False)
     import ray, ray_race_module
