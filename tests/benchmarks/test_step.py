@@ -12,6 +12,8 @@ import pytest
 
 from benchmarks.common import OVERHEAD_PARTS, PHASES
 
+pytestmark = pytest.mark.ray  # the suite runs the algorithm on a Ray of its own
+
 TINY = ["--model", "builtin:tiny", "--prompts", "4", "--group-size", "4",
         "--response-length", "8", "--iterations", "2", "--warmup", "1", "--sampler", "hf",
         "--old-log-prob-pass"]
