@@ -31,7 +31,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 
-from rllib_grpo.models.registry import resolve_model  # noqa: E402
+from rllib_grpo.models.model_registry import resolve_model  # noqa: E402
 from rllib_grpo.rewards.reward_model import SequenceClassifierReward  # noqa: E402
 
 

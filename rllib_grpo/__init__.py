@@ -6,7 +6,7 @@ both without importing Ray or transformers.  ``GRPO`` and ``GRPOConfig`` are imp
 lazily, so ``import rllib_grpo.algos`` stays free of Ray and transformers.
 
 Layers (lower never imports higher): ``algos`` (math) -> ``data``, ``rewards``, ``envs``
--> ``models``, ``samplers`` -> ``rllib`` (RLlib glue) -> ``cli`` (entry points).
+-> ``models``, ``samplers`` -> ``rllib`` (RLlib glue) -> ``cli`` (entry points) -> ``demo``.
 """
 
 from __future__ import annotations

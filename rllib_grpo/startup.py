@@ -5,7 +5,7 @@ The seconds from launch to the first training step (``timing_s/startup``) split 
 ``start-up:`` line.  Code that starts something wraps it in `startup_part`:
 
 * ``ray``: ``ray.init`` where the process that trains starts Ray (the demo);
-* ``model``: building a built-in model into the cache (`rllib_grpo.models.registry`);
+* ``model``: building a built-in model into the cache (`rllib_grpo.models.model_registry`);
 * ``engine``: creating a sampler in this process (its vLLM import, if not done, and the
   engine's start);
 * ``learner``: building the learner group (the model, its optimizer, a reference);

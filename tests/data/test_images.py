@@ -10,8 +10,8 @@ import json
 import numpy as np
 import pytest
 
-from rllib_grpo.data.datasets import load_prompts
 from rllib_grpo.data.images import image_messages
+from rllib_grpo.envs.datasets import load_prompts
 
 INSTRUCTION = ("You FIRST think about the reasoning process as an internal monologue and then "
                "provide the final answer. The reasoning process MUST BE enclosed within <think> "

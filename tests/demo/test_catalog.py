@@ -9,7 +9,7 @@ import tomllib
 import pytest
 
 from rllib_grpo.cli.console import progress_line
-from rllib_grpo.cli.demos import DEMOS, pick_demo
+from rllib_grpo.demo.catalog import DEMOS, pick_demo
 from tests.conftest import REPO_ROOT
 
 ROOT = REPO_ROOT
@@ -83,7 +83,7 @@ def test_demo_starts_a_ray_of_its_own_even_beside_a_running_cluster(monkeypatch,
     and refuses the demo's num_cpus ("When connecting to an existing cluster ...")."""
     import ray
 
-    from rllib_grpo.cli import demo
+    from rllib_grpo.demo import run as demo
 
     seen: dict = {}
 

@@ -13,19 +13,19 @@ from rllib_grpo.algos.advantages import needs_groups
 from rllib_grpo.algos.lr_schedule import LR_SCHEDULER_TYPES, needs_total_steps
 from rllib_grpo.algos.policy_losses import forced_agg_mode
 from rllib_grpo.algos.rollout_is import ROLLOUT_IS_LEVELS
-from rllib_grpo.data.datasets import TRUNCATION_MODES
-from rllib_grpo.data.env import env_options
 from rllib_grpo.data.recipes import FILTER_METRICS
+from rllib_grpo.envs.datasets import TRUNCATION_MODES
+from rllib_grpo.envs.text import env_options
 from rllib_grpo.models.lm_head import TOKEN_STATS_MODES
 from rllib_grpo.models.lora import LORA_SYNC_MODES
-from rllib_grpo.rllib.config.input_checks import input_errors
-from rllib_grpo.rllib.config.layout import (
+from rllib_grpo.rllib.config.gpu_layout import (
     layout_errors,
     local_env_runner_pitfalls,
     planned_transports,
     tensor_parallel_size,
     unplaceable,
 )
+from rllib_grpo.rllib.config.input_checks import input_errors
 from rllib_grpo.rllib.config.settings import GRPOSettings, choice_error
 from rllib_grpo.rllib.config.staleness import async_errors, async_pitfalls
 from rllib_grpo.rllib.config.text_env import env_class

@@ -126,7 +126,7 @@ def _first_row_sample(settings: dict) -> tuple[str, str, Any, dict | None]:
     path = path[0] if isinstance(path, list | tuple) and path else path
     if not isinstance(path, str):
         return "", "", "", None
-    from rllib_grpo.data.datasets import load_prompts
+    from rllib_grpo.envs.datasets import load_prompts
 
     try:
         first = load_prompts(path, prompt_key=settings.get("prompt_key", "prompt"))[0]

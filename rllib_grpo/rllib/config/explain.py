@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rllib_grpo.rllib.config.checks import find_errors, find_pitfalls
 from rllib_grpo.rllib.config.door_checks import reward_fn_probe_lines
-from rllib_grpo.rllib.config.layout import layout_lines, planned_transports
+from rllib_grpo.rllib.config.gpu_layout import layout_lines, planned_transports
 from rllib_grpo.rllib.config.memory import memory_lines
 from rllib_grpo.rllib.config.prompt_lengths import prompt_length_lines
 from rllib_grpo.rllib.config.reward_plan import reward_plan_lines

@@ -10,9 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rllib_grpo.data.env import TextEnv
-from rllib_grpo.data.prompt_files import prompt_file_error
-from rllib_grpo.models.registry import model_path_error
+from rllib_grpo.envs.prompt_files import prompt_file_error
+from rllib_grpo.envs.text import TextEnv
+from rllib_grpo.models.model_registry import model_path_error
 from rllib_grpo.rllib.config.door_checks import (
     count_errors,
     env_id_error,

@@ -306,7 +306,7 @@ class GRPOSettings(RewardSettings):
         local env runner with the local learner on a GPU, or verl's colocated layout), so
         they sleep during each update (KV cache and weights released) and wake before the
         weight sync."""
-        from rllib_grpo.rllib.config.layout import shares_learner_gpus
+        from rllib_grpo.rllib.config.gpu_layout import shares_learner_gpus
 
         return self.sampler != "hf" and shares_learner_gpus(self)
 
