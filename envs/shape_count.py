@@ -85,7 +85,7 @@ def _make_record(index: int, seed: int, grid: int, cell: int, max_count: int,
         board = {}
         for c in cells:
             size = rng.randint(cell // 2, cell - 4)
-            colour = tuple(rng.randint(0, 200) for _ in range(3))
+            colour = (rng.randint(0, 200), rng.randint(0, 200), rng.randint(0, 200))
             board[c] = (rng.choice(SHAPES), colour, size, rng.randint(0, cell - size),
                         rng.randint(0, cell - size))
         if not heldout_fraction or is_heldout(board, heldout_fraction) == (split == "heldout"):
