@@ -6,7 +6,7 @@ import pytest
 
 from rllib_grpo.envs.datasets import PromptDataset, PromptRecord
 from rllib_grpo.envs.text import TextEnv
-from tests.data.test_data_loading import CharTokenizer
+from tests.envs.test_datasets import CharTokenizer
 
 ROWS = [{"prompt": f"{i}+0=", "answer": i, "data_source": "arithmetic"} for i in range(20)]
 

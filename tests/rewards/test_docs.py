@@ -8,9 +8,9 @@ import json
 
 from tests.conftest import REPO_ROOT
 from tests.rewards.test_arith_countdown import ARITHMETIC_CASES, COUNTDOWN_CASES
-from tests.rewards.test_gsm8k import GSM8K_CASES
-from tests.rewards.test_math import MATH_CASES
-from tests.rewards.test_math_dapo import MATH_DAPO_CASES
+from tests.rewards.test_gsm8k_score import GSM8K_CASES
+from tests.rewards.test_math_dapo_score import MATH_DAPO_CASES
+from tests.rewards.test_math_score import MATH_CASES
 from tests.rewards.test_safety import FAILURE_CASES
 
 DOC = REPO_ROOT / "docs" / "rewards.md"
