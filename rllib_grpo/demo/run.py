@@ -112,7 +112,8 @@ def _row(result: dict) -> dict:
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m rllib_grpo.demo",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="demo", metavar="|".join((*sorted(DEMOS), "FOLDER")),
                         help="demo: the built-in 0.1M model (about a minute); smollm2-135m: "
                              "SmolLM2-135M-Instruct (36 minutes measured on a busy 2-core CPU); or a "

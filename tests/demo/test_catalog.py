@@ -100,6 +100,16 @@ def test_demo_starts_a_ray_of_its_own_even_beside_a_running_cluster(monkeypatch,
     assert seen["address"] == "local" and seen["num_cpus"] == 2
 
 
+def test_demo_help_names_the_command_that_runs_it(capsys):
+    """The usage line is the documented command, not the file name of the package's
+    ``__main__.py``."""
+    from rllib_grpo.demo import run
+
+    with pytest.raises(SystemExit):
+        run.main(["--help"])
+    assert capsys.readouterr().out.startswith("usage: python -m rllib_grpo.demo [-h]")
+
+
 @pytest.mark.parametrize("bf16_cpu", [True, False])
 def test_smollm2_learner_computes_in_bf16_only_on_cpus_with_bf16_matmuls(bf16_cpu, monkeypatch):
     """bf16 autocast over fp32 master weights where the CPU multiplies bf16 natively (the
