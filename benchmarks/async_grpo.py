@@ -35,7 +35,7 @@ LAST = 5  # iterations whose reward is "the reward after the fixed wall time"
 def build(mode: str, seed: int = 0, lr: float | None = None) -> Any:
     """The demo's config (``lr`` None: its own) with one remote env runner and one remote
     learner."""
-    from rllib_grpo.demo.run import demo_config
+    from rllib_grpo.demo.run_demo import demo_config
 
     config = demo_config(seed=seed, sampler="hf").training(**CURVE_MODES[mode])
     if lr is not None:

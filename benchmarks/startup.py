@@ -72,7 +72,7 @@ if reward_fn:
         self.env_config = {{**self.env_config, "reward_fn": reward_fn}}
         return build(self, *args, **kwargs)
     GRPOConfig.build_algo = build_with_reward
-from rllib_grpo.demo.run import main
+from rllib_grpo.demo.run_demo import main
 sys.exit(main(sys.argv[1:]))
 """
 

@@ -29,7 +29,7 @@ def main() -> None:
     import ray
 
     from rllib_grpo.demo.catalog import vision_demo_config
-    from rllib_grpo.demo.run import heldout_report
+    from rllib_grpo.demo.run_demo import heldout_report
 
     ray.init(address="local", num_cpus=2, object_store_memory=500 * 1024**2,
              include_dashboard=False, log_to_driver=False)

@@ -83,7 +83,7 @@ def test_demo_starts_a_ray_of_its_own_even_beside_a_running_cluster(monkeypatch,
     and refuses the demo's num_cpus ("When connecting to an existing cluster ...")."""
     import ray
 
-    from rllib_grpo.demo import run as demo
+    from rllib_grpo.demo import run_demo as demo
 
     seen: dict = {}
 
@@ -103,10 +103,10 @@ def test_demo_starts_a_ray_of_its_own_even_beside_a_running_cluster(monkeypatch,
 def test_demo_help_names_the_command_that_runs_it(capsys):
     """The usage line is the documented command, not the file name of the package's
     ``__main__.py``."""
-    from rllib_grpo.demo import run
+    from rllib_grpo.demo import run_demo
 
     with pytest.raises(SystemExit):
-        run.main(["--help"])
+        run_demo.main(["--help"])
     assert capsys.readouterr().out.startswith("usage: python -m rllib_grpo.demo [-h]")
 
 
