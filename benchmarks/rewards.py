@@ -30,7 +30,7 @@ import time  # noqa: E402
 from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 from typing import Any  # noqa: E402
 
-from rllib_grpo.models.registry import resolve_model  # noqa: E402
+from rllib_grpo.models.model_registry import resolve_model  # noqa: E402
 from rllib_grpo.rewards.reward_model import SequenceClassifierReward  # noqa: E402
 
 TITLE = "reward models: in process one at a time, batched, and through the actor pool"

@@ -78,7 +78,7 @@ if reward_fn:
         self.env_config = {{**self.env_config, "reward_fn": reward_fn}}
         return build(self, *args, **kwargs)
     GRPOConfig.build_algo = build_with_reward
-from rllib_grpo.cli.demo import main
+from rllib_grpo.demo.run_demo import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -86,7 +86,7 @@ sys.exit(main(sys.argv[1:]))
 def user_arithmetic(data_source: str, solution_str: str, ground_truth: Any,
                     extra_info: dict | None = None) -> dict:
     """The built-in arithmetic reward, as user code (defined outside the package)."""
-    from rllib_grpo.rewards.arithmetic import score_arithmetic
+    from rllib_grpo.rewards.arithmetic_score import score_arithmetic
 
     return score_arithmetic(solution_str, ground_truth)
 

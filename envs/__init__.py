@@ -1,4 +1,6 @@
-"""Built-in text environments, registered with gymnasium as ``rllib_grpo/...``.
+"""Environments: the text env (`rllib_grpo.envs.text`), multi-turn envs with their tools and
+sandbox, prompt datasets and chat rendering, and the built-in tasks, registered with
+gymnasium as ``rllib_grpo/...``.
 
 Importing this package imports only gymnasium: registration uses entry-point
 strings, so the env modules (and the reward code) load on ``gymnasium.make``.
@@ -20,7 +22,7 @@ BUILTIN_ENV_IDS: dict[str, str] = {
     "rllib_grpo/Prompts-v0": "rllib_grpo.envs._file_env:PromptFileEnv",
     "rllib_grpo/ToolArithmetic-v0": "rllib_grpo.envs.tool_arithmetic:ToolArithmeticEnv",
     "rllib_grpo/GuessNumber-v0": "rllib_grpo.envs.guess_number:GuessNumberEnv",
-    "rllib_grpo/ShapeCount-v0": "rllib_grpo.envs.shapes:ShapeCountEnv",
+    "rllib_grpo/ShapeCount-v0": "rllib_grpo.envs.shape_count:ShapeCountEnv",
     "rllib_grpo/Geo3K-v0": "rllib_grpo.envs.geo3k:Geo3KEnv",
 }
 

@@ -8,9 +8,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, ClassVar
 
-from rllib_grpo.data.datasets import PromptDataset, load_prompts
-from rllib_grpo.data.env import TextEnv
 from rllib_grpo.data.images import DEFAULT_IMAGE_KEY
+from rllib_grpo.envs.datasets import PromptDataset, load_prompts
+from rllib_grpo.envs.text import TextEnv
 
 
 def fixture_path(file_name: str) -> Path:
@@ -37,7 +37,7 @@ def load_prompt_files(paths: str | Path | Sequence[str | Path], **load_kwargs: A
 
 
 class FilePromptEnv(TextEnv):
-    """A :class:`~rllib_grpo.data.env.TextEnv` over ``path`` (verl or plain rows; one file
+    """A :class:`~rllib_grpo.envs.text.TextEnv` over ``path`` (verl or plain rows; one file
     or a list of files).
 
     Rows without a ``data_source`` get :attr:`DATA_SOURCE`. With ``path=None`` the

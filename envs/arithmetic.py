@@ -18,8 +18,8 @@ import random
 import zlib
 from typing import Any
 
-from rllib_grpo.data.datasets import PromptDataset, PromptRecord
-from rllib_grpo.data.env import TextEnv
+from rllib_grpo.envs.datasets import PromptDataset, PromptRecord
+from rllib_grpo.envs.text import TextEnv
 from rllib_grpo.rewards._expr import evaluate_expression
 
 ARITHMETIC_ALPHABET = "0123456789+-*="
@@ -158,7 +158,7 @@ class ArithmeticEnv(TextEnv):
     ``seed`` fixes the shuffled order (None: random) and, unless ``data_seed``
     is given, the problems too (None: the problems of seed 0).  ``heldout_fraction``
     and ``split`` keep a share of the problems for evaluation (module docstring).  Other
-    keyword arguments go to :class:`~rllib_grpo.data.env.TextEnv`.
+    keyword arguments go to :class:`~rllib_grpo.envs.text.TextEnv`.
     """
 
     def __init__(

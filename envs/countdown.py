@@ -2,7 +2,7 @@
 
 Each problem is built backwards from a random expression over the numbers, so
 it is solvable by construction (``extra_info["solution"]``). Scoring is
-:func:`rllib_grpo.rewards.countdown.score_countdown` (each number exactly once
+:func:`rllib_grpo.rewards.countdown_score.score_countdown` (each number exactly once
 by default; ``use_all_numbers=False`` allows using a subset).
 """
 
@@ -13,9 +13,9 @@ import random
 from fractions import Fraction
 from typing import Any
 
-from rllib_grpo.data.datasets import PromptDataset, PromptRecord
-from rllib_grpo.data.env import TextEnv
 from rllib_grpo.envs.arithmetic import problem_seed
+from rllib_grpo.envs.datasets import PromptDataset, PromptRecord
+from rllib_grpo.envs.text import TextEnv
 
 DATA_SOURCE = "countdown"
 _OPERATIONS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
@@ -76,7 +76,7 @@ class CountdownEnv(TextEnv):
 
     ``seed`` fixes the shuffled order (None: random) and, unless ``data_seed``
     is given, the problems too (None: the problems of seed 0). Other keyword
-    arguments go to :class:`~rllib_grpo.data.env.TextEnv`.
+    arguments go to :class:`~rllib_grpo.envs.text.TextEnv`.
     """
 
     def __init__(

@@ -4,7 +4,7 @@ verl's Geo3K preprocessing script (``data_preprocess/geo3k.py``) writes rows wit
 whose text starts with ``<image>``), ``images`` (the figure as ``{"bytes", "path"}``),
 ``reward_model.ground_truth`` and ``data_source="hiyouga/geometry3k"``: pass that file as
 ``path`` (verl's ``data.train_files``).  Scored by verl's geo3k reward
-(`rllib_grpo.rewards.geo3k`); a vision-language model's ``processor`` renders the figure.
+(`rllib_grpo.rewards.geo3k_score`); a vision-language model's ``processor`` renders the figure.
 """
 
 from __future__ import annotations

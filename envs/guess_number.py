@@ -22,9 +22,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from rllib_grpo.data.datasets import PromptDataset, PromptRecord
-from rllib_grpo.data.multiturn import Episode, MultiTurnTextEnv, TurnResult
 from rllib_grpo.envs.arithmetic import PROMPT_STYLES, problem_seed
+from rllib_grpo.envs.datasets import PromptDataset, PromptRecord
+from rllib_grpo.envs.multiturn import Episode, MultiTurnTextEnv, TurnResult
 from rllib_grpo.rewards._numbers import last_number
 
 DATA_SOURCE = "guess_number"

@@ -24,10 +24,10 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rllib_grpo.data.datasets import PromptDataset, PromptRecord
-from rllib_grpo.data.multiturn import MultiTurnTextEnv
-from rllib_grpo.data.tools import Tool
 from rllib_grpo.envs.arithmetic import PROMPT_STYLES, problem_seed
+from rllib_grpo.envs.datasets import PromptDataset, PromptRecord
+from rllib_grpo.envs.multiturn import MultiTurnTextEnv
+from rllib_grpo.envs.tools import Tool
 from rllib_grpo.rewards._expr import evaluate_expression
 
 DATA_SOURCE = "arithmetic"  # scored by the arithmetic reward: the last number of the answer

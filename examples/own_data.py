@@ -18,7 +18,7 @@ from pathlib import Path
 import ray
 
 from rllib_grpo import GRPOConfig
-from rllib_grpo.data.env import TextEnv
+from rllib_grpo.envs.text import TextEnv
 
 REWARD_FILE = '''\
 def score(data_source, solution_str, ground_truth, extra_info=None):

@@ -6,7 +6,7 @@ measured every few steps.  Writes the curve (PNG) and the numbers (JSON).
 
 Held-out: boards training never draws (a fifth of all boards, by a hash); accuracy greedy
 and sampled at the training temperature, 64 boards x 8 samples each
-(`rllib_grpo.cli.demos.vision_demo_config`).
+(`rllib_grpo.demo.catalog.vision_demo_config`).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ def main() -> None:
 
     import ray
 
-    from rllib_grpo.cli.demo import heldout_report
-    from rllib_grpo.cli.demos import vision_demo_config
+    from rllib_grpo.demo.catalog import vision_demo_config
+    from rllib_grpo.demo.run_demo import heldout_report
 
     ray.init(address="local", num_cpus=2, object_store_memory=500 * 1024**2,
              include_dashboard=False, log_to_driver=False)

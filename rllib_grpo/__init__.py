@@ -7,7 +7,7 @@ explicitly.  ``GRPO`` and ``GRPOConfig`` are imported
 lazily, so ``import rllib_grpo.algos`` stays free of Ray and transformers.
 
 Layers (lower never imports higher): ``algos`` (math) -> ``data``, ``rewards``, ``envs``
--> ``models``, ``samplers`` -> ``rllib`` (RLlib glue) -> ``cli`` (entry points).
+-> ``models``, ``samplers`` -> ``rllib`` (RLlib glue) -> ``cli`` (entry points) -> ``demo``.
 """
 
 from __future__ import annotations

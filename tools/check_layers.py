@@ -12,11 +12,12 @@ still a dependency.  Layers, lowest first (a module may import its own layer or 
     4.1 rllib.learner            what runs in a learner actor
     4.1 rllib.env_runner         what runs in an env-runner actor (never imports the learner's)
     4.2 rllib.algorithm          the driver
-    5   cli                      entry points: rllib train, rllib-grpo explain, the demo
+    5   cli                      entry points: rllib train, rllib-grpo explain, eval, export
+    6   demo                     the demo programs (``python -m rllib_grpo.demo``)
 
 The learner's and the env runner's rooms share a layer but may not import each other: they
 run in different processes.  ``rllib_grpo/logs.py`` imports nothing of the package (layer
-0); the package root and the ``python -m rllib_grpo.demo`` shim are entry points (layer 6).
+0); the package root is an entry point (layer 6).
 
     python tools/check_layers.py      # prints each problem; exit 1 if any
 """

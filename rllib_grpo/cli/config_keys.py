@@ -37,7 +37,7 @@ from rllib_grpo.cli.verl_keys import (
     known_verl_keys,
     prefix_match,
 )
-from rllib_grpo.rllib.config.layout import colocated_layout
+from rllib_grpo.rllib.config.gpu_layout import colocated_layout
 from rllib_grpo.rllib.config.settings import (
     DERIVED_FIELDS,
     EVALUATION_ALIASES,

@@ -114,7 +114,7 @@ def place_stand_ins(config: GRPOConfig, timeout_s: float = 120.0,
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from rllib_grpo.rllib.algorithm.placement_group import RunPlacement, wait_started
-    from rllib_grpo.rllib.config.layout import ENGINE_SHARD, ENV_RUNNER, LEARNER, MAIN
+    from rllib_grpo.rllib.config.gpu_layout import ENGINE_SHARD, ENV_RUNNER, LEARNER, MAIN
 
     placement = RunPlacement.start(config, timeout_s)
     if placement is None:
@@ -183,7 +183,7 @@ def check_places(config: GRPOConfig, placed: list[Placed]) -> list[str]:
     with another GPU count than its seat, a 0-GPU process that sees GPUs, two learners or
     two engines on one GPU, an engine whose TP shards span nodes, a colocated GPU without
     its learner and engine, a weight transport other than the plan's."""
-    from rllib_grpo.rllib.config.layout import ENGINE_SHARD, LEARNER, planned_transports
+    from rllib_grpo.rllib.config.gpu_layout import ENGINE_SHARD, LEARNER, planned_transports
     from rllib_grpo.weights.plan import transports_summary
 
     plan = config.placement_plan()
@@ -228,7 +228,7 @@ def check_places(config: GRPOConfig, placed: list[Placed]) -> list[str]:
 def placed_transports(config: GRPOConfig, placed: list[Placed]) -> dict[int, str]:
     """Each env runner's weight transport as the run's planner picks it from where the
     processes landed (the GPUs Ray assigned them, as the run's endpoints name fake GPUs)."""
-    from rllib_grpo.rllib.config.layout import ENGINE_SHARD, ENV_RUNNER, LEARNER
+    from rllib_grpo.rllib.config.gpu_layout import ENGINE_SHARD, ENV_RUNNER, LEARNER
     from rllib_grpo.weights.plan import Endpoint, choose_transports
 
     def gpus(processes: list[Placed]) -> tuple[str, ...]:
@@ -256,7 +256,12 @@ def placed_transports(config: GRPOConfig, placed: list[Placed]) -> dict[int, str
 def placed_map_lines(placed: list[Placed], transports: dict[int, str] | None) -> list[str]:
     """One row per GPU the processes landed on: node, GPU id, learner, engine/TP shard,
     other; then the processes without a GPU and each env runner's weight transport."""
-    from rllib_grpo.rllib.config.layout import ENGINE_SHARD, ENV_RUNNER, LEARNER, map_table_lines
+    from rllib_grpo.rllib.config.gpu_layout import (
+        ENGINE_SHARD,
+        ENV_RUNNER,
+        LEARNER,
+        map_table_lines,
+    )
 
     rows: dict[tuple[int, int], dict[str, list[str]]] = {}
     for p in placed:
@@ -279,7 +284,7 @@ def tiny_step_config(config: GRPOConfig) -> GRPOConfig:
     """``config`` shrunk to a step this machine runs: a tiny random model of the configured
     architecture, the arithmetic task, a few short prompts; the layout and the algorithm's
     knobs kept."""
-    from rllib_grpo.models.registry import architecture_of, resolve_model
+    from rllib_grpo.models.model_registry import architecture_of, resolve_model
 
     learners = max(1, config.num_learners)
     prompts = learners * max(1, config.num_env_runners)
@@ -350,7 +355,7 @@ def add_dry_run_parser(sub: Any) -> None:
 def run_dry_run(config: GRPOConfig, args: argparse.Namespace) -> int:
     """``rllib-grpo dry-run``: print the placed map and the memory plan; 1 if the layout
     does not hold or a GPU runs out of memory in the plan."""
-    from rllib_grpo.rllib.config.layout import planned_transports, unplaceable
+    from rllib_grpo.rllib.config.gpu_layout import planned_transports, unplaceable
     from rllib_grpo.rllib.config.memory import memory_errors, memory_lines
 
     if config.gpus_per_node and config.gpus_per_node != args.gpus_per_node:

@@ -5,7 +5,7 @@
     rllib-grpo eval /models/qwen --data val.parquet --n 16 --temperature 0.6 --out qwen.json
 
 MODEL_OR_CHECKPOINT is a model folder, a built-in model name, a Hugging Face hub id or a
-GRPO checkpoint (exported to a temporary folder first, `rllib_grpo.cli.export`).  Every
+GRPO checkpoint (exported to a temporary folder first, `rllib_grpo.cli.export_command`).  Every
 input is checked before a model loads; bad ones exit 2 with one line.
 """
 
@@ -100,7 +100,7 @@ def _check_numbers(args: argparse.Namespace) -> None:
 
 def classify_model(arg: str) -> tuple[str, Checkpoint | None]:
     """``(model folder, built-in name or hub id; checkpoint or None)``; ConfigError if none."""
-    from rllib_grpo.models.registry import builtin_model_names
+    from rllib_grpo.models.model_registry import builtin_model_names
 
     path = Path(arg).expanduser()
     if path.is_dir():
@@ -164,7 +164,7 @@ def env_spec(args: argparse.Namespace, ckpt: Checkpoint | None) -> dict[str, Any
 def build_env(spec: dict[str, Any], args: argparse.Namespace, tokenizer: Any,
               ckpt: Checkpoint | None) -> Any:
     """The `TextEnv` to score on (prompt-length settings from the checkpoint, if any)."""
-    from rllib_grpo.data.env import TextEnv
+    from rllib_grpo.envs.text import TextEnv
 
     kwargs: dict[str, Any] = {"tokenizer": tokenizer, "seed": args.seed}
     if ckpt is not None and ckpt.setting("max_prompt_length"):
@@ -241,7 +241,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
 def _model_folder(model: str, ckpt: Checkpoint | None, scratch: str) -> str:
     """A folder the samplers load: the model itself, or the checkpoint exported to ``scratch``."""
-    from rllib_grpo.models.registry import resolve_model
+    from rllib_grpo.models.model_registry import resolve_model
 
     if ckpt is None:
         return resolve_model(model)

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from rllib_grpo.data.env import TextEnv
 from rllib_grpo.data.recipes import ValidationSample, pass_at_k_metrics, validation_metrics
+from rllib_grpo.envs.text import TextEnv
 from rllib_grpo.samplers import SamplingParams, make_sampler
 
 NUM_SHOWN_SAMPLES = 5

@@ -1,7 +1,7 @@
 """The command line: ``rllib train`` (RLlib's classic command, for GRPO and the
 built-in algorithms), ``rllib-grpo explain`` (the resolved GRPO plan and its
 pitfalls), ``rllib-grpo export`` (a checkpoint as a Hugging Face model folder,
-`rllib_grpo.cli.export`) and ``rllib-grpo eval`` (verl's validation metrics of a
+`rllib_grpo.cli.export_command`) and ``rllib-grpo eval`` (verl's validation metrics of a
 model or checkpoint, `rllib_grpo.cli.eval_command`).
 
     rllib train --algo GRPO --env rllib_grpo/Arithmetic-v0 --config '{"lr": 1e-3}' \\
@@ -33,7 +33,7 @@ from rllib_grpo.cli.dry_run import (
 )
 from rllib_grpo.cli.eval_command import add_eval_parser, run_eval
 from rllib_grpo.cli.experiment import ConfigError, Experiment
-from rllib_grpo.cli.export import add_export_parser, run_export
+from rllib_grpo.cli.export_command import add_export_parser, run_export
 from rllib_grpo.cli.run import (  # noqa: F401  (check_resources, one_line_error: public API)
     check_resources,
     one_line_error,

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from rllib_grpo.cli.experiment import ConfigError, Experiment
 from rllib_grpo.logs import console_env, quiet_console
-from rllib_grpo.rllib.config.layout import PlacementPlan, unplaceable
+from rllib_grpo.rllib.config.gpu_layout import PlacementPlan, unplaceable
 
 DEFAULT_MAX_FAILURES = 3  # restarts of a failed trial from its newest complete checkpoint
 

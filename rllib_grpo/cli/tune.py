@@ -27,7 +27,7 @@ from rllib_grpo.cli.console import progress_line, startup_line, waiting_line
 from rllib_grpo.cli.tensorboard import completions_table
 from rllib_grpo.rllib.algorithm.deadlines import HangError, read_waiting
 from rllib_grpo.rllib.config.checks import allow_file_store, mlflow_tracking_uri
-from rllib_grpo.rllib.config.layout import PlacementPlan, unplaceable
+from rllib_grpo.rllib.config.gpu_layout import PlacementPlan, unplaceable
 
 if TYPE_CHECKING:  # annotations only
     from rllib_grpo.rllib.config.grpo_config import GRPOConfig

@@ -106,9 +106,9 @@ VERL_TO_RUN: dict[str, str] = {
     "trainer.experiment_name": "Tune experiment name",
     "trainer.default_local_dir": "Tune storage path",
     "trainer.n_gpus_per_node": "verl's colocated layout: one learner per GPU, GPUs / rollout TP "
-                               "engines on the same GPUs (rllib_grpo.rllib.config.layout)",
+                               "engines on the same GPUs (rllib_grpo.rllib.config.gpu_layout)",
     "trainer.nnodes": "verl's colocated layout: one learner per GPU, GPUs / rollout TP engines "
-                      "on the same GPUs (rllib_grpo.rllib.config.layout)",
+                      "on the same GPUs (rllib_grpo.rllib.config.gpu_layout)",
 }
 # verl keys recorded with the experiment and shown by explain: key -> what becomes of them.
 VERL_RECORDED: dict[str, str] = {

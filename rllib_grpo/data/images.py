@@ -8,7 +8,7 @@ paths from the prompt file's folder: JSONL with image paths) or a PIL image.  Ea
 decoded once, when the data loads, to an RGB PIL image; the model's image processor
 resizes it within its ``max_pixels`` when the prompt is rendered.  A row whose image does
 not decode (missing file, truncated bytes, not an image) is a malformed row: counted and
-skipped like any other (`rllib_grpo.data.datasets.load_prompts`).
+skipped like any other (`rllib_grpo.envs.datasets.load_prompts`).
 
 The prompt marks where each image goes with ``<image>`` in a message's text (verl's
 convention, which Geo3K's ``problem`` column follows); `image_messages` turns such messages
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from rllib_grpo.data.prompt_files import RowError
+from rllib_grpo.envs.prompt_files import RowError
 
 IMAGE_PLACEHOLDER = "<image>"
 DEFAULT_IMAGE_KEY = "images"

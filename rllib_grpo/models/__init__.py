@@ -13,7 +13,7 @@ from rllib_grpo.models.loading import (
     save_model_dir,
     torch_dtype,
 )
-from rllib_grpo.models.registry import (
+from rllib_grpo.models.model_registry import (
     builtin_model_names,
     default_cache_dir,
     needs_build,

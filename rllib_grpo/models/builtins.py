@@ -1,6 +1,6 @@
 """The built-in models ``"builtin:tiny"`` and ``"smollm2-135m"``, registered by name.
 
-Imported by `rllib_grpo.models.registry` the first time a built-in name is resolved.
+Imported by `rllib_grpo.models.model_registry` the first time a built-in name is resolved.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from transformers import (
 )
 
 from rllib_grpo.models.loading import ModelAndTokenizer, build_tiny_causal_lm, torch_dtype
-from rllib_grpo.models.registry import register_builtin_model
+from rllib_grpo.models.model_registry import register_builtin_model
 from rllib_grpo.models.tokenizers import DEFAULT_ALPHABET, build_char_tokenizer
 
 

@@ -1,6 +1,6 @@
 """Built-in models for the multi-turn demos: ``"builtin:demo-tools"`` and ``"builtin:demo-guess"``.
 
-Both are character-level transformers like ``builtin:demo`` (`rllib_grpo.models.demo`),
+Both are character-level transformers like ``builtin:demo`` (`rllib_grpo.models.demo_model`),
 over a wider alphabet (digits, lower-case letters, arithmetic and punctuation)
 plus whole tokens for the tool protocol (``<tool>``, ``</tool>``, ``<result>``,
 ``</result>``, ``calculator``, ``python``), and get the same kind of short
@@ -25,12 +25,12 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from rllib_grpo.data.chat import ConversationRenderer
-from rllib_grpo.data.multiturn import Episode, MultiTurnTextEnv
+from rllib_grpo.envs.chat import ConversationRenderer
 from rllib_grpo.envs.guess_number import GuessNumberEnv
+from rllib_grpo.envs.multiturn import Episode, MultiTurnTextEnv
 from rllib_grpo.envs.tool_arithmetic import ToolArithmeticEnv
 from rllib_grpo.models.loading import ModelAndTokenizer, build_tiny_causal_lm
-from rllib_grpo.models.registry import register_builtin_model
+from rllib_grpo.models.model_registry import register_builtin_model
 from rllib_grpo.models.sft import sft_on_examples
 from rllib_grpo.models.tokenizers import build_char_tokenizer
 

@@ -9,7 +9,7 @@ task's picture size, a one-block vision tower (patch 14, 2x2 merge: one image to
 
 ``builtin:demo-vlm`` does for pictures what ``builtin:demo`` does for sums: a randomly
 initialised model earns no reward, so its groups carry no signal; a short warm-up on
-`rllib_grpo.envs.shapes` demonstrations (``<image>How many shapes?`` -> ``3``) teaches the
+`rllib_grpo.envs.shape_count` demonstrations (``<image>How many shapes?`` -> ``3``) teaches the
 answer format and a little counting, and GRPO takes it from there (docs/vision.md).
 """
 
@@ -21,9 +21,9 @@ from typing import Any
 import torch
 
 from rllib_grpo.data.images import VisionInputs
-from rllib_grpo.envs.shapes import make_shape_records
+from rllib_grpo.envs.shape_count import make_shape_records
 from rllib_grpo.models.loading import ModelAndTokenizer
-from rllib_grpo.models.registry import register_builtin_model
+from rllib_grpo.models.model_registry import register_builtin_model
 from rllib_grpo.models.vision import ImagePromptProcessor, build_byte_tokenizer
 from rllib_grpo.models.vision_forward import rope_positions, stacked_vision_inputs
 

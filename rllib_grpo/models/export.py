@@ -37,7 +37,7 @@ import torch
 
 from rllib_grpo.models import lora
 from rllib_grpo.models.loading import load_causal_lm, torch_dtype
-from rllib_grpo.models.registry import resolve_model
+from rllib_grpo.models.model_registry import resolve_model
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, PreTrai
 
 from rllib_grpo.envs.arithmetic import ARITHMETIC_ALPHABET, make_arithmetic_records
 from rllib_grpo.models.loading import ModelAndTokenizer
-from rllib_grpo.models.registry import register_builtin_model
+from rllib_grpo.models.model_registry import register_builtin_model
 from rllib_grpo.models.tokenizers import build_char_tokenizer
 
 TINY_RM_PARAMS: dict[str, Any] = {"seed": 0, "hidden_size": 64, "num_layers": 2,

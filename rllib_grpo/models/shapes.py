@@ -153,7 +153,7 @@ def _model_shape(name_or_path: str, lora_rank: int, targets: str | tuple[str, ..
 def _config_of(name_or_path: str) -> tuple[Any, str]:
     from transformers import AutoConfig
 
-    from rllib_grpo.models.registry import builtin_model_names, resolve_model
+    from rllib_grpo.models.model_registry import builtin_model_names, resolve_model
 
     folder = Path(name_or_path).expanduser()
     if not (folder / "config.json").is_file() and name_or_path in builtin_model_names():

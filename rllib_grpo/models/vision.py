@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from rllib_grpo.data.images import VisionInputs, image_messages
-from rllib_grpo.models.registry import HUB_ID
+from rllib_grpo.models.model_registry import HUB_ID
 
 # model_type of the vision-language families whose forward this package computes
 # (``pixel_values``, ``image_grid_thw`` and multimodal rotary positions).
@@ -48,7 +48,7 @@ def model_config_dict(path: str) -> dict[str, Any] | None:
 def vision_model_type(path: str) -> str | None:
     """The model type of a vision-language model (``"qwen2_vl"``, ``"llava"``, ...): its
     config (`model_config_dict`) has a ``vision_config``.  None for a text model or a hub id
-    not in the local cache (`rllib_grpo.models.registry.architecture_of` names its family)."""
+    not in the local cache (`rllib_grpo.models.model_registry.architecture_of` names its family)."""
     config = model_config_dict(path)
     if not config or not isinstance(config.get("vision_config"), Mapping):
         return None

@@ -12,12 +12,12 @@ Entry points:
 * :class:`RewardScorer` - the safe wrapper the env uses (timeouts, errors, format score).
 """
 
-from rllib_grpo.rewards.arithmetic import score_arithmetic
-from rllib_grpo.rewards.countdown import score_countdown
-from rllib_grpo.rewards.gsm8k import extract_gsm8k_answer, score_gsm8k
-from rllib_grpo.rewards.math import extract_boxed, extract_math_answer, score_math
-from rllib_grpo.rewards.math_dapo import score_math_dapo
-from rllib_grpo.rewards.registry import (
+from rllib_grpo.rewards.arithmetic_score import score_arithmetic
+from rllib_grpo.rewards.countdown_score import score_countdown
+from rllib_grpo.rewards.gsm8k_score import extract_gsm8k_answer, score_gsm8k
+from rllib_grpo.rewards.math_dapo_score import score_math_dapo
+from rllib_grpo.rewards.math_score import extract_boxed, extract_math_answer, score_math
+from rllib_grpo.rewards.reward_registry import (
     RewardFn,
     compute_score,
     get_scorer,

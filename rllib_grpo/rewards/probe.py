@@ -134,7 +134,7 @@ def _child(folder: Path) -> None:
     """The child's side: import, call once, check; each stage is written before it
     starts, so the parent can tell where a process that died was."""
     from rllib_grpo.rewards.pool import call_reward_fn
-    from rllib_grpo.rewards.registry import resolve_reward_fn
+    from rllib_grpo.rewards.reward_registry import resolve_reward_fn
     from rllib_grpo.rewards.scorer import (
         RewardContractError,
         describe_function,

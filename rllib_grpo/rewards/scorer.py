@@ -35,7 +35,7 @@ from rllib_grpo.rewards.pool import (
     RewardPool,
     declared_isolation,
 )
-from rllib_grpo.rewards.registry import RewardFn, resolve_reward_fn
+from rllib_grpo.rewards.reward_registry import RewardFn, resolve_reward_fn
 
 logger = logging.getLogger(__name__)
 

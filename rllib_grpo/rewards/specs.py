@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rllib_grpo.rewards.registry import get_scorer
+from rllib_grpo.rewards.reward_registry import get_scorer
 
 REWARD_KINDS = ("function", "model", "judge", "remote")
 ENV_REWARD = "env"

@@ -415,7 +415,7 @@ def _free_resources() -> dict[str, float]:
 
 def free_per_node() -> list[dict[str, float]]:
     """Each live node's free resources now (CPU, GPU, custom; not memory, not placement
-    groups' own), as `rllib_grpo.rllib.config.layout.unplaceable` takes them."""
+    groups' own), as `rllib_grpo.rllib.config.gpu_layout.unplaceable` takes them."""
     from ray._private import state
 
     return [{key: float(value) for key, value in resources.items()
@@ -427,10 +427,10 @@ def free_per_node() -> list[dict[str, float]]:
 def unplaced_group_lines(job_id: str) -> list[str]:
     """A line per placement group of Ray job ``job_id`` that Ray has not placed: its
     bundles and why the cluster cannot hold them now
-    (`rllib_grpo.rllib.config.layout.unplaceable`)."""
+    (`rllib_grpo.rllib.config.gpu_layout.unplaceable`)."""
     from ray.util.placement_group import placement_group_table
 
-    from rllib_grpo.rllib.config.layout import PlacementPlan, unplaceable
+    from rllib_grpo.rllib.config.gpu_layout import PlacementPlan, unplaceable
 
     lines = []
     for group_id, group in placement_group_table().items():

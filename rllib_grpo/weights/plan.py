@@ -2,7 +2,7 @@
 
 One function, `choose_transports`, decides for a run (from the places its processes report)
 and for ``rllib-grpo explain`` / ``dry-run`` (from the placement plan,
-`rllib_grpo.rllib.config.layout.planned_transports`).  ``weight_sync_transport="auto"``:
+`rllib_grpo.rllib.config.gpu_layout.planned_transports`).  ``weight_sync_transport="auto"``:
 
 | placement (learners vs. the env runner)                      | transport      |
 |--------------------------------------------------------------|----------------|

@@ -128,7 +128,7 @@ def test_eval_shows_the_demo_training_gain(ray_session, tmp_path):
     """The demo model, then the same after 60 demo steps: eval on the same 64 prompts x 8
     samples (measured after 40 steps: 0.36 -> 0.56).  mean@8 has a standard error of about
     0.03 here (prompts are the main source of variance), so a 0.15 gain is a 5-sigma move."""
-    from rllib_grpo.cli.demo import demo_config
+    from rllib_grpo.demo.run_demo import demo_config
 
     algo = demo_config(seed=0, sampler="hf").build_algo()
     try:

@@ -15,7 +15,7 @@ from rllib_grpo.data.trajectory import EpisodeLimits
 from rllib_grpo.envs.guess_number import GuessNumberEnv
 from rllib_grpo.envs.tool_arithmetic import ToolArithmeticEnv
 from rllib_grpo.rllib.config.checks import find_errors
-from rllib_grpo.rllib.env_runner.multiturn import (
+from rllib_grpo.rllib.env_runner.episode_sampler import (
     EpisodeSampler,
     check_multi_turn_config,
     episode_seed,

@@ -87,7 +87,7 @@ def test_train_files_list_and_home_are_read(tmp_path, monkeypatch):
 
 
 def test_model_path_with_home_is_a_folder_not_a_hub_id(tmp_path, monkeypatch):
-    from rllib_grpo.models.registry import resolve_model
+    from rllib_grpo.models.model_registry import resolve_model
 
     monkeypatch.setenv("HOME", str(tmp_path))
     assert resolve_model("~/models/qwen") == str(tmp_path / "models" / "qwen")

@@ -11,11 +11,11 @@ import gymnasium
 import pytest
 
 import rllib_grpo  # noqa: F401 - registers the env ids
-from rllib_grpo.data.datasets import load_prompts
 from rllib_grpo.envs import BUILTIN_ENV_IDS, register_envs
 from rllib_grpo.envs._file_env import fixture_path
 from rllib_grpo.envs.arithmetic import ARITHMETIC_ALPHABET, ArithmeticEnv, make_arithmetic_records
 from rllib_grpo.envs.countdown import make_countdown_records
+from rllib_grpo.envs.datasets import load_prompts
 from rllib_grpo.envs.prepare_data import convert_gsm8k_row, convert_math_row, main
 from rllib_grpo.rewards import compute_score
 from tests.helpers.images import write_geo3k_parquet

@@ -7,8 +7,8 @@ from __future__ import annotations
 import gymnasium
 import pytest
 
-from rllib_grpo.data.env import TextEnv
-from rllib_grpo.envs.shapes import ShapeCountEnv, make_shape_records
+from rllib_grpo.envs.shape_count import ShapeCountEnv, make_shape_records
+from rllib_grpo.envs.text import TextEnv
 from rllib_grpo.models import resolve_model
 from rllib_grpo.models.tokenizers import load_tokenizer
 from rllib_grpo.models.vision import ImagePromptProcessor

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rllib_grpo.envs.tool_arithmetic import ToolArithmeticEnv
-from rllib_grpo.rllib.env_runner.multiturn import EpisodeSampler
+from rllib_grpo.rllib.env_runner.episode_sampler import EpisodeSampler
 from rllib_grpo.samplers import Sample, SamplingParams
 from tests.helpers.scripted_agents import (
     TOKENIZER,

@@ -72,7 +72,7 @@ def _places(algo: Any) -> dict[str, Any]:
 def _transports(algo: Any) -> dict[str, Any]:
     """The transport each env runner's weights took in the run, and the one ``explain``
     prints (`planned_transports`: the same planner, on the placement plan's places)."""
-    from rllib_grpo.rllib.config.layout import planned_transports
+    from rllib_grpo.rllib.config.gpu_layout import planned_transports
 
     return {"transports": algo._weight_sync.transport_names(),
             "planned": planned_transports(algo.config, algo.config.placement_plan())}

@@ -97,7 +97,7 @@ def _rank(rank: int, init_file: str, spec: dict[str, Any], out: str) -> None:
     import torch.distributed as dist
 
     from rllib_grpo.models.loading import load_causal_lm
-    from rllib_grpo.models.registry import resolve_model
+    from rllib_grpo.models.model_registry import resolve_model
     from rllib_grpo.rllib.config.grpo_config import TEXT_SPACE
     from rllib_grpo.rllib.learner.distributed import FULL_TO_RANK0
     from rllib_grpo.rllib.learner.fsdp import FSDPGRPOLearner

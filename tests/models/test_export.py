@@ -84,7 +84,7 @@ def fsdp_run(ray_session, tmp_path_factory):
 
 
 def test_fsdp_checkpoint_exports_the_learners_policy(fsdp_run, tmp_path):
-    from rllib_grpo.cli.export import export_checkpoint
+    from rllib_grpo.cli.export_command import export_checkpoint
 
     batch, learner_lp = fsdp_run["batch"], fsdp_run["log_probs"]
     out = export_checkpoint(fsdp_run["checkpoint"], tmp_path / "fp32", max_shard_size="100KB")
@@ -105,7 +105,7 @@ def test_fsdp_checkpoint_exports_the_learners_policy(fsdp_run, tmp_path):
 
 
 def test_bf16_export_equals_the_learner_cast_to_bf16(fsdp_run, tmp_path):
-    from rllib_grpo.cli.export import export_checkpoint
+    from rllib_grpo.cli.export_command import export_checkpoint
 
     batch = fsdp_run["batch"]
     export_checkpoint(fsdp_run["checkpoint"], tmp_path / "bf16", dtype="bfloat16")
@@ -196,7 +196,7 @@ def _weight_rounding_bound(model, batch, rounding: dict[str, torch.Tensor]) -> f
 
 
 def test_lora_checkpoint_exports_merged(lora_run, tmp_path):
-    from rllib_grpo.cli.export import export_checkpoint
+    from rllib_grpo.cli.export_command import export_checkpoint
     from rllib_grpo.models import load_causal_lm, resolve_model
 
     batch, learner_lp = lora_run["batch"], lora_run["log_probs"]
@@ -225,7 +225,7 @@ def test_lora_checkpoint_exports_merged(lora_run, tmp_path):
 def test_lora_checkpoint_exports_a_peft_adapter(lora_run, tmp_path):
     from peft import AutoPeftModelForCausalLM
 
-    from rllib_grpo.cli.export import export_checkpoint
+    from rllib_grpo.cli.export_command import export_checkpoint
     from rllib_grpo.models import resolve_model
 
     out = export_checkpoint(lora_run["checkpoint"], tmp_path / "adapter", lora_mode="adapter")

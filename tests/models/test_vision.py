@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from rllib_grpo.data.rollout import build_rollout_batch
-from rllib_grpo.envs.shapes import make_shape_records
+from rllib_grpo.envs.shape_count import make_shape_records
 from rllib_grpo.models import load_causal_lm, resolve_model
 from rllib_grpo.models.vision import (
     ImagePromptProcessor,

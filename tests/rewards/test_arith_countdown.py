@@ -4,7 +4,7 @@ import pytest
 
 from rllib_grpo.rewards import compute_score
 from rllib_grpo.rewards._expr import evaluate_expression
-from rllib_grpo.rewards.countdown import extract_countdown_equation
+from rllib_grpo.rewards.countdown_score import extract_countdown_equation
 from tests.helpers.reward_cases import ARITHMETIC_CASES, COUNTDOWN_CASES
 
 

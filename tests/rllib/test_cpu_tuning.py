@@ -145,7 +145,7 @@ def test_start_up_is_tuned_on_a_cpu_run_only(
 @pytest.mark.parametrize("model", ["demo", "smollm2-135m"])
 def test_the_demos_are_cpu_runs(model: str) -> None:
     """`make demo` and `make demo-real` get the CPU tuning."""
-    from rllib_grpo.cli.demos import pick_demo
+    from rllib_grpo.demo.catalog import pick_demo
     from rllib_grpo.rllib.cpu_tuning import runs_on_cpu
 
     assert runs_on_cpu(pick_demo(model).build_config(0, "auto"))

@@ -11,7 +11,7 @@ import importlib.util
 import pytest
 import torch
 
-from rllib_grpo.envs.shapes import make_shape_records
+from rllib_grpo.envs.shape_count import make_shape_records
 from rllib_grpo.models import load_causal_lm, resolve_model
 from rllib_grpo.models.vision import ImagePromptProcessor
 from rllib_grpo.models.vision_forward import stacked_vision_inputs

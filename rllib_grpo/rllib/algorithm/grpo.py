@@ -291,7 +291,7 @@ class GRPO(EvaluatingAlgorithm):
         generation config and the base model's tokenizer.  With LoRA the adapter is
         merged (``lora_mode="merge"``) or written as a PEFT folder (``"adapter"``).
         ``dtype`` None keeps the learner's.  For a checkpoint on disk use
-        ``rllib-grpo export`` (`rllib_grpo.cli.export.export_checkpoint`).
+        ``rllib-grpo export`` (`rllib_grpo.cli.export_command.export_checkpoint`).
         """
         from rllib_grpo.models.export import export_module_state
 

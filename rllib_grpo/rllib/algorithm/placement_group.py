@@ -37,7 +37,7 @@ from ray.util.placement_group import (
 )
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from rllib_grpo.rllib.config.layout import (
+from rllib_grpo.rllib.config.gpu_layout import (
     ENV_RUNNER,
     EVAL_RUNNER,
     LEARNER,

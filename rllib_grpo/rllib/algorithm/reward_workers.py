@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from rllib_grpo.models.registry import resolve_model
+from rllib_grpo.models.model_registry import resolve_model
 from rllib_grpo.rewards.judge import (
     DEFAULT_TEMPLATE,
     JudgeRule,
@@ -36,7 +36,7 @@ from rllib_grpo.rewards.judge import (
 from rllib_grpo.rewards.reward_model import SequenceClassifierReward
 from rllib_grpo.rewards.specs import RewardSpec
 from rllib_grpo.rllib.algorithm.placement_group import RunPlacement
-from rllib_grpo.rllib.config.layout import REWARD_WORKER
+from rllib_grpo.rllib.config.gpu_layout import REWARD_WORKER
 from rllib_grpo.rllib.config.reward_plan import (
     REWARD_ACTOR_PREFIX,
     actor_names,

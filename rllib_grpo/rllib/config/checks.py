@@ -27,14 +27,14 @@ from rllib_grpo.algos.advantages import needs_groups
 from rllib_grpo.algos.lr_schedule import LR_SCHEDULER_TYPES, needs_total_steps
 from rllib_grpo.algos.policy_losses import forced_agg_mode
 from rllib_grpo.algos.rollout_is import ROLLOUT_IS_LEVELS
-from rllib_grpo.data.datasets import TRUNCATION_MODES
-from rllib_grpo.data.env import TextEnv, env_options
-from rllib_grpo.data.prompt_files import prompt_file_error
+from rllib_grpo.envs.datasets import TRUNCATION_MODES
+from rllib_grpo.envs.text import TextEnv, env_options
+from rllib_grpo.envs.prompt_files import prompt_file_error
 from rllib_grpo.data.recipes import FILTER_METRICS
 from rllib_grpo.models.lm_head import TOKEN_STATS_MODES
 from rllib_grpo.models.lora import LORA_SYNC_MODES
-from rllib_grpo.models.registry import model_path_error
-from rllib_grpo.rllib.config.layout import (
+from rllib_grpo.models.model_registry import model_path_error
+from rllib_grpo.rllib.config.gpu_layout import (
     layout_errors,
     local_env_runner_pitfalls,
     planned_transports,
@@ -685,7 +685,7 @@ def _first_row_sample(settings: dict) -> tuple[str, str, Any, dict | None]:
     path = path[0] if isinstance(path, list | tuple) and path else path
     if not isinstance(path, str):
         return "", "", "", None
-    from rllib_grpo.data.datasets import load_prompts
+    from rllib_grpo.envs.datasets import load_prompts
 
     try:
         first = load_prompts(path, prompt_key=settings.get("prompt_key", "prompt"))[0]

@@ -4,7 +4,7 @@ plan, the loss and KL set-up, the memory plan, and every error and pitfall found
 from __future__ import annotations
 
 from rllib_grpo.rllib.config.checks import find_errors, find_pitfalls, reward_fn_probe_lines
-from rllib_grpo.rllib.config.layout import layout_lines, planned_transports
+from rllib_grpo.rllib.config.gpu_layout import layout_lines, planned_transports
 from rllib_grpo.rllib.config.memory import memory_lines
 from rllib_grpo.rllib.config.prompt_lengths import prompt_length_lines
 from rllib_grpo.rllib.config.reward_plan import reward_plan_lines

@@ -23,7 +23,7 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.serialization import deserialize_type
 
-from rllib_grpo.rllib.config.layout import PlacementPlan
+from rllib_grpo.rllib.config.gpu_layout import PlacementPlan
 from rllib_grpo.rllib.config.settings import (
     DERIVED_FIELDS,
     EVALUATION_ALIASES,
@@ -190,7 +190,7 @@ class GRPOConfig(AlgorithmConfig, GRPOSettings):
         ``num_gpus / tensor_parallel_size`` env runners, each with a vLLM engine of that
         tensor parallel size on the learners' GPUs, asleep during the update
         (`layout.colocated_layout`).  Raises ValueError when the TP does not divide the GPUs."""
-        from rllib_grpo.rllib.config.layout import colocated_layout, tensor_parallel_size
+        from rllib_grpo.rllib.config.gpu_layout import colocated_layout, tensor_parallel_size
 
         layout = colocated_layout(num_gpus, tensor_parallel_size(self))
         settings = layout.settings()
@@ -269,7 +269,7 @@ class GRPOConfig(AlgorithmConfig, GRPOSettings):
         and each process's seat in them (`layout.placement_plan`), reward workers and
         evaluation env runners included.  `GRPO.default_resource_request`, the run and
         `explain` all use it."""
-        from rllib_grpo.rllib.config.layout import placement_plan
+        from rllib_grpo.rllib.config.gpu_layout import placement_plan
         from rllib_grpo.rllib.config.reward_plan import reward_worker_seats
 
         evaluation: list[tuple[float, float]] = []

@@ -58,7 +58,7 @@ import dataclasses
 
 from rllib_grpo.models.shapes import ModelShape
 from rllib_grpo.rllib.config import learner_memory
-from rllib_grpo.rllib.config.layout import (
+from rllib_grpo.rllib.config.gpu_layout import (
     COLOCATED_MEMORY_FRACTION,
     ENGINE_SHARD,
     ENV_RUNNER,

@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rllib_grpo.data.datasets import prompt_token_lengths
-from rllib_grpo.data.env import TextEnv
+from rllib_grpo.envs.datasets import prompt_token_lengths
+from rllib_grpo.envs.text import TextEnv
 from rllib_grpo.rllib.config.settings import GRPOSettings
 from rllib_grpo.rllib.config.text_env import (
     VALIDATION_SEED_OFFSET,
@@ -160,7 +160,7 @@ def _measure(c: GRPOSettings, env_config: dict, seed: int) -> PromptLengths | No
     """The cached lengths of the env's prompts; None when the tokenizer is not at hand
     (a hub id, or a built-in model not built yet: the run builds it) or the env does not
     build (the other checks, or the run, name why)."""
-    from rllib_grpo.models.registry import needs_build, resolve_model
+    from rllib_grpo.models.model_registry import needs_build, resolve_model
 
     model_path = getattr(c, "model_path", None)
     if not isinstance(model_path, str) or needs_build(model_path):

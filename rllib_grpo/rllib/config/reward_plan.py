@@ -12,7 +12,12 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from rllib_grpo.models.registry import HUB_ID, WEIGHT_FILES, builtin_model_names, model_path_error
+from rllib_grpo.models.model_registry import (
+    HUB_ID,
+    WEIGHT_FILES,
+    builtin_model_names,
+    model_path_error,
+)
 from rllib_grpo.rewards.judge import DEFAULT_TEMPLATE, JudgeRule, template_error
 from rllib_grpo.rewards.remote import url_error
 from rllib_grpo.rewards.reward_model import classifier_folder_error
@@ -50,7 +55,7 @@ def reward_dtype(c: GRPOSettings) -> str:
 
 def _local_folder(path: str) -> Path | None:
     """The folder a model name loads from now, or None (a built-in not built yet)."""
-    from rllib_grpo.models.registry import needs_build, resolve_model
+    from rllib_grpo.models.model_registry import needs_build, resolve_model
 
     if path in builtin_model_names():
         return None if needs_build(path) else Path(resolve_model(path))

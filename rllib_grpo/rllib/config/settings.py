@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rllib_grpo.rllib.config.layout import PlacementPlan
+    from rllib_grpo.rllib.config.gpu_layout import PlacementPlan
     from rllib_grpo.samplers import SamplingParams
 
 def knob(default: Any, unit: str, doc: str, verl: str | tuple[str, ...] = ()) -> Any:
@@ -655,7 +655,7 @@ class GRPOSettings:
         local env runner with the local learner on a GPU, or verl's colocated layout), so
         they sleep during each update (KV cache and weights released) and wake before the
         weight sync."""
-        from rllib_grpo.rllib.config.layout import shares_learner_gpus
+        from rllib_grpo.rllib.config.gpu_layout import shares_learner_gpus
 
         return self.sampler != "hf" and shares_learner_gpus(self)
 

@@ -28,7 +28,7 @@ VISION_ACTIVATION_VALUES = 17  # as memory.ACTIVATION_VALUES, per patch and visi
 def model_vision_type(model_path: str) -> str | None:
     """The vision-language model type of ``model_path`` (a folder, a built-in name or a hub
     id, by its family name); None for a text model."""
-    from rllib_grpo.models.registry import architecture_of, needs_build, resolve_model
+    from rllib_grpo.models.model_registry import architecture_of, needs_build, resolve_model
     from rllib_grpo.models.vision import VISION_MODEL_TYPES, vision_model_type
 
     if model_path in VISION_BUILTINS:
@@ -46,7 +46,7 @@ def processor_for(model_path: str) -> Any:
     which is built), None for a text model or a hub id (nothing is downloaded here)."""
     if not isinstance(model_path, str) or model_vision_type(model_path) is None:
         return None
-    from rllib_grpo.models.registry import resolve_model
+    from rllib_grpo.models.model_registry import resolve_model
     from rllib_grpo.models.vision import ImagePromptProcessor
 
     folder = Path(resolve_model(model_path)).expanduser()
@@ -152,7 +152,7 @@ def vision_memory_rows(c: GRPOSettings, micro_batch_prompts: int, bytes_per_valu
                        ) -> dict[str, float]:
     """A learner's vision-tower activations for one micro-batch (patches x width x depth x
     `VISION_ACTIVATION_VALUES` values); nothing for text data or an unreadable model."""
-    from rllib_grpo.models.registry import resolve_model
+    from rllib_grpo.models.model_registry import resolve_model
     from rllib_grpo.models.vision import model_config_dict
 
     tokens = image_tokens(c)

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from rllib_grpo.data.rollout import RolloutBatch
-from rllib_grpo.rllib.env_runner.multiturn import EpisodeSampler, LiveEpisode
+from rllib_grpo.rllib.env_runner.episode_sampler import EpisodeSampler, LiveEpisode
 from rllib_grpo.samplers import Sample, SamplingParams
 
 # A request for the stream: (stream key, prompt token ids, params, seed).

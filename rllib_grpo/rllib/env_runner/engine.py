@@ -10,7 +10,7 @@ from typing import Any
 
 import ray
 
-from rllib_grpo.rllib.config.layout import (
+from rllib_grpo.rllib.config.gpu_layout import (
     COLOCATED_MEMORY_FRACTION,
     FRACTIONAL_GPU_SAFETY,
     planned_transports,

@@ -7,7 +7,7 @@ response text.  Reward functions therefore run here, next to the data, in
 every runner in parallel.  It returns a `RolloutBatch`.
 
 Multi-turn envs (``env.multi_turn``) take a separate branch: the episodes of a
-step are played turn by turn by `rllib_grpo.rllib.env_runner.multiturn.EpisodeSampler`.
+step are played turn by turn by `rllib_grpo.rllib.env_runner.episode_sampler.EpisodeSampler`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from rllib_grpo.algos import overlong_penalty
 from rllib_grpo.data.recipes import ValidationSample
 from rllib_grpo.data.rollout import RolloutBatch, build_rollout_batch
 from rllib_grpo.models.lora import AdapterMerger, is_lora_payload
-from rllib_grpo.models.registry import resolve_model
+from rllib_grpo.models.model_registry import resolve_model
 from rllib_grpo.models.tokenizers import load_tokenizer
 from rllib_grpo.models.vision import ImagePromptProcessor, vision_model_type
 from rllib_grpo.rllib.config.text_env import (
@@ -48,7 +48,7 @@ from rllib_grpo.rllib.env_runner.engine import (
     engine_whereabouts,
     sampler_kind,
 )
-from rllib_grpo.rllib.env_runner.multiturn import (
+from rllib_grpo.rllib.env_runner.episode_sampler import (
     EpisodeSampler,
     check_multi_turn_config,
     episode_limits,
@@ -71,7 +71,7 @@ def _seek(env: gym.Env, start: int | None) -> None:
         return
     if not hasattr(env, "seek"):
         raise TypeError(f"{type(env).__name__} has no seek(position): env runners share one "
-                        "prompt order through it; subclass rllib_grpo.data.env.TextEnv.")
+                        "prompt order through it; subclass rllib_grpo.envs.text.TextEnv.")
     env.seek(start)
 
 

@@ -29,10 +29,10 @@ from rllib_grpo.algos.token_stats import chunked_token_stats
 from rllib_grpo.models import lora
 from rllib_grpo.models.lm_head import token_stats_mode
 from rllib_grpo.models.loading import load_causal_lm, torch_dtype
+from rllib_grpo.models.model_registry import resolve_model
 from rllib_grpo.models.offload import HostOffloaded
 from rllib_grpo.models.packing import packed_response_log_probs
 from rllib_grpo.models.precision import cast_floating, compute_autocast, trained_dtype
-from rllib_grpo.models.registry import resolve_model
 from rllib_grpo.models.shared_prefix import shared_prefix_layout
 from rllib_grpo.models.vision_forward import (
     has_vision_inputs,

@@ -15,7 +15,7 @@ import pytest
 
 
 def test_demo_config_learns_arithmetic(ray_session):
-    from rllib_grpo.cli.demo import demo_config
+    from rllib_grpo.demo.run_demo import demo_config
 
     algo = demo_config(seed=0, sampler="hf").build_algo()
     rewards = []
@@ -38,7 +38,7 @@ def test_demo_learns_one_step_off_policy(ray_session):
     With truncated importance weights (``rollout_is='token'``): at the demo's lr one update
     moves token log-probs by up to 1-4 nats, and without the correction the demo did not
     learn in 250 steps (0.21 -> 0.44; docs/async.md)."""
-    from rllib_grpo.cli.demo import demo_config
+    from rllib_grpo.demo.run_demo import demo_config
 
     config = demo_config(seed=0, sampler="hf").training(max_staleness=1, rollout_is="token")
     config.env_runners(num_env_runners=1, create_local_env_runner=False)

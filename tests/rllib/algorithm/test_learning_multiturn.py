@@ -36,7 +36,7 @@ def _train(algo, steps: int, stop_above: float) -> dict[str, list[float]]:
 
 @pytest.mark.slow
 def test_tool_arithmetic_learns_to_use_the_calculator(ray_session):
-    from rllib_grpo.cli.demos import tool_arithmetic_config
+    from rllib_grpo.demo.catalog import tool_arithmetic_config
 
     curves = _train(tool_arithmetic_config(seed=0, sampler="hf").build_algo(), 80, 0.8)
     reward, tools = curves["reward"], curves["tools"]
@@ -47,7 +47,7 @@ def test_tool_arithmetic_learns_to_use_the_calculator(ray_session):
 
 @pytest.mark.slow
 def test_guess_number_learns_from_feedback(ray_session):
-    from rllib_grpo.cli.demos import guess_number_config
+    from rllib_grpo.demo.catalog import guess_number_config
 
     curves = _train(guess_number_config(seed=0, sampler="hf").build_algo(), 80, 0.95)
     reward = curves["reward"]
@@ -58,8 +58,8 @@ def test_guess_number_learns_from_feedback(ray_session):
 def test_tool_arithmetic_smoke(ray_session):
     """Two GRPO steps on ToolArithmetic-v0 with a briefly warmed-up demo-tools model: the
     model calls the calculator, episodes last several turns, the learner agrees."""
-    from rllib_grpo.cli.demos import tool_arithmetic_config
-    from rllib_grpo.models.registry import resolve_model
+    from rllib_grpo.demo.catalog import tool_arithmetic_config
+    from rllib_grpo.models.model_registry import resolve_model
 
     model = resolve_model("builtin:demo-tools",
                           builder_kwargs={"num_problems": 300, "warmup_steps": 100})

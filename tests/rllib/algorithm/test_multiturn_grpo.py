@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from rllib_grpo.data.datasets import PromptDataset
-from rllib_grpo.data.multiturn import MultiTurnTextEnv
 from rllib_grpo.data.rollout import ARRAY_FIELDS
 from rllib_grpo.envs.arithmetic import make_arithmetic_records, problem_seed
+from rllib_grpo.envs.datasets import PromptDataset
+from rllib_grpo.envs.multiturn import MultiTurnTextEnv
 from tests.conftest import tiny_config
 
 

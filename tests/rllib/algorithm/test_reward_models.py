@@ -14,7 +14,7 @@ RM_NAME = "builtin_tiny-rm"
 @pytest.mark.slow  # ~40 s: Ray, a reward actor, two steps
 @pytest.mark.timeout(300)
 def test_a_step_scores_with_the_reward_model_and_survives_its_actor_being_killed(ray_session):
-    from rllib_grpo.models.registry import resolve_model
+    from rllib_grpo.models.model_registry import resolve_model
     from rllib_grpo.rewards.reward_model import SequenceClassifierReward
 
     config = tiny_config(reward_funcs=["env", RM], reward_weights=[1.0, 0.5])

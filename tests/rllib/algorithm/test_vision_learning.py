@@ -1,6 +1,6 @@
 """GRPO learns from images: the tiny VLM's held-out counting accuracy rises in a short run.
 
-``builtin:demo-vlm`` on ShapeCount-v0 (`rllib_grpo.cli.demos.vision_demo_config`), the
+``builtin:demo-vlm`` on ShapeCount-v0 (`rllib_grpo.demo.catalog.vision_demo_config`), the
 transformers sampler, 60 steps.  Held-out accuracy is the mean over 64 held-out boards of
 each board's share of 8 samples right (temperature 1, as in training).  The margin comes
 from this run's own spread: the per-board shares before and after have standard errors
@@ -35,7 +35,7 @@ def _per_board_accuracy(algo) -> np.ndarray:
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_the_tiny_vlms_heldout_accuracy_rises(ray_session):
-    from rllib_grpo.cli.demos import vision_demo_config
+    from rllib_grpo.demo.catalog import vision_demo_config
 
     algo = vision_demo_config(seed=0, sampler="hf").build_algo()
     try:

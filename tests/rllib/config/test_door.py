@@ -115,7 +115,7 @@ def test_validate_explain_and_rllib_train_refuse_the_same(tmp_path, capsys):
 def test_the_readme_text_env_dataset_file_is_checked(tmp_path, content, problem):
     """README's own example: ``.environment(TextEnv, env_config={"dataset": "train.jsonl",
     ...})``; a missing or empty file is refused at validate(), not by build_algo()."""
-    from rllib_grpo.data.env import TextEnv
+    from rllib_grpo.envs.text import TextEnv
 
     data = tmp_path / "train.jsonl"
     if content is not None:
@@ -128,7 +128,7 @@ def test_the_readme_text_env_dataset_file_is_checked(tmp_path, content, problem)
 
 
 def test_a_text_env_dataset_given_as_rows_is_not_a_file():
-    from rllib_grpo.data.env import TextEnv
+    from rllib_grpo.envs.text import TextEnv
 
     config = tiny_config().environment(TextEnv)
     config.env_config = {"dataset": [{"prompt": "1+1=", "answer": "2"}]}

@@ -93,7 +93,7 @@ def test_the_held_out_file_is_measured(tmp_path):
 
 def test_the_door_measures_as_the_env_renders(tmp_path):
     """The lengths are the token counts the env itself serves (its rendering)."""
-    from rllib_grpo.models.registry import resolve_model
+    from rllib_grpo.models.model_registry import resolve_model
     from rllib_grpo.models.tokenizers import load_tokenizer
     from rllib_grpo.rllib.config.prompt_lengths import _measured
     from rllib_grpo.rllib.config.text_env import make_text_env

@@ -1,4 +1,4 @@
-"""The placement plan (`rllib_grpo.rllib.config.layout.placement_plan`): every process of a
+"""The placement plan (`rllib_grpo.rllib.config.gpu_layout.placement_plan`): every process of a
 run in a bundle of one placement group, one bundle per GPU, at most one learner rank and the
 shards of at most one engine on each GPU, an engine's TP shards on one node.  Pure
 functions: no Ray (the fake-GPU clusters of tests/rllib/algorithm/test_fake_gpus.py place
@@ -20,7 +20,7 @@ def _colocated(num_gpus: int, tp: int, **settings):
 
 def _per_gpu(plan):
     """GPU bundle -> the roles seated there that hold a share of its GPU."""
-    from rllib_grpo.rllib.config.layout import ENGINE_SHARD, ENV_RUNNER, LEARNER
+    from rllib_grpo.rllib.config.gpu_layout import ENGINE_SHARD, ENV_RUNNER, LEARNER
 
     seated: dict[int, list[str]] = {}
     for seat in plan.seats:
@@ -32,7 +32,7 @@ def _per_gpu(plan):
 
 @pytest.mark.parametrize("num_gpus,tp", [(1, 1), (2, 1), (8, 1), (8, 2), (8, 4), (16, 2)])
 def test_colocated_every_gpu_holds_one_learner_rank_and_one_engine_shard(num_gpus, tp):
-    from rllib_grpo.rllib.config.layout import (
+    from rllib_grpo.rllib.config.gpu_layout import (
         ENGINE_SHARD,
         ENV_RUNNER,
         LEARNER,
@@ -97,7 +97,7 @@ def test_rebind_tiles_tp_groups_on_the_nodes_ray_chose():
 
 @pytest.mark.parametrize("runners,tp,engine_gpus", [(4, 1, 4), (2, 2, 4)])
 def test_separated_learners_and_engines_have_gpus_of_their_own(runners, tp, engine_gpus):
-    from rllib_grpo.rllib.config.layout import ENGINE_SHARD, ENV_RUNNER, LEARNER
+    from rllib_grpo.rllib.config.gpu_layout import ENGINE_SHARD, ENV_RUNNER, LEARNER
 
     config = tiny_config(sampler="vllm", sampler_config={"tensor_parallel_size": tp},
                          prompts_per_step=8)
@@ -117,7 +117,7 @@ def test_default_resource_request_is_the_plan_with_reward_workers_and_eval_runne
     """Tune reserves every actor the run starts: a reward model's workers (on a GPU of their
     own here) and evaluation env runners too, not only RLlib's env runners and learners."""
     from rllib_grpo.rllib.algorithm.grpo import GRPO
-    from rllib_grpo.rllib.config.layout import EVAL_RUNNER, REWARD_WORKER
+    from rllib_grpo.rllib.config.gpu_layout import EVAL_RUNNER, REWARD_WORKER
 
     config = _colocated(2, 1, reward_funcs=["builtin:tiny-rm"], num_reward_workers=2,
                         num_gpus_per_reward_worker=1)
@@ -138,7 +138,7 @@ def test_a_cpu_run_reserves_its_reward_worker_in_the_trial():
     """`rllib train ... reward_model.enable=True` on 2 CPUs waited forever: the reward
     worker asked for a CPU in a trial whose only bundle the algorithm held."""
     from rllib_grpo.rllib.algorithm.grpo import GRPO
-    from rllib_grpo.rllib.config.layout import unplaceable
+    from rllib_grpo.rllib.config.gpu_layout import unplaceable
 
     config = tiny_config(reward_model_enable=True, reward_model_path="builtin:tiny-rm")
     request = GRPO.default_resource_request(config)
@@ -150,7 +150,7 @@ def test_a_cpu_run_reserves_its_reward_worker_in_the_trial():
 
 
 def test_unplaceable_names_what_does_not_fit():
-    from rllib_grpo.rllib.config.layout import unplaceable
+    from rllib_grpo.rllib.config.gpu_layout import unplaceable
 
     plan = _colocated(8, 2).placement_plan()
     assert unplaceable(plan, [{"CPU": 16, "GPU": 8}]) is None

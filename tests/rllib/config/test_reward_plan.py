@@ -16,7 +16,7 @@ from rllib_grpo.rllib.config.reward_plan import reward_plan_errors, reward_specs
 
 @pytest.fixture(scope="module")
 def rm_folder():
-    from rllib_grpo.models.registry import resolve_model
+    from rllib_grpo.models.model_registry import resolve_model
 
     return resolve_model("builtin:tiny-rm")
 
@@ -73,7 +73,7 @@ def _closed_port_url():
 ])
 def test_bad_reward_inputs_exit_2_with_one_line(funcs, needle, capsys):
     weights = [1.0, 1.0] if len(funcs) == 3 else None
-    from rllib_grpo.models.registry import resolve_model
+    from rllib_grpo.models.model_registry import resolve_model
 
     resolve_model("builtin:tiny")  # built: the door checks its config.json
     config = {"reward_funcs": funcs, "reward_weights": weights}

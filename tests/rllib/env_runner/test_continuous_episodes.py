@@ -14,7 +14,7 @@ from rllib_grpo.data.trajectory import EpisodeLimits
 from rllib_grpo.envs.guess_number import GuessNumberEnv
 from rllib_grpo.envs.tool_arithmetic import ToolArithmeticEnv
 from rllib_grpo.rllib.env_runner.continuous_episodes import EpisodeGroups
-from rllib_grpo.rllib.env_runner.multiturn import EpisodeSampler, episode_seed
+from rllib_grpo.rllib.env_runner.episode_sampler import EpisodeSampler, episode_seed
 from rllib_grpo.samplers import SamplingParams
 from tests.helpers.continuous_runner import FakeStream, fake_runner, take_all
 from tests.helpers.scripted_agents import (

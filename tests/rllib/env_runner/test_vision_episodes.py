@@ -1,4 +1,4 @@
-"""Multi-turn episodes on prompts with images (`rllib_grpo.rllib.env_runner.multiturn`):
+"""Multi-turn episodes on prompts with images (`rllib_grpo.rllib.env_runner.episode_sampler`):
 every turn's request carries its episode's images, and every row of the batch its prompt's
 vision inputs."""
 
@@ -10,7 +10,7 @@ from PIL import Image
 from rllib_grpo.data.images import VisionInputs
 from rllib_grpo.data.trajectory import EpisodeLimits
 from rllib_grpo.envs.tool_arithmetic import ToolArithmeticEnv
-from rllib_grpo.rllib.env_runner.multiturn import EpisodeSampler
+from rllib_grpo.rllib.env_runner.episode_sampler import EpisodeSampler
 from rllib_grpo.samplers import SamplingParams
 from tests.helpers.scripted_agents import TOKENIZER, ScriptedSampler, calculator_agent
 

@@ -2,7 +2,7 @@
 
 Each call is a fresh ``python -I -S`` process (standard library only), confined by the
 kernel the way containers are, with util-linux's ``unshare`` (as root, or through an
-unprivileged user namespace) and the first stage `rllib_grpo.data.sandbox_setup`:
+unprivileged user namespace) and the first stage `rllib_grpo.envs.sandbox_setup`:
 
 * **files**: a new mount namespace whose root is a read-only tmpfs holding only what the
   interpreter needs, bound read-only at the same paths (its executable, its standard

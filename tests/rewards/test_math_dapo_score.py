@@ -4,7 +4,7 @@ Minerva normalisation, boxed fallback; dispatched for math_dapo and every aime* 
 import pytest
 
 from rllib_grpo.rewards import compute_score, known_data_sources
-from rllib_grpo.rewards.math_dapo import normalize_final_answer
+from rllib_grpo.rewards.math_dapo_score import normalize_final_answer
 from tests.helpers.reward_cases import MATH_DAPO_CASES
 
 

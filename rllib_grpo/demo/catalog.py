@@ -1,7 +1,7 @@
 """The demos `python -m rllib_grpo.demo` runs, by ``--model`` name.
 
 * ``demo`` (``make demo``): the built-in 0.1M-parameter character model
-  (`rllib_grpo.models.demo`) on one-digit sums; about a minute on a laptop CPU.
+  (`rllib_grpo.models.demo_model`) on one-digit sums; about a minute on a laptop CPU.
 * ``smollm2-135m`` (``make demo-real``): SmolLM2-135M-Instruct, a real pretrained
   model, fine-tuned with GRPO on chat-formatted sums; accuracy on held-out sums is
   measured before and after training.
@@ -45,7 +45,7 @@ SHAPES_TASK = {"grid": 3, "max_count": 5, "heldout_fraction": 0.2}
 
 
 def vision_demo_config(seed: int = 0, sampler: str = "auto") -> Any:
-    """The tiny VLM (``builtin:demo-vlm``) counting shapes (`rllib_grpo.envs.shapes`),
+    """The tiny VLM (``builtin:demo-vlm``) counting shapes (`rllib_grpo.envs.shape_count`),
     held-out boards for validation (also used by the vision learning test).
 
     The language model trains alone (``freeze_vision_tower``): with the one-block vision

@@ -8,7 +8,7 @@ observation, a per-turn reward, and ``terminated`` when the task is over
 at once (``start_episode`` / ``step_many``), which is what GRPO does: a group
 is ``group_size`` episodes started from one prompt.
 
-The default behaviour is a tool-using agent (`rllib_grpo.data.tools`): a turn
+The default behaviour is a tool-using agent (`rllib_grpo.envs.tools`): a turn
 that calls tools gets their results (a ``tool`` message), a turn without a
 call is the final answer, scored by the env's reward function, which ends the
 episode.  Subclasses override :meth:`MultiTurnTextEnv.respond` for other
@@ -30,9 +30,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from rllib_grpo.data.datasets import PromptDataset, PromptRecord
-from rllib_grpo.data.env import TextEnv
-from rllib_grpo.data.tools import Tool, ToolBox, ToolResult, has_tool_call, make_tools
+from rllib_grpo.envs.datasets import PromptDataset, PromptRecord
+from rllib_grpo.envs.text import TextEnv
+from rllib_grpo.envs.tools import Tool, ToolBox, ToolResult, has_tool_call, make_tools
 
 DEFAULT_MAX_TURNS = 4
 TOOL_ROLE = "tool"

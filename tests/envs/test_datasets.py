@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rllib_grpo.data.datasets import (
+from rllib_grpo.envs.datasets import (
     PromptDataset,
     PromptRecord,
     apply_length_limit,
@@ -241,7 +241,7 @@ def test_prompt_token_lengths_are_each_prompt_s_own_encoding(batch_tokenizer):
     count exactly what `encode_prompt` counts one by one: plain strings (special tokens
     added), chat messages through the template (none added), repeats, and a tokenizer
     that takes no batch."""
-    from rllib_grpo.data.datasets import encode_prompt, prompt_token_lengths
+    from rllib_grpo.envs.datasets import encode_prompt, prompt_token_lengths
     from rllib_grpo.models import DEFAULT_ALPHABET, build_char_tokenizer
 
     if batch_tokenizer:

@@ -13,7 +13,7 @@
    environment replies; vLLM's prefix cache reuses the earlier turns) and
    seeded by (episode seed, turn);
 4. the environment answers the turns of all episodes (tool calls of several
-   episodes run at once); the renderer (`rllib_grpo.data.chat`) turns each
+   episodes run at once); the renderer (`rllib_grpo.envs.chat`) turns each
    reply into tokens, which go into the response with loss mask 0;
 5. an episode ends when the environment ends it, at ``max_turns`` or when its
    token budget (``max_response_length``) is spent (both truncations).
@@ -34,8 +34,6 @@ from typing import Any
 
 import numpy as np
 
-from rllib_grpo.data.chat import ConversationRenderer, conversation_text
-from rllib_grpo.data.multiturn import Episode, MultiTurnTextEnv
 from rllib_grpo.data.rollout import RolloutBatch, build_rollout_batch
 from rllib_grpo.data.trajectory import (
     TOKEN_BUDGET,
@@ -44,6 +42,8 @@ from rllib_grpo.data.trajectory import (
     Trajectory,
     episode_info,
 )
+from rllib_grpo.envs.chat import ConversationRenderer, conversation_text
+from rllib_grpo.envs.multiturn import Episode, MultiTurnTextEnv
 from rllib_grpo.samplers import Sample, Sampler, SamplingParams
 
 

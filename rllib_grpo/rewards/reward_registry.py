@@ -16,12 +16,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rllib_grpo.rewards.arithmetic import score_arithmetic
-from rllib_grpo.rewards.countdown import score_countdown
-from rllib_grpo.rewards.geo3k import score_geo3k
-from rllib_grpo.rewards.gsm8k import score_gsm8k
-from rllib_grpo.rewards.math import score_math
-from rllib_grpo.rewards.math_dapo import score_math_dapo
+from rllib_grpo.rewards.arithmetic_score import score_arithmetic
+from rllib_grpo.rewards.countdown_score import score_countdown
+from rllib_grpo.rewards.geo3k_score import score_geo3k
+from rllib_grpo.rewards.gsm8k_score import score_gsm8k
+from rllib_grpo.rewards.math_dapo_score import score_math_dapo
+from rllib_grpo.rewards.math_score import score_math
 from rllib_grpo.rewards.pool import declare_isolation, declared_isolation
 
 RewardFn = Callable[..., Any]
@@ -143,7 +143,7 @@ register_reward_fn(
 register_reward_fn("math_dapo", score_math_dapo, aliases=("math_dapo_reasoning",),
                    prefixes=("aime",))
 register_reward_fn("arithmetic", score_arithmetic)
-# The visual counting task (`rllib_grpo.envs.shapes`): the answer is the last number.
+# The visual counting task (`rllib_grpo.envs.shape_count`): the answer is the last number.
 register_reward_fn("shape_count", score_arithmetic)
 register_reward_fn("geo3k", score_geo3k, aliases=("hiyouga/geometry3k",))
 register_reward_fn("countdown", score_countdown)

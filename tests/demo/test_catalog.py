@@ -9,7 +9,7 @@ import tomllib
 import pytest
 
 from rllib_grpo.cli.console import progress_line
-from rllib_grpo.cli.demos import DEMOS, pick_demo
+from rllib_grpo.demo.catalog import DEMOS, pick_demo
 from tests.conftest import REPO_ROOT
 
 ROOT = REPO_ROOT
@@ -84,7 +84,7 @@ def test_demo_starts_a_ray_of_its_own_even_beside_a_running_cluster(monkeypatch,
     and refuses the demo's num_cpus ("When connecting to an existing cluster ...")."""
     import ray
 
-    from rllib_grpo.cli import demo
+    from rllib_grpo.demo import run_demo as demo
 
     seen: dict = {}
 
@@ -99,6 +99,16 @@ def test_demo_starts_a_ray_of_its_own_even_beside_a_running_cluster(monkeypatch,
     with pytest.raises(_Stop):
         demo.main(["--out", str(tmp_path), "--sampler", "hf"])
     assert seen["address"] == "local" and seen["num_cpus"] == 2
+
+
+def test_demo_help_names_the_command_that_runs_it(capsys):
+    """The usage line is the documented command, not the file name of the package's
+    ``__main__.py``."""
+    from rllib_grpo.demo import run_demo
+
+    with pytest.raises(SystemExit):
+        run_demo.main(["--help"])
+    assert capsys.readouterr().out.startswith("usage: python -m rllib_grpo.demo [-h]")
 
 
 @pytest.mark.parametrize("bf16_cpu", [True, False])

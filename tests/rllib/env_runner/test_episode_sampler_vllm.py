@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rllib_grpo.models.registry import resolve_model
+from rllib_grpo.models.model_registry import resolve_model
 from rllib_grpo.models.tokenizers import build_char_tokenizer
 from rllib_grpo.samplers import SamplingParams, make_sampler
 from tests.conftest import tiny_config

@@ -4,8 +4,8 @@ Each picture is a ``grid x grid`` board of ``cell``-pixel cells; between 1 and
 ``max_count`` cells hold a shape (a circle, a square or a triangle, in a random colour,
 size and offset) drawn with PIL.  The prompt is ``<image>How many shapes?`` and the
 ground truth the count; the reward (``data_source="shape_count"``) is 1 for the right
-number, 0 otherwise (the last number of the response, as `rllib_grpo.rewards.arithmetic`).  Problem ``i`` depends only on
-``(seed, i)``.
+number, 0 otherwise (the last number of the response, as
+`rllib_grpo.rewards.arithmetic_score`).  Problem ``i`` depends only on ``(seed, i)``.
 
 ``heldout_fraction`` sets that share of all pictures aside by a hash of the board (which
 cells hold which shape), the same for every seed: ``split="train"`` never draws them,
@@ -18,8 +18,8 @@ import random
 import zlib
 from typing import Any
 
-from rllib_grpo.data.datasets import PromptDataset, PromptRecord
-from rllib_grpo.data.env import TextEnv
+from rllib_grpo.envs.datasets import PromptDataset, PromptRecord
+from rllib_grpo.envs.text import TextEnv
 
 DATA_SOURCE = "shape_count"
 SHAPES = ("circle", "square", "triangle")
@@ -85,7 +85,7 @@ def _make_record(index: int, seed: int, grid: int, cell: int, max_count: int,
         board = {}
         for c in cells:
             size = rng.randint(cell // 2, cell - 4)
-            colour = tuple(rng.randint(0, 200) for _ in range(3))
+            colour = (rng.randint(0, 200), rng.randint(0, 200), rng.randint(0, 200))
             board[c] = (rng.choice(SHAPES), colour, size, rng.randint(0, cell - size),
                         rng.randint(0, cell - size))
         if not heldout_fraction or is_heldout(board, heldout_fraction) == (split == "heldout"):
@@ -101,7 +101,7 @@ class ShapeCountEnv(TextEnv):
     """Generated counting pictures (``rllib_grpo/ShapeCount-v0``; module docstring).
 
     ``seed`` fixes the shuffled order (None: random) and, unless ``data_seed`` is given,
-    the pictures too.  Other keyword arguments go to :class:`~rllib_grpo.data.env.TextEnv`
+    the pictures too.  Other keyword arguments go to :class:`~rllib_grpo.envs.text.TextEnv`
     (a vision-language model's ``processor`` among them).
     """
 

@@ -23,7 +23,7 @@ from typing import Any
 from rllib_grpo.models.loading import BuiltinBuilder, save_model_dir
 
 # Modules whose import registers built-in models; imported by name on first use.
-BUILTIN_MODULES = ("rllib_grpo.models.builtins", "rllib_grpo.models.demo",
+BUILTIN_MODULES = ("rllib_grpo.models.builtins", "rllib_grpo.models.demo_model",
                    "rllib_grpo.models.demo_agents", "rllib_grpo.models.reward_models",
                    "rllib_grpo.models.demo_vlm")
 

@@ -16,7 +16,7 @@ Protocol (documented in ``docs/multi_turn.md``):
   observation for the model, never an exception in the run.
 
 Built-in tools: ``calculator`` (exact arithmetic with the safe evaluator of
-`rllib_grpo.rewards._expr`) and ``python`` (`rllib_grpo.data.sandbox`).
+`rllib_grpo.rewards._expr`) and ``python`` (`rllib_grpo.envs.sandbox`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Protocol, runtime_checkable
 
-from rllib_grpo.data.sandbox import PythonSandbox
+from rllib_grpo.envs.sandbox import PythonSandbox
 from rllib_grpo.rewards._expr import evaluate_expression
 
 TOOL_OPEN, TOOL_CLOSE = "<tool>", "</tool>"
@@ -45,7 +45,7 @@ MAX_RESULT_CHARS = 2000
 class ToolError(Exception):
     """A tool refused or failed; the message becomes ``<result>error: ...</result>``.
 
-    An exception with a ``kind`` attribute (`rllib_grpo.data.sandbox.SandboxError`) is
+    An exception with a ``kind`` attribute (`rllib_grpo.envs.sandbox.SandboxError`) is
     reported the same way, under that kind.
     """
 

@@ -9,8 +9,8 @@ import logging
 
 import pytest
 
-from rllib_grpo.data.datasets import load_prompts
-from rllib_grpo.data.env import TextEnv
+from rllib_grpo.envs.datasets import load_prompts
+from rllib_grpo.envs.text import TextEnv
 from tests.conftest import tiny_config
 
 GOOD = [{"prompt": f"{a}+{a}=", "answer": str(2 * a), "data_source": "arithmetic"}
@@ -32,7 +32,7 @@ def _mixed_file(tmp_path):
 
 def test_dropped_rows_are_logged_and_counted_as_metrics(tmp_path, caplog):
     path = _mixed_file(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="rllib_grpo.data.datasets"):
+    with caplog.at_level(logging.WARNING, logger="rllib_grpo.envs.datasets"):
         env = TextEnv(str(path))
     assert env.num_prompts == 8
     assert env.dataset.skipped == {"invalid JSON": 1, "missing 'answer'": 1, "not UTF-8": 1}

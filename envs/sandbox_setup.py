@@ -1,4 +1,4 @@
-"""The first stage of the ``python`` tool's sandbox (`rllib_grpo.data.sandbox`).
+"""The first stage of the ``python`` tool's sandbox (`rllib_grpo.envs.sandbox`).
 
 ``unshare`` runs it as pid 1 of fresh user, mount, pid, network, UTS and IPC namespaces::
 

@@ -9,7 +9,7 @@ from tests.conftest import tiny_config
 
 
 def test_eight_gpus_and_tp_two_are_four_engines_colocated_with_eight_learners():
-    from rllib_grpo.rllib.config.layout import colocated_layout
+    from rllib_grpo.rllib.config.gpu_layout import colocated_layout
 
     layout = colocated_layout(8, 2, sampler_memory_fraction=0.6)
     assert (layout.num_learners, layout.num_engines, layout.engine_tp) == (8, 4, 2)
@@ -30,7 +30,7 @@ def _colocated(num_gpus=8, tp=2, **training):
 
 def test_grpo_config_colocate_gives_the_layout_sleeping_engines_and_no_errors():
     from rllib_grpo.rllib.config.checks import find_errors
-    from rllib_grpo.rllib.config.layout import layout_of
+    from rllib_grpo.rllib.config.gpu_layout import layout_of
     from rllib_grpo.rllib.env_runner.env_runner import engine_options
 
     config = _colocated()

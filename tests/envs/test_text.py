@@ -4,8 +4,8 @@ import string
 
 import pytest
 
-from rllib_grpo.data.datasets import PromptDataset, PromptRecord
-from rllib_grpo.data.env import TextEnv
+from rllib_grpo.envs.datasets import PromptDataset, PromptRecord
+from rllib_grpo.envs.text import TextEnv
 from tests.helpers.char_tokenizer import CharTokenizer
 
 ROWS = [{"prompt": f"{i}+0=", "answer": i, "data_source": "arithmetic"} for i in range(20)]

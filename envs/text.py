@@ -29,7 +29,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 
-from rllib_grpo.data.datasets import (
+from rllib_grpo.envs.datasets import (
     TRUNCATION_MODES,
     PromptDataset,
     PromptRecord,
@@ -81,7 +81,7 @@ class TextEnv(gymnasium.Env):
 
     Args:
         dataset: a PromptDataset, a list of dict rows or a file path (see
-            :func:`rllib_grpo.data.datasets.load_prompts`).
+            :func:`rllib_grpo.envs.datasets.load_prompts`).
         reward_fn: see :func:`rllib_grpo.rewards.resolve_reward_fn`; None
             dispatches on each record's ``data_source``.
         tokenizer: renders chat prompts with its chat template and produces

@@ -1,7 +1,7 @@
 """`make demo` / `make demo-real`: a real GRPO run on CPU that visibly learns.
 
 ``--model demo`` (default, ``make demo``): the built-in demo model (``builtin:demo``, see
-`rllib_grpo.models.demo`) is a small character-level transformer given one second of
+`rllib_grpo.models.demo_model`) is a small character-level transformer given one second of
 supervised warm-up on arithmetic demonstrations: it starts with about a third of its
 sampled answers right, so groups mix right and wrong answers and GRPO has a signal from
 the first step; GRPO then raises the reward to 0.9 and above.
@@ -10,7 +10,7 @@ the first step; GRPO then raises the reward to 0.9 and above.
 sums asked as a chat question; held-out accuracy is printed before and after.
 
 ``--task tool-arithmetic|guess-number`` picks a multi-turn demo instead
-(`rllib_grpo.cli.demos.TASKS`); ``--model FOLDER`` trains a saved model instead of the
+(`rllib_grpo.demo.catalog.TASKS`); ``--model FOLDER`` trains a saved model instead of the
 task's built-in one.
 
     python -m rllib_grpo.demo [--model demo|smollm2-135m|FOLDER] [--iterations N]
@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rllib_grpo.cli.demos import DEMOS, TASKS, DemoSpec, demo_config, pick_demo
+from rllib_grpo.demo.catalog import DEMOS, TASKS, DemoSpec, demo_config, pick_demo
 
 __all__ = ["demo_config", "heldout_accuracy", "heldout_report", "main", "plot_curve",
            "time_split"]
@@ -112,7 +112,8 @@ def _row(result: dict) -> dict:
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m rllib_grpo.demo",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="demo", metavar="|".join((*sorted(DEMOS), "FOLDER")),
                         help="demo: the built-in 0.1M model (about a minute); smollm2-135m: "
                              "SmolLM2-135M-Instruct (a few minutes on a 2-core CPU); or a "
@@ -181,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _prepare_model(name: str) -> None:
     """Build a built-in model into the cache now, saying so (the first run only)."""
-    from rllib_grpo.models.registry import needs_build, resolve_model
+    from rllib_grpo.models.model_registry import needs_build, resolve_model
 
     if needs_build(name):
         print(f"preparing {name} (first run only; cached for the next ones)...", flush=True)

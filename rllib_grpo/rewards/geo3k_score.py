@@ -1,7 +1,7 @@
 """Geo3K scorer (verl's ``geo3k.compute_score``): 0.9 for the right ``\\boxed{}`` answer
 plus 0.1 for the format ``<think>...</think> ... \\boxed{...}``.
 
-The boxed answer is compared as `rllib_grpo.rewards.math` compares MATH answers
+The boxed answer is compared as `rllib_grpo.rewards.math_score` compares MATH answers
 (normalised, then with sympy), where verl calls mathruler's ``grade_answer``.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from rllib_grpo.rewards.math import extract_boxed, math_answers_equal
+from rllib_grpo.rewards.math_score import extract_boxed, math_answers_equal
 from rllib_grpo.rewards.pool import declare_isolation
 
 FORMAT = re.compile(r"<think>.*</think>.*\\boxed\{.*\}.*", re.DOTALL)

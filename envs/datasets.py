@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rllib_grpo.data.images import DEFAULT_IMAGE_KEY, check_placeholders, decode_row_images
-from rllib_grpo.data.prompt_files import RowError, is_jsonl, read_rows
+from rllib_grpo.envs.prompt_files import RowError, is_jsonl, read_rows
 
 logger = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 import psutil
 import pytest
 
-from rllib_grpo.data import sandbox as sandbox_module
-from rllib_grpo.data.sandbox import PythonSandbox, interpreter_paths
-from rllib_grpo.data.tools import (
+from rllib_grpo.envs import sandbox as sandbox_module
+from rllib_grpo.envs.sandbox import PythonSandbox, interpreter_paths
+from rllib_grpo.envs.tools import (
     Calculator,
     ToolBox,
     ToolCall,
@@ -226,7 +226,7 @@ def test_the_runs_environment_is_hidden():
     """)
     launcher = textwrap.dedent("""
         import os, sys
-        from rllib_grpo.data.sandbox import PythonSandbox
+        from rllib_grpo.envs.sandbox import PythonSandbox
         code = sys.argv[1].replace('LAUNCHER_PID', str(os.getpid()))
         result = PythonSandbox(timeout_s=5).run(code)
         print(os.getpid(), result.ok, result.output, sep='\\n')
@@ -365,7 +365,7 @@ def test_without_namespaces_no_code_runs(tmp_path, caplog, monkeypatch, unshare,
             else str(tmp_path / unshare))
     sandbox = PythonSandbox(timeout_s=5, unshare=path)
     code = MARKING_CODE.format(folder=str(tmp_path))
-    with caplog.at_level("WARNING", logger="rllib_grpo.data.sandbox"):
+    with caplog.at_level("WARNING", logger="rllib_grpo.envs.sandbox"):
         results = [sandbox.run(code), ToolBox({"python": sandbox}).run(f"<tool>python: {code}</tool>")[0]]
     assert [(r.ok, r.kind) for r in results] == [(False, "unavailable")] * 2
     message = results[0].output
@@ -381,7 +381,7 @@ def test_without_namespaces_no_code_runs(tmp_path, caplog, monkeypatch, unshare,
 def test_a_kernel_that_refuses_user_namespaces_runs_no_code(tmp_path):
     """The real refusal: inside a user namespace whose ``user.max_user_namespaces`` is 0."""
     launcher = textwrap.dedent(f"""
-        from rllib_grpo.data.sandbox import PythonSandbox
+        from rllib_grpo.envs.sandbox import PythonSandbox
         result = PythonSandbox(timeout_s=5).run({MARKING_CODE.format(folder=str(tmp_path))!r})
         print(result.kind, result.output, sep='\\n')
     """)
@@ -398,7 +398,7 @@ def test_a_kernel_that_refuses_user_namespaces_runs_no_code(tmp_path):
 
 
 def test_failing_python_calls_are_turns_and_the_episode_goes_on():
-    from rllib_grpo.data.multiturn import ToolTextEnv
+    from rllib_grpo.envs.multiturn import ToolTextEnv
 
     env = ToolTextEnv([{"prompt": "what is 6*7?", "answer": 42, "data_source": "arithmetic"}],
                       tools={"python": {"timeout_s": TIMEOUT_S}}, max_turns=4)

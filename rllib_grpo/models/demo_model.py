@@ -19,7 +19,7 @@ from typing import Any
 
 from rllib_grpo.envs.arithmetic import ARITHMETIC_ALPHABET, make_arithmetic_records
 from rllib_grpo.models.loading import ModelAndTokenizer, build_tiny_causal_lm
-from rllib_grpo.models.registry import register_builtin_model
+from rllib_grpo.models.model_registry import register_builtin_model
 from rllib_grpo.models.sft import sft_warmup
 from rllib_grpo.models.tokenizers import build_char_tokenizer
 

@@ -6,10 +6,10 @@ import gymnasium
 import pytest
 
 import rllib_grpo  # noqa: F401 - registers the env ids
-from rllib_grpo.data.chat import ConversationRenderer
-from rllib_grpo.data.datasets import PromptDataset, PromptRecord
-from rllib_grpo.data.multiturn import MultiTurnTextEnv, ToolTextEnv
+from rllib_grpo.envs.chat import ConversationRenderer
+from rllib_grpo.envs.datasets import PromptDataset, PromptRecord
 from rllib_grpo.envs.guess_number import GuessNumberEnv
+from rllib_grpo.envs.multiturn import MultiTurnTextEnv, ToolTextEnv
 from rllib_grpo.envs.tool_arithmetic import ToolArithmeticEnv
 from rllib_grpo.models.demo_agents import AGENT_ALPHABET, build_agent_tokenizer
 from rllib_grpo.models.tokenizers import build_char_tokenizer
