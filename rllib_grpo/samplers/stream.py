@@ -21,7 +21,7 @@ step at a time, and new weights load between two steps.
 
 Outputs stream as deltas (vLLM's ``RequestOutputKind.DELTA``): the stream keeps each
 request's tokens, log-probs and versions itself.  The engine is stepped by the caller (no
-thread here): the env runner's loop (`rllib_grpo.rllib.env_runner.continuous`) holds a lock
+thread here): the env runner's loop (`rllib_grpo.rllib.env_runner.rollout_loop`) holds a lock
 around each ``step`` and each weight load, so a load never lands inside a step.  vLLM is
 reached through the `VLLMSampler` that owns the engine; nothing here imports vLLM at module
 import.

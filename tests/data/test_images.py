@@ -9,8 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from rllib_grpo.envs.datasets import load_prompts
 from rllib_grpo.data.images import image_messages
+from rllib_grpo.envs.datasets import load_prompts
 from tests.helpers.images import geo3k_rows, png_bytes, write_geo3k_parquet
 
 

@@ -7,6 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from rllib_grpo.envs._file_env import fixture_path
 from rllib_grpo.envs.datasets import (
     PromptDataset,
     PromptRecord,
@@ -16,7 +17,6 @@ from rllib_grpo.envs.datasets import (
     render_and_encode,
     render_prompt,
 )
-from rllib_grpo.envs._file_env import fixture_path
 from tests.helpers.char_tokenizer import CharTokenizer
 
 PLAIN_ROWS = [

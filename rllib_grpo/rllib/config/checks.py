@@ -27,10 +27,10 @@ from rllib_grpo.algos.advantages import needs_groups
 from rllib_grpo.algos.lr_schedule import LR_SCHEDULER_TYPES, needs_total_steps
 from rllib_grpo.algos.policy_losses import forced_agg_mode
 from rllib_grpo.algos.rollout_is import ROLLOUT_IS_LEVELS
-from rllib_grpo.envs.datasets import TRUNCATION_MODES
-from rllib_grpo.envs.text import TextEnv, env_options
-from rllib_grpo.envs.prompt_files import prompt_file_error
 from rllib_grpo.data.recipes import FILTER_METRICS
+from rllib_grpo.envs.datasets import TRUNCATION_MODES
+from rllib_grpo.envs.prompt_files import prompt_file_error
+from rllib_grpo.envs.text import TextEnv, env_options
 from rllib_grpo.models.lm_head import TOKEN_STATS_MODES
 from rllib_grpo.models.lora import LORA_SYNC_MODES
 from rllib_grpo.models.model_registry import model_path_error

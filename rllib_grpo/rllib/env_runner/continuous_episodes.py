@@ -1,6 +1,6 @@
 """Multi-turn episodes in the continuous rollout loop: a turn is a request.
 
-A `RolloutLoop` (`rllib_grpo.rllib.env_runner.continuous`) with a multi-turn env hands its
+A `RolloutLoop` (`rllib_grpo.rllib.env_runner.rollout_loop`) with a multi-turn env hands its
 groups to `EpisodeGroups`: a group is ``group_size`` episodes of one prompt, and each
 episode's model turn is one request of the loop's `GenerationStream`, keyed
 ``(group key, episode index, turn)``.  When a turn's response ends, the env plays it (tool

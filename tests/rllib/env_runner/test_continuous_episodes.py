@@ -115,7 +115,7 @@ def test_the_loop_plays_episodes_and_a_suspend_restarts_the_unfinished_ones():
     """A `RolloutLoop` thread on a multi-turn env queues each group once, with its data
     position, when its episodes are done; a suspend drops the running
     groups (none is queued later) and the next submit starts them again."""
-    from rllib_grpo.rllib.env_runner.continuous import RolloutLoop
+    from rllib_grpo.rllib.env_runner.rollout_loop import RolloutLoop
 
     runner, stream = fake_runner(calculator_agent, EpisodeLimits(64), group_size=2)
     loop = RolloutLoop(runner)

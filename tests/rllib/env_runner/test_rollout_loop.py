@@ -30,7 +30,7 @@ def test_a_reset_while_the_loop_scores_drops_those_groups_and_the_loop_goes_on()
     after the reset had cleared them: KeyError, the loop thread died, and the driver's takes
     came back empty forever (the CI hang of
     test_a_restore_drops_in_flight_groups_and_samples_from_the_first_untrained_prompt)."""
-    from rllib_grpo.rllib.env_runner.continuous import RolloutLoop
+    from rllib_grpo.rllib.env_runner.rollout_loop import RolloutLoop
 
     scoring, release = threading.Event(), threading.Event()
     blocked = {"first": True}
@@ -59,7 +59,7 @@ def test_a_reset_while_the_loop_scores_drops_those_groups_and_the_loop_goes_on()
 
 
 def test_a_dead_loop_is_reported_at_the_next_take():
-    from rllib_grpo.rllib.env_runner.continuous import RolloutLoop
+    from rllib_grpo.rllib.env_runner.rollout_loop import RolloutLoop
 
     def score(env, items):
         raise ValueError("the reward env broke")

@@ -1,7 +1,7 @@
 """Continuous rollouts (``rollout_mode="continuous"``, ``max_staleness`` = K >= 1): the env
 runners never stop generating; weights are loaded between two decode steps.
 
-Each remote env runner runs a `rllib_grpo.rllib.env_runner.continuous.RolloutLoop`: its
+Each remote env runner runs a `rllib_grpo.rllib.env_runner.rollout_loop.RolloutLoop`: its
 engine steps for as long as it has prompt groups, and a group is scored and queued the
 moment its last response ends.  The driver keeps K steps' worth of groups
 (K x ``prompts_per_step``) handed out and not yet trained; one step
@@ -35,7 +35,7 @@ import numpy as np
 
 from rllib_grpo.data.rollout import RolloutBatch, concat_rollouts
 from rllib_grpo.rllib.algorithm.sampling.strategy import SamplingStrategy
-from rllib_grpo.rllib.env_runner.continuous import rollout_loop
+from rllib_grpo.rllib.env_runner.rollout_loop import rollout_loop
 
 TAKE_WAIT_S = 0.05  # each round of taking: how long a runner waits for a first group
 DRIVER = 0  # the "runner" of a finished group the driver holds (remote runners count from 1)
