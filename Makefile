@@ -73,7 +73,7 @@ test: lint
 # The fast tier, for development: the tests that start no Ray (tests/helpers/tiers.py).
 # This -m replaces pyproject's (addopts), so it names `slow` and `vllm_vision` again.
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m 'not ray and not slow and not vllm_vision'
+	$(PY) -m pytest -q -m 'not ray and not processes and not slow and not vllm and not vllm_vision'
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow

@@ -8,6 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "tools"))
 
@@ -41,6 +43,7 @@ def test_importing_the_package_starts_neither_ray_nor_transformers():
     assert out.strip() == "[]"
 
 
+@pytest.mark.processes
 def test_tune_resolves_grpo_once_the_algorithm_is_imported():
     out = _run("""
         from ray.tune.registry import get_trainable_cls
@@ -50,6 +53,7 @@ def test_tune_resolves_grpo_once_the_algorithm_is_imported():
     assert out.strip().endswith("True")
 
 
+@pytest.mark.processes
 def test_register_makes_grpo_known_to_tune():
     out = _run("""
         from ray.tune.registry import get_trainable_cls

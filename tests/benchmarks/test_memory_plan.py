@@ -12,6 +12,7 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 
+pytestmark = pytest.mark.processes
 
 def _check(workload: str) -> None:
     from benchmarks.memory_plan import run_measurement

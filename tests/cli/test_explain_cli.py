@@ -116,6 +116,7 @@ def test_bad_input_exits_2(argv, needle, capsys):
     assert code == 2 and needle in err
 
 
+@pytest.mark.processes
 def test_console_scripts_run():
     """The installed `rllib-grpo` and `rllib` scripts (one subprocess each)."""
     dr = str(next(p for p in CONFIGS if p.stem == "dr_grpo"))

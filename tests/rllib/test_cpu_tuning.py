@@ -37,6 +37,7 @@ def _probe(mode: str) -> dict:
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
+@pytest.mark.processes
 def test_a_step_s_freed_pages_serve_the_next_steps_only_when_kept() -> None:
     default = _probe("default")
     kept = _probe("keep")

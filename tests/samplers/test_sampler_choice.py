@@ -17,6 +17,7 @@ from rllib_grpo.samplers import make_sampler
 from rllib_grpo.samplers.hf import HFSampler
 from rllib_grpo.samplers.vllm_weights import MIN_VLLM
 
+pytestmark = pytest.mark.processes
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):

@@ -165,6 +165,7 @@ def test_a_segfault_and_a_crash_on_import_are_refused_too(tmp_path):
                          f"{tmp_path / 'reward.py'} killed its process with exit status 4."]
 
 
+@pytest.mark.processes
 def test_a_reward_that_hangs_is_refused_after_the_door_s_limit(tmp_path, monkeypatch):
     import time
 
@@ -217,6 +218,7 @@ def test_no_user_code_runs_in_the_checking_process_and_explain_says_it_calls_it(
             "a child process, 30 s at most") in text.splitlines()
 
 
+@pytest.mark.processes
 def test_rllib_train_refuses_a_reward_that_kills_its_process_in_one_line(tmp_path):
     """`rllib train` survives the crash: exit 2 and the one line, before Ray starts."""
     import subprocess

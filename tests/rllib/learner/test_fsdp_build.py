@@ -17,6 +17,7 @@ from tests.conftest import REPO_ROOT
 
 HELPER = REPO_ROOT / "tests" / "helpers" / "fsdp_build_check.py"
 
+pytestmark = pytest.mark.processes
 
 def _half(model: dict) -> int:
     """The elements of the larger half of each parameter's rows (a rank's most)."""
