@@ -141,8 +141,8 @@ class TestARunnerKilledDuringASync:
                                              local_env_runner=False))
         before = algo.train()
         if when == "before":  # after this step's sample and update, as the sync starts
-            sync = algo._sync_weights
-            monkeypatch.setattr(algo, "_sync_weights", lambda: (_kill(pids[2]), sync()))
+            sync = algo._weight_sync.sync
+            monkeypatch.setattr(algo._weight_sync, "sync", lambda: (_kill(pids[2]), sync())[1])
         else:
             group.foreach_env_runner(_during_transfer if when == "during" else _after_transfer,
                                      local_env_runner=False, remote_worker_ids=[2])
