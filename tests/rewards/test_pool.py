@@ -141,8 +141,10 @@ def test_a_score_infinite_in_float32_is_an_error_scored_sample(value):
 @pytest.mark.slow
 def test_a_run_whose_rewards_all_fail_stops_with_a_message(ray_session, tmp_path):
     reward_file = tmp_path / "huge_reward.py"
+    # The door calls it once on an empty sample (the env has no data file) and checks the
+    # score there: a finite one, so that the run's own stop on failing rewards is what runs.
     reward_file.write_text("def reward(data_source, solution_str, ground_truth, "
-                           "extra_info=None):\n    return 1e39\n")
+                           "extra_info=None):\n    return 1.0 if not data_source else 1e39\n")
     config = tiny_config(max_skipped_steps=2)
     config.env_config = {"max_operand": 4, "reward_fn": f"{reward_file}:reward"}
     algo = config.build_algo()
